@@ -1,0 +1,237 @@
+// Package embeddedpg runs a private PostgreSQL server in a data folder, for `opbroker
+// dev` and for tests when no database is given.
+//
+// It uses the PostgreSQL binaries installed on the machine when it finds them, and
+// otherwise lets github.com/fergusstrange/embedded-postgres download them. PostgreSQL
+// refuses to run as root; as root the server runs as an unprivileged user (postgres, or
+// else nobody) through wrapper scripts that drop privileges with setpriv(1).
+//
+// Layout of the data folder:
+//
+//	pg/data/   the cluster (reused across restarts; owned by the server's user)
+//	runtime/   scratch space of the library, emptied at every start
+//	wrappers/  root only: the privilege-dropping wrappers, owned by root
+//	tmp/       the library's log of the latest start
+package embeddedpg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	embeddedpostgres "github.com/fergusstrange/embedded-postgres"
+)
+
+// Config says where and how to run the server.
+type Config struct {
+	// DataDir holds the cluster and everything else the server needs; it is created if
+	// missing and reused if present.
+	DataDir string
+	// Port to listen on at 127.0.0.1; 0 picks a free one.
+	Port uint32
+	// BinDir is a directory containing bin/pg_ctl, bin/initdb and bin/postgres; empty
+	// means look for installed binaries, then download.
+	BinDir string
+	// Logger receives PostgreSQL's start-up output; nil discards it.
+	Logger io.Writer
+}
+
+// Server is a running embedded PostgreSQL.
+type Server struct {
+	ep  *embeddedpostgres.EmbeddedPostgres
+	url string
+}
+
+// Start initialises the cluster if needed and starts the server. It blocks until the
+// server accepts connections.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	dataDir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("embeddedpg: %w", err)
+	}
+	port := cfg.Port
+	if port == 0 {
+		if port, err = freePort(); err != nil {
+			return nil, fmt.Errorf("embeddedpg: %w", err)
+		}
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = io.Discard
+	}
+
+	binDir := cfg.BinDir
+	if binDir == "" {
+		binDir = findInstalled()
+	}
+	pgData := filepath.Join(dataDir, "pg", "data")
+	epCfg := embeddedpostgres.DefaultConfig().
+		Port(port).
+		RuntimePath(filepath.Join(dataDir, "runtime")).
+		DataPath(pgData).
+		Logger(logger).
+		StartParameters(map[string]string{
+			"listen_addresses":        "127.0.0.1",
+			"unix_socket_directories": "",
+			"max_connections":         "200",
+		})
+
+	if binDir != "" {
+		major, err := majorVersion(binDir)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkDataVersion(pgData, major); err != nil {
+			return nil, err
+		}
+		epCfg = epCfg.Version(embeddedpostgres.PostgresVersion(fmt.Sprintf("%d.0.0", major))).BinariesPath(binDir)
+	}
+
+	if os.Geteuid() == 0 {
+		if binDir == "" {
+			return nil, errors.New("embeddedpg: running as root needs installed PostgreSQL server binaries (e.g. the Debian package postgresql); none were found")
+		}
+		wrappers, err := dropPrivileges(dataDir, binDir)
+		if err != nil {
+			return nil, err
+		}
+		epCfg = epCfg.BinariesPath(wrappers)
+	}
+
+	ep := embeddedpostgres.NewDatabase(epCfg)
+	if err := startKeepingLogs(ep, filepath.Join(dataDir, "tmp")); err != nil {
+		return nil, fmt.Errorf("embeddedpg: start in %s: %w", dataDir, err)
+	}
+	return &Server{
+		ep:  ep,
+		url: fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+	}, nil
+}
+
+// URL is the connection string of the server's postgres database.
+func (s *Server) URL() string { return s.url }
+
+// Stop shuts the server down (fast mode: sessions are ended, committed data is safe).
+func (s *Server) Stop() error {
+	if err := s.ep.Stop(); err != nil {
+		return fmt.Errorf("embeddedpg: stop: %w", err)
+	}
+	return nil
+}
+
+// startKeepingLogs starts ep with the process's temporary directory pointed at tmpDir,
+// emptied first: the library writes a log file there at every start and never removes
+// it. It changes the environment of the whole process while it runs, so call it before
+// other goroutines depend on TMPDIR.
+func startKeepingLogs(ep *embeddedpostgres.EmbeddedPostgres, tmpDir string) error {
+	if err := os.RemoveAll(tmpDir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(tmpDir, 0o700); err != nil {
+		return err
+	}
+	previous, had := os.LookupEnv("TMPDIR")
+	os.Setenv("TMPDIR", tmpDir)
+	defer func() {
+		if had {
+			os.Setenv("TMPDIR", previous)
+		} else {
+			os.Unsetenv("TMPDIR")
+		}
+	}()
+	return ep.Start()
+}
+
+func freePort() (uint32, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return uint32(l.Addr().(*net.TCPAddr).Port), nil
+}
+
+// findInstalled returns a directory containing bin/pg_ctl of an installed PostgreSQL,
+// or "" when there is none: pg_ctl on PATH first, then the usual package locations,
+// newest version first.
+func findInstalled() string {
+	if p, err := exec.LookPath("pg_ctl"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			dir := filepath.Dir(filepath.Dir(real))
+			if hasServer(dir) {
+				return dir
+			}
+		}
+	}
+	var candidates []string
+	for _, pattern := range []string{"/usr/lib/postgresql/*", "/usr/pgsql-*", "/usr/local/pgsql", "/opt/homebrew/opt/postgresql@*", "/usr/local/opt/postgresql@*"} {
+		matches, _ := filepath.Glob(pattern)
+		candidates = append(candidates, matches...)
+	}
+	sort.Slice(candidates, func(i, j int) bool { return versionOf(candidates[i]) > versionOf(candidates[j]) })
+	for _, dir := range candidates {
+		if hasServer(dir) {
+			return dir
+		}
+	}
+	return ""
+}
+
+func hasServer(dir string) bool {
+	for _, tool := range []string{"pg_ctl", "initdb", "postgres"} {
+		if _, err := os.Stat(filepath.Join(dir, "bin", tool)); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+var trailingNumber = regexp.MustCompile(`(\d+)$`)
+
+func versionOf(dir string) int {
+	n, _ := strconv.Atoi(trailingNumber.FindString(dir))
+	return n
+}
+
+var versionOutput = regexp.MustCompile(`\(PostgreSQL\) (\d+)`)
+
+// majorVersion asks the binaries in binDir for their major version.
+func majorVersion(binDir string) (int, error) {
+	out, err := exec.Command(filepath.Join(binDir, "bin", "postgres"), "--version").Output()
+	if err != nil {
+		return 0, fmt.Errorf("embeddedpg: %s/bin/postgres --version: %w", binDir, err)
+	}
+	m := versionOutput.FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("embeddedpg: cannot read the version of %s/bin/postgres", binDir)
+	}
+	return strconv.Atoi(string(m[1]))
+}
+
+// checkDataVersion refuses an existing cluster of another major version: the library
+// would otherwise delete it and start afresh.
+func checkDataVersion(pgData string, major int) error {
+	b, err := os.ReadFile(filepath.Join(pgData, "PG_VERSION"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("embeddedpg: %w", err)
+	}
+	if have := strings.TrimSpace(string(b)); have != strconv.Itoa(major) {
+		return fmt.Errorf("embeddedpg: %s holds a PostgreSQL %s cluster but the binaries are version %d; use another data folder or matching binaries", pgData, have, major)
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+package embeddedpg
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+)
+
+// serverUsers are the accounts tried, in order, to run PostgreSQL when we are root.
+var serverUsers = []string{"postgres", "nobody"}
+
+// dropPrivileges prepares wrappers that run initdb and pg_ctl from binDir as an
+// unprivileged user, hands that user the cluster's folder, and returns the directory to
+// use as the library's binaries path. The wrappers stay owned by root, so the server's
+// user cannot change what root executes.
+func dropPrivileges(dataDir, binDir string) (string, error) {
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		return "", errors.New("embeddedpg: running as root needs setpriv(1) (util-linux) to start PostgreSQL as an unprivileged user")
+	}
+	u, err := serverUser()
+	if err != nil {
+		return "", err
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := reachable(dataDir); err != nil {
+		return "", fmt.Errorf("embeddedpg: PostgreSQL runs as %s, which cannot reach %s: %w; choose a data folder outside private directories (e.g. under /var/tmp)", u.Username, dataDir, err)
+	}
+
+	pgDir := filepath.Join(dataDir, "pg")
+	if err := os.MkdirAll(pgDir, 0o700); err != nil {
+		return "", fmt.Errorf("embeddedpg: %w", err)
+	}
+	if err := os.Chown(pgDir, uid, gid); err != nil {
+		return "", fmt.Errorf("embeddedpg: %w", err)
+	}
+
+	wrappers := filepath.Join(dataDir, "wrappers")
+	if err := os.MkdirAll(filepath.Join(wrappers, "bin"), 0o755); err != nil {
+		return "", fmt.Errorf("embeddedpg: %w", err)
+	}
+	drop := fmt.Sprintf("exec %s --reuid=%d --regid=%d --clear-groups --", setpriv, uid, gid)
+	scripts := map[string]string{
+		// The library writes initdb's password file as root with mode 0600; hand it over.
+		"initdb": fmt.Sprintf("for arg; do case \"$arg\" in --pwfile=*) chown %d:%d \"${arg#--pwfile=}\";; esac; done\n%s %s \"$@\"\n",
+			uid, gid, drop, filepath.Join(binDir, "bin", "initdb")),
+		"pg_ctl": fmt.Sprintf("%s %s \"$@\"\n", drop, filepath.Join(binDir, "bin", "pg_ctl")),
+	}
+	for name, body := range scripts {
+		script := "#!/bin/sh\n# Written by opbroker: PostgreSQL refuses to run as root.\n" + body
+		if err := os.WriteFile(filepath.Join(wrappers, "bin", name), []byte(script), 0o755); err != nil {
+			return "", fmt.Errorf("embeddedpg: %w", err)
+		}
+	}
+	return wrappers, nil
+}
+
+func serverUser() (*user.User, error) {
+	for _, name := range serverUsers {
+		if u, err := user.Lookup(name); err == nil && u.Uid != "0" {
+			return u, nil
+		}
+	}
+	return nil, fmt.Errorf("embeddedpg: running as root needs one of the users %v to run PostgreSQL", serverUsers)
+}
+
+// reachable checks that dir and every ancestor can be traversed by anyone, which an
+// unprivileged user needs to reach its cluster.
+func reachable(dir string) error {
+	for d := dir; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s is not searchable by other users", d)
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,114 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// State is an operation's state, spelled as in the schema's enum.
+type State string
+
+// The states of an operation; docs/state-machine.md draws the transitions.
+const (
+	StatePrepared       State = "PREPARED"
+	StateInFlight       State = "IN_FLIGHT"
+	StateSucceeded      State = "SUCCEEDED"
+	StateFailedTerminal State = "FAILED_TERMINAL"
+	StateUnknown        State = "UNKNOWN"
+	StateEscalated      State = "ESCALATED"
+	StateCancelled      State = "CANCELLED"
+)
+
+// Terminal reports whether only an operator could move an operation out of s.
+func (s State) Terminal() bool {
+	return s == StateSucceeded || s == StateFailedTerminal || s == StateCancelled
+}
+
+// Observation is what the broker last learned about an operation's remote effect. It
+// never holds payload bytes.
+type Observation struct {
+	ObservedAt time.Time `json:"observed_at"`
+	Source     string    `json:"source"`
+	Outcome    string    `json:"outcome"`
+	HTTPStatus int       `json:"http_status,omitempty"`
+	Summary    string    `json:"summary,omitempty"`
+}
+
+// Operation is a ledger row without its payload bytes.
+type Operation struct {
+	TenantID         string
+	ID               uuid.UUID
+	OperationType    string
+	IntentRef        string
+	ContentType      string
+	PayloadSHA256    []byte
+	State            State
+	Revision         int64
+	FenceToken       int64
+	AttemptCount     int32
+	RemoteRef        string
+	LastObservation  *Observation
+	SupersedesID     uuid.NullUUID
+	Labels           map[string]string
+	DispatchDeadline *time.Time
+	FirstSentAt      *time.Time
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+}
+
+// operationColumns is the select list that scanOperation reads, in order.
+const operationColumns = `tenant_id, operation_id, operation_type, intent_ref, content_type,
+	payload_sha256, state, revision, fence_token, attempt_count, coalesce(remote_ref, ''),
+	last_observation, supersedes_id, labels, dispatch_deadline, first_sent_at, created_at, updated_at`
+
+func scanOperation(row pgx.CollectableRow) (Operation, error) {
+	var op Operation
+	err := row.Scan(&op.TenantID, &op.ID, &op.OperationType, &op.IntentRef, &op.ContentType,
+		&op.PayloadSHA256, &op.State, &op.Revision, &op.FenceToken, &op.AttemptCount, &op.RemoteRef,
+		&op.LastObservation, &op.SupersedesID, &op.Labels, &op.DispatchDeadline, &op.FirstSentAt,
+		&op.CreatedAt, &op.UpdatedAt)
+	return op, err
+}
+
+// ErrNotFound means no operation has that id in that tenant.
+var ErrNotFound = errors.New("store: operation not found")
+
+// PayloadMismatchError means the intent is already recorded with another payload.
+type PayloadMismatchError struct {
+	Existing Operation
+}
+
+func (e *PayloadMismatchError) Error() string {
+	return fmt.Sprintf("store: intent already recorded as operation %s with another payload", e.Existing.ID)
+}
+
+// StateError means the operation is not in a state that allows the change.
+type StateError struct {
+	Operation Operation
+	Want      State
+}
+
+func (e *StateError) Error() string {
+	return fmt.Sprintf("store: operation %s is %s, not %s", e.Operation.ID, e.Operation.State, e.Want)
+}
+
+// ErrSupersededNotFound means the operation named as superseded does not exist in the
+// tenant.
+var ErrSupersededNotFound = errors.New("store: superseded operation not found")
+
+// translate turns driver errors into the package's errors.
+func translate(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotFound
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.ConstraintName == "operations_supersedes_fkey" {
+		return ErrSupersededNotFound
+	}
+	return err
+}

@@ -1,0 +1,174 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Store reads and writes the ledger. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// New returns a Store over pool. The schema must be migrated (Migrate).
+func New(pool *pgxpool.Pool) *Store {
+	return &Store{pool: pool}
+}
+
+// PrepareParams describes an intent to record.
+type PrepareParams struct {
+	TenantID         string
+	OperationType    string
+	IntentRef        string
+	ContentType      string
+	Payload          []byte
+	PayloadSHA256    []byte // of the canonical payload (package payload)
+	SupersedesID     uuid.NullUUID
+	Labels           map[string]string
+	DispatchDeadline *time.Time
+	// Actor is recorded on the creation event.
+	Actor string
+}
+
+// Prepare records an intent, or returns the operation that already records it.
+//
+// It is idempotent and safe under any number of concurrent identical calls: exactly one
+// operation is created, the others wait for it on the unique index and return it with
+// created=false. If the intent is recorded with another payload hash it returns a
+// *PayloadMismatchError and changes nothing. A SupersedesID that does not exist in the
+// tenant is ErrSupersededNotFound.
+func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, created bool, err error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
+	}
+	labels := p.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	rows, _ := s.pool.Query(ctx, `
+		WITH ins AS (
+			INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
+				payload, payload_sha256, supersedes_id, labels, dispatch_deadline)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+			ON CONFLICT ON CONSTRAINT operations_intent_key DO NOTHING
+			RETURNING *
+		), ev AS (
+			INSERT INTO operation_events (tenant_id, operation_id, revision, to_state, fence_token, actor, created_at)
+			SELECT tenant_id, operation_id, revision, state, fence_token, $11, created_at FROM ins
+		)
+		SELECT `+operationColumns+` FROM ins`,
+		p.TenantID, id, p.OperationType, p.IntentRef, p.ContentType,
+		p.Payload, p.PayloadSHA256, p.SupersedesID, labels, p.DispatchDeadline, p.Actor)
+	op, err = pgx.CollectExactlyOneRow(rows, scanOperation)
+	if err == nil {
+		return op, true, nil
+	}
+	if err = translate(err); err != ErrNotFound {
+		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
+	}
+
+	// The intent was already recorded (the conflicting insert waited for it to commit).
+	existing, err := s.FindByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
+	if err != nil {
+		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
+	}
+	if string(existing.PayloadSHA256) != string(p.PayloadSHA256) {
+		return Operation{}, false, &PayloadMismatchError{Existing: existing}
+	}
+	return existing, false, nil
+}
+
+// FindByIntent returns the operation recording an intent, or ErrNotFound.
+func (s *Store) FindByIntent(ctx context.Context, tenantID, operationType, intentRef string) (Operation, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT `+operationColumns+` FROM operations
+		WHERE tenant_id = $1 AND operation_type = $2 AND intent_ref = $3`,
+		tenantID, operationType, intentRef)
+	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
+	return op, translate(err)
+}
+
+// Get returns one operation of a tenant, or ErrNotFound.
+func (s *Store) Get(ctx context.Context, tenantID string, id uuid.UUID) (Operation, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT `+operationColumns+` FROM operations
+		WHERE tenant_id = $1 AND operation_id = $2`, tenantID, id)
+	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
+	if err != nil {
+		return Operation{}, fmt.Errorf("store: get: %w", translate(err))
+	}
+	return op, nil
+}
+
+// ListParams selects a page of a tenant's operations, newest first.
+type ListParams struct {
+	TenantID string
+	States   []State // empty: all
+	// Before continues a listing after the last operation of the previous page.
+	Before uuid.NullUUID
+	Limit  int
+}
+
+// List returns up to Limit operations and whether more follow.
+func (s *Store) List(ctx context.Context, p ListParams) (ops []Operation, more bool, err error) {
+	var states []string
+	for _, st := range p.States {
+		states = append(states, string(st))
+	}
+	rows, _ := s.pool.Query(ctx, `SELECT `+operationColumns+` FROM operations
+		WHERE tenant_id = $1
+		  AND (coalesce(cardinality($2::text[]), 0) = 0 OR state = ANY ($2::text[]::operation_state[]))
+		  AND ($3::uuid IS NULL OR operation_id < $3)
+		ORDER BY operation_id DESC
+		LIMIT $4`, p.TenantID, states, p.Before, p.Limit+1)
+	ops, err = pgx.CollectRows(rows, scanOperation)
+	if err != nil {
+		return nil, false, fmt.Errorf("store: list: %w", translate(err))
+	}
+	if len(ops) > p.Limit {
+		return ops[:p.Limit], true, nil
+	}
+	return ops, false, nil
+}
+
+// CancelParams names the operation to cancel.
+type CancelParams struct {
+	TenantID string
+	ID       uuid.UUID
+	Actor    string
+}
+
+// Cancel moves a PREPARED operation to CANCELLED with one conditional update, so it can
+// never race a claim. Cancelling a CANCELLED operation returns it unchanged; any other
+// state is a *StateError.
+func (s *Store) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
+	rows, _ := s.pool.Query(ctx, `
+		WITH upd AS (
+			UPDATE operations SET state = 'CANCELLED', revision = revision + 1, updated_at = now()
+			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'PREPARED'
+			RETURNING *
+		), ev AS (
+			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, created_at)
+			SELECT tenant_id, operation_id, revision, 'PREPARED', state, fence_token, $3, updated_at FROM upd
+		)
+		SELECT `+operationColumns+` FROM upd`, p.TenantID, p.ID, p.Actor)
+	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
+	if err == nil {
+		return op, nil
+	}
+	if err = translate(err); err != ErrNotFound {
+		return Operation{}, fmt.Errorf("store: cancel: %w", err)
+	}
+	current, err := s.Get(ctx, p.TenantID, p.ID)
+	if err != nil {
+		return Operation{}, err
+	}
+	if current.State == StateCancelled {
+		return current, nil
+	}
+	return Operation{}, &StateError{Operation: current, Want: StatePrepared}
+}

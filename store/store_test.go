@@ -1,0 +1,331 @@
+package store_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
+)
+
+type testBundle struct {
+	ctx   context.Context
+	store *store.Store
+	pool  *pgxpool.Pool
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	s, pool := storetest.NewStore(t)
+	return &testBundle{ctx: context.Background(), store: s, pool: pool}
+}
+
+// prepareParams returns a valid intent; opts may change it.
+func prepareParams(tenant, intent string, body string) store.PrepareParams {
+	sum := sha256.Sum256([]byte(body))
+	return store.PrepareParams{
+		TenantID:      tenant,
+		OperationType: "demo.charge",
+		IntentRef:     intent,
+		ContentType:   "application/json",
+		Payload:       []byte(body),
+		PayloadSHA256: sum[:],
+		Actor:         "test",
+	}
+}
+
+func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, sql, args...).Scan(&n))
+	return n
+}
+
+func TestPrepareCreatesWithCreationEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	deadline := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	p := prepareParams("acme", "order-1", `{"amount":100}`)
+	p.Labels = map[string]string{"team": "billing"}
+	p.DispatchDeadline = &deadline
+
+	op, created, err := b.store.Prepare(b.ctx, p)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Equal(t, store.StatePrepared, op.State)
+	require.Equal(t, int64(1), op.Revision)
+	require.Equal(t, int64(0), op.FenceToken)
+	require.Equal(t, p.PayloadSHA256, op.PayloadSHA256)
+	require.Equal(t, map[string]string{"team": "billing"}, op.Labels)
+	require.True(t, deadline.Equal(*op.DispatchDeadline))
+	require.Equal(t, byte(7), op.ID[6]>>4, "operation ids are UUIDv7")
+
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events
+		WHERE tenant_id = 'acme' AND operation_id = $1 AND revision = 1 AND from_state IS NULL AND to_state = 'PREPARED'`, op.ID))
+	var payload []byte
+	var remoteKey uuid.UUID
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT payload, remote_key FROM operations WHERE operation_id = $1`, op.ID).Scan(&payload, &remoteKey))
+	require.Equal(t, p.Payload, payload, "the approved bytes are stored as sent")
+	require.Equal(t, uuid.Version(4), remoteKey.Version(), "the remote key is random")
+}
+
+func TestPrepareIdempotentUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const callers = 50
+	p := prepareParams("acme", "order-concurrent", `{"amount":100}`)
+
+	var wg sync.WaitGroup
+	ids := make([]uuid.UUID, callers)
+	created := make([]bool, callers)
+	errs := make([]error, callers)
+	start := make(chan struct{})
+	for i := range callers {
+		wg.Go(func() {
+			<-start
+			op, c, err := b.store.Prepare(b.ctx, p)
+			ids[i], created[i], errs[i] = op.ID, c, err
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	creators := 0
+	for i := range callers {
+		require.NoError(t, errs[i])
+		require.Equal(t, ids[0], ids[i], "every caller gets the same operation")
+		if created[i] {
+			creators++
+		}
+	}
+	require.Equal(t, 1, creators)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events`))
+}
+
+func TestPreparePayloadMismatchChangesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-1", `{"amount":100}`))
+	require.NoError(t, err)
+
+	_, _, err = b.store.Prepare(b.ctx, prepareParams("acme", "order-1", `{"amount":40}`))
+	var mismatch *store.PayloadMismatchError
+	require.ErrorAs(t, err, &mismatch)
+	require.Equal(t, first.ID, mismatch.Existing.ID)
+
+	again, err := b.store.Get(b.ctx, "acme", first.ID)
+	require.NoError(t, err)
+	require.Equal(t, first, again)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events`))
+}
+
+func TestPrepareLegitimateRepeatIsNewOperation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a, createdA, err := b.store.Prepare(b.ctx, prepareParams("acme", "purchase-1", `{"item":"tea"}`))
+	require.NoError(t, err)
+	c, createdC, err := b.store.Prepare(b.ctx, prepareParams("acme", "purchase-2", `{"item":"tea"}`))
+	require.NoError(t, err)
+	require.True(t, createdA)
+	require.True(t, createdC)
+	require.NotEqual(t, a.ID, c.ID)
+	require.Equal(t, 2, b.count(t, `SELECT count(DISTINCT remote_key) FROM operations`), "each operation has its own remote key")
+}
+
+func TestPrepareScopesIntentByTenantAndType(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "x", `1`))
+	require.NoError(t, err)
+	other, created, err := b.store.Prepare(b.ctx, prepareParams("globex", "x", `2`))
+	require.NoError(t, err)
+	require.True(t, created)
+	require.NotEqual(t, a.ID, other.ID)
+	p := prepareParams("acme", "x", `3`)
+	p.OperationType = "demo.notify"
+	_, created, err = b.store.Prepare(b.ctx, p)
+	require.NoError(t, err)
+	require.True(t, created)
+}
+
+func TestPrepareSupersedes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	original, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "credit-1", `{"amount":50}`))
+	require.NoError(t, err)
+
+	amend := prepareParams("acme", "credit-1-amended", `{"amount":40}`)
+	amend.SupersedesID = uuid.NullUUID{UUID: original.ID, Valid: true}
+	amended, _, err := b.store.Prepare(b.ctx, amend)
+	require.NoError(t, err)
+	require.Equal(t, original.ID, amended.SupersedesID.UUID)
+
+	unchanged, err := b.store.Get(b.ctx, "acme", original.ID)
+	require.NoError(t, err)
+	require.Equal(t, original, unchanged, "an amendment never overwrites the original")
+
+	cross := prepareParams("globex", "credit-x", `{"amount":40}`)
+	cross.SupersedesID = uuid.NullUUID{UUID: original.ID, Valid: true}
+	_, _, err = b.store.Prepare(b.ctx, cross)
+	require.ErrorIs(t, err, store.ErrSupersededNotFound, "another tenant's operation cannot be superseded")
+}
+
+func TestGetIsScopedByTenant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
+	require.NoError(t, err)
+	_, err = b.store.Get(b.ctx, "globex", op.ID)
+	require.ErrorIs(t, err, store.ErrNotFound)
+	_, err = b.store.Get(b.ctx, "acme", uuid.Must(uuid.NewV7()))
+	require.ErrorIs(t, err, store.ErrNotFound)
+}
+
+func TestListPagesNewestFirstWithFilter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var ids []uuid.UUID
+	for i := range 7 {
+		op, _, err := b.store.Prepare(b.ctx, prepareParams("acme", fmt.Sprintf("o-%d", i), `{}`))
+		require.NoError(t, err)
+		ids = append(ids, op.ID)
+	}
+	_, _, err := b.store.Prepare(b.ctx, prepareParams("globex", "o-0", `{}`))
+	require.NoError(t, err)
+	_, err = b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: ids[2], Actor: "test"})
+	require.NoError(t, err)
+
+	var seen []uuid.UUID
+	var before uuid.NullUUID
+	for {
+		page, more, err := b.store.List(b.ctx, store.ListParams{TenantID: "acme", Before: before, Limit: 3})
+		require.NoError(t, err)
+		for _, op := range page {
+			require.Equal(t, "acme", op.TenantID)
+			seen = append(seen, op.ID)
+		}
+		if !more {
+			break
+		}
+		before = uuid.NullUUID{UUID: page[len(page)-1].ID, Valid: true}
+	}
+	require.Len(t, seen, 7)
+	for i := range seen {
+		require.Equal(t, ids[len(ids)-1-i], seen[i], "newest first")
+	}
+
+	cancelled, more, err := b.store.List(b.ctx, store.ListParams{TenantID: "acme", States: []store.State{store.StateCancelled}, Limit: 10})
+	require.NoError(t, err)
+	require.False(t, more)
+	require.Len(t, cancelled, 1)
+	require.Equal(t, ids[2], cancelled[0].ID)
+}
+
+func TestCancelRules(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
+	require.NoError(t, err)
+
+	cancelled, err := b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
+	require.NoError(t, err)
+	require.Equal(t, store.StateCancelled, cancelled.State)
+	require.Equal(t, int64(2), cancelled.Revision)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE revision = 2 AND from_state = 'PREPARED' AND to_state = 'CANCELLED'`))
+
+	again, err := b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
+	require.NoError(t, err, "cancelling twice is idempotent")
+	require.Equal(t, cancelled, again)
+
+	_, err = b.store.Cancel(b.ctx, store.CancelParams{TenantID: "globex", ID: op.ID, Actor: "test"})
+	require.ErrorIs(t, err, store.ErrNotFound)
+
+	sent, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-2", `{}`))
+	require.NoError(t, err)
+	forceInFlight(t, b, sent.ID)
+	_, err = b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: sent.ID, Actor: "test"})
+	var stateErr *store.StateError
+	require.ErrorAs(t, err, &stateErr)
+	require.Equal(t, store.StateInFlight, stateErr.Operation.State)
+}
+
+// forceInFlight claims an operation by hand, as the dispatcher would.
+func forceInFlight(t *testing.T, b *testBundle, id uuid.UUID) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1,
+		fence_token = fence_token + 1, attempt_count = attempt_count + 1, first_sent_at = now(),
+		lease_owner = 'test', lease_expires_at = now() + interval '1 minute'
+		WHERE operation_id = $1`, id)
+	require.NoError(t, err)
+}
+
+// TestSchemaRefusesIllegalStates checks the defence in depth: even SQL that bypasses the
+// store cannot record an illegal state or transition.
+func TestSchemaRefusesIllegalStates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
+	require.NoError(t, err)
+	done, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-2", `{}`))
+	require.NoError(t, err)
+	forceInFlight(t, b, done.ID)
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET state = 'SUCCEEDED', revision = revision + 1, remote_ref = 'ch_1',
+		lease_owner = NULL, lease_expires_at = NULL WHERE operation_id = $1`, done.ID)
+	require.NoError(t, err)
+
+	for name, sql := range map[string]string{
+		"succeeded without remote reference": `UPDATE operations SET state = 'SUCCEEDED', revision = revision + 1 WHERE operation_id = $1`,
+		"prepared to unknown":                `UPDATE operations SET state = 'UNKNOWN', revision = revision + 1, fence_token = 1, first_sent_at = now() WHERE operation_id = $1`,
+		"in flight without a lease":          `UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, fence_token = 1, first_sent_at = now() WHERE operation_id = $1`,
+		"state change without revision":      `UPDATE operations SET state = 'CANCELLED' WHERE operation_id = $1`,
+		"payload replaced":                   `UPDATE operations SET payload = '\x00' WHERE operation_id = $1`,
+		"payload purged before terminal":     `UPDATE operations SET payload = NULL WHERE operation_id = $1`,
+		"intent changed":                     `UPDATE operations SET intent_ref = 'other' WHERE operation_id = $1`,
+		"remote key changed":                 `UPDATE operations SET remote_key = gen_random_uuid() WHERE operation_id = $1`,
+		"claimed without fence":              `UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, lease_owner = 'x', lease_expires_at = now(), first_sent_at = now() WHERE operation_id = $1`,
+	} {
+		_, err := b.pool.Exec(b.ctx, sql, op.ID)
+		require.Error(t, err, name)
+	}
+	for name, sql := range map[string]string{
+		"terminal back to prepared": `UPDATE operations SET state = 'PREPARED', revision = revision + 1, remote_ref = NULL WHERE operation_id = $1`,
+		"terminal to unknown":       `UPDATE operations SET state = 'UNKNOWN', revision = revision + 1 WHERE operation_id = $1`,
+		"fence goes back":           `UPDATE operations SET fence_token = 0 WHERE operation_id = $1`,
+		"event rewritten":           `UPDATE operation_events SET actor = 'someone else' WHERE operation_id = $1`,
+	} {
+		_, err := b.pool.Exec(b.ctx, sql, done.ID)
+		require.Error(t, err, name)
+	}
+	unchanged, err := b.store.Get(b.ctx, "acme", op.ID)
+	require.NoError(t, err)
+	require.Equal(t, op, unchanged)
+}
+
+func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() {
+			pool := storetest.Pool(t, url)
+			errs <- errors.Join(store.Migrate(context.Background(), pool), store.CheckSchema(context.Background(), pool))
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}

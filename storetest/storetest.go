@@ -1,0 +1,153 @@
+// Package storetest gives tests a real PostgreSQL: the one named by
+// OPBROKER_TEST_DATABASE_URL, or an embedded one started for the test binary. Each test
+// gets its own schema, migrated to the current version and dropped at cleanup, so tests
+// that commit, race or listen run in parallel without seeing each other.
+package storetest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	neturl "net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/opbroker/opbroker/embeddedpg"
+	"github.com/opbroker/opbroker/store"
+)
+
+// EnvDatabaseURL names the variable that points the tests at an existing database.
+const EnvDatabaseURL = "OPBROKER_TEST_DATABASE_URL"
+
+var baseURL string
+
+// Main runs a package's tests with a database available and checks that they leak no
+// goroutines. Call it from TestMain.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	baseURL = os.Getenv(EnvDatabaseURL)
+	if baseURL == "" {
+		dir, err := os.MkdirTemp("", "opbroker-test-pg-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "storetest:", err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		// The server may run as another user (when tests run as root): let it in.
+		if err := os.Chmod(dir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, "storetest:", err)
+			return 1
+		}
+		srv, err := embeddedpg.Start(context.Background(), embeddedpg.Config{DataDir: dir})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "storetest: no", EnvDatabaseURL, "set and the embedded PostgreSQL did not start:", err)
+			return 1
+		}
+		defer srv.Stop()
+		baseURL = srv.URL()
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "storetest: leaked goroutines:", err)
+			return 1
+		}
+	}
+	return code
+}
+
+// URL returns the connection string of the test database (without a test schema).
+func URL(t testing.TB) string {
+	t.Helper()
+	if baseURL == "" {
+		t.Fatal("storetest: call storetest.Main from TestMain")
+	}
+	return baseURL
+}
+
+// Schema creates a fresh schema, migrated to the current version, and returns a
+// connection string whose search_path selects it. The schema is dropped at cleanup.
+func Schema(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	suffix := make([]byte, 6)
+	_, _ = rand.Read(suffix)
+	schema := "test_" + hex.EncodeToString(suffix)
+
+	admin, err := pgx.Connect(ctx, URL(t))
+	if err != nil {
+		t.Fatalf("storetest: connect: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, URL(t))
+		if err != nil {
+			t.Errorf("storetest: drop schema: %v", err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("storetest: drop schema: %v", err)
+		}
+	})
+
+	url, err := withSearchPath(URL(t), schema)
+	if err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	pool := Pool(t, url)
+	if err := store.Migrate(ctx, pool); err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	return url
+}
+
+// withSearchPath adds search_path to a connection string in either of its forms.
+func withSearchPath(conn, schema string) (string, error) {
+	if !strings.Contains(conn, "://") {
+		return conn + " search_path=" + schema, nil
+	}
+	u, err := neturl.Parse(conn)
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// Pool opens a pool on url, closed at cleanup.
+func Pool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// NewStore returns a Store on a fresh schema, with its pool.
+func NewStore(t testing.TB) (*store.Store, *pgxpool.Pool) {
+	t.Helper()
+	pool := Pool(t, Schema(t))
+	return store.New(pool), pool
+}
