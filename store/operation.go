@@ -3,6 +3,9 @@ package store
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -101,14 +104,38 @@ func (e *StateError) Error() string {
 // tenant.
 var ErrSupersededNotFound = errors.New("store: superseded operation not found")
 
+// ErrUnavailable wraps errors of reaching the database: the connection failed, was lost
+// or the server is shutting down. Whatever the call was, it may be retried: every write
+// of the ledger is idempotent or conditional.
+var ErrUnavailable = errors.New("store: database unavailable")
+
 // translate turns driver errors into the package's errors.
 func translate(err error) error {
+	if err == nil {
+		return nil
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrNotFound
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.ConstraintName == "operations_supersedes_fkey" {
-		return ErrSupersededNotFound
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.ConstraintName == "operations_supersedes_fkey":
+			return ErrSupersededNotFound
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			strings.HasPrefix(pgErr.Code, "57P"): // operator intervention: shutdown, terminated
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return err
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || isNetError(err) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return err
+}
+
+func isNetError(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }

@@ -1,7 +1,9 @@
 package store
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -33,6 +35,11 @@ type PrepareParams struct {
 	DispatchDeadline *time.Time
 	// Actor is recorded on the creation event.
 	Actor string
+	// RejectCreation, when set, is returned instead of creating an operation: an intent
+	// already recorded is still returned (or refused for another payload), a new one is
+	// not recorded. It lets a retry of a request that is no longer acceptable as new (a
+	// dispatch deadline now past) still find its operation.
+	RejectCreation error
 }
 
 // Prepare records an intent, or returns the operation that already records it.
@@ -43,6 +50,16 @@ type PrepareParams struct {
 // *PayloadMismatchError and changes nothing. A SupersedesID that does not exist in the
 // tenant is ErrSupersededNotFound.
 func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, created bool, err error) {
+	if p.RejectCreation != nil {
+		existing, err := s.FindByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
+		if errors.Is(err, ErrNotFound) {
+			return Operation{}, false, p.RejectCreation
+		}
+		if err != nil {
+			return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
+		}
+		return replay(existing, p)
+	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
@@ -69,7 +86,7 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 	if err == nil {
 		return op, true, nil
 	}
-	if err = translate(err); err != ErrNotFound {
+	if err = translate(err); !errors.Is(err, ErrNotFound) {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
 	}
 
@@ -78,7 +95,12 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 	if err != nil {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
 	}
-	if string(existing.PayloadSHA256) != string(p.PayloadSHA256) {
+	return replay(existing, p)
+}
+
+// replay answers a Prepare whose intent is already recorded.
+func replay(existing Operation, p PrepareParams) (Operation, bool, error) {
+	if !bytes.Equal(existing.PayloadSHA256, p.PayloadSHA256) {
 		return Operation{}, false, &PayloadMismatchError{Existing: existing}
 	}
 	return existing, false, nil
@@ -90,7 +112,10 @@ func (s *Store) FindByIntent(ctx context.Context, tenantID, operationType, inten
 		WHERE tenant_id = $1 AND operation_type = $2 AND intent_ref = $3`,
 		tenantID, operationType, intentRef)
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
-	return op, translate(err)
+	if err != nil {
+		return Operation{}, fmt.Errorf("store: find by intent: %w", translate(err))
+	}
+	return op, nil
 }
 
 // Get returns one operation of a tenant, or ErrNotFound.
@@ -160,7 +185,7 @@ func (s *Store) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
 	if err == nil {
 		return op, nil
 	}
-	if err = translate(err); err != ErrNotFound {
+	if err = translate(err); !errors.Is(err, ErrNotFound) {
 		return Operation{}, fmt.Errorf("store: cancel: %w", err)
 	}
 	current, err := s.Get(ctx, p.TenantID, p.ID)

@@ -1,0 +1,60 @@
+package server
+
+import (
+	"encoding/hex"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/store"
+)
+
+func stateToProto(s store.State) opbrokerv1.Operation_State {
+	return opbrokerv1.Operation_State(opbrokerv1.Operation_State_value["STATE_"+string(s)])
+}
+
+func stateFromProto(s opbrokerv1.Operation_State) store.State {
+	return store.State(s.String()[len("STATE_"):])
+}
+
+func operationToProto(op store.Operation) *opbrokerv1.Operation {
+	out := &opbrokerv1.Operation{
+		Name:             operationName(op.TenantID, op.ID),
+		Tenant:           op.TenantID,
+		OperationType:    op.OperationType,
+		IntentRef:        op.IntentRef,
+		PayloadSha256:    hex.EncodeToString(op.PayloadSHA256),
+		ContentType:      op.ContentType,
+		State:            stateToProto(op.State),
+		Revision:         op.Revision,
+		FenceToken:       op.FenceToken,
+		AttemptCount:     op.AttemptCount,
+		RemoteRef:        op.RemoteRef,
+		Labels:           op.Labels,
+		DispatchDeadline: timestamp(op.DispatchDeadline),
+		CreateTime:       timestamppb.New(op.CreatedAt),
+		UpdateTime:       timestamppb.New(op.UpdatedAt),
+		FirstSendTime:    timestamp(op.FirstSentAt),
+	}
+	if op.SupersedesID.Valid {
+		out.Supersedes = operationName(op.TenantID, op.SupersedesID.UUID)
+	}
+	if obs := op.LastObservation; obs != nil {
+		out.LastObservation = &opbrokerv1.Operation_Observation{
+			ObserveTime: timestamppb.New(obs.ObservedAt),
+			Source:      opbrokerv1.Operation_Source(opbrokerv1.Operation_Source_value["SOURCE_"+obs.Source]),
+			Outcome:     obs.Outcome,
+			HttpStatus:  int32(obs.HTTPStatus),
+			Summary:     obs.Summary,
+		}
+	}
+	return out
+}
+
+func timestamp(t *time.Time) *timestamppb.Timestamp {
+	if t == nil {
+		return nil
+	}
+	return timestamppb.New(*t)
+}

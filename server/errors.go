@@ -1,0 +1,120 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+
+	"github.com/opbroker/opbroker/store"
+)
+
+// ErrorDomain is the domain of every ErrorInfo the broker sends. With the reason it forms
+// a stable API: a (domain, reason) pair is never reused for another error.
+const ErrorDomain = "opbroker.dev"
+
+// Reasons of ErrorInfo, stable UPPER_SNAKE identifiers.
+const (
+	ReasonInvalidArgument             = "INVALID_ARGUMENT"
+	ReasonOperationNotFound           = "OPERATION_NOT_FOUND"
+	ReasonSupersededOperationNotFound = "SUPERSEDED_OPERATION_NOT_FOUND"
+	ReasonIntentPayloadMismatch       = "INTENT_PAYLOAD_MISMATCH"
+	ReasonOperationState              = "OPERATION_STATE"
+	ReasonDatabaseUnavailable         = "DATABASE_UNAVAILABLE"
+	ReasonCancelled                   = "CANCELLED"
+	ReasonDeadlineExceeded            = "DEADLINE_EXCEEDED"
+	ReasonInternal                    = "INTERNAL"
+)
+
+// invalidArgumentError carries field violations until toStatus renders them.
+type invalidArgumentError struct {
+	violations []*errdetails.BadRequest_FieldViolation
+}
+
+func (e *invalidArgumentError) Error() string {
+	msg := "invalid request"
+	for i, v := range e.violations {
+		sep := ", "
+		if i == 0 {
+			sep = ": "
+		}
+		msg += sep + v.GetField() + " " + v.GetDescription()
+	}
+	return msg
+}
+
+func violation(field, description, reason string) *errdetails.BadRequest_FieldViolation {
+	return &errdetails.BadRequest_FieldViolation{Field: field, Description: description, Reason: reason}
+}
+
+func invalidArgument(violations ...*errdetails.BadRequest_FieldViolation) error {
+	return &invalidArgumentError{violations: violations}
+}
+
+// toStatus is the one table from domain errors to gRPC statuses. Unexpected errors are
+// logged here (they carry no payload) and become INTERNAL without their text.
+func toStatus(ctx context.Context, log *slog.Logger, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err // already a status, e.g. from a library
+	}
+	var (
+		invalid  *invalidArgumentError
+		mismatch *store.PayloadMismatchError
+		stateErr *store.StateError
+	)
+	switch {
+	case errors.As(err, &invalid):
+		return newStatus(codes.InvalidArgument, invalid.Error(), ReasonInvalidArgument, nil,
+			&errdetails.BadRequest{FieldViolations: invalid.violations})
+	case errors.As(err, &mismatch):
+		name := operationName(mismatch.Existing.TenantID, mismatch.Existing.ID)
+		return newStatus(codes.AlreadyExists,
+			"this intent is already recorded with another payload; a changed payload needs a new intent_ref (see the existing operation)",
+			ReasonIntentPayloadMismatch,
+			map[string]string{"operation": name, "existingPayloadSha256": fmt.Sprintf("%x", mismatch.Existing.PayloadSHA256)},
+			&errdetails.ResourceInfo{ResourceType: "opbroker.dev/Operation", ResourceName: name,
+				Description: "the operation that already records this intent"})
+	case errors.As(err, &stateErr):
+		name := operationName(stateErr.Operation.TenantID, stateErr.Operation.ID)
+		desc := fmt.Sprintf("operation is %s; this requires %s", stateErr.Operation.State, stateErr.Want)
+		return newStatus(codes.FailedPrecondition, desc, ReasonOperationState,
+			map[string]string{"operation": name, "state": "STATE_" + string(stateErr.Operation.State)},
+			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
+				{Type: "STATE", Subject: name, Description: desc}}})
+	case errors.Is(err, store.ErrSupersededNotFound):
+		return newStatus(codes.NotFound, "the operation named in supersedes does not exist in this tenant",
+			ReasonSupersededOperationNotFound, nil,
+			&errdetails.ResourceInfo{ResourceType: "opbroker.dev/Operation", Description: "supersedes"})
+	case errors.Is(err, store.ErrNotFound):
+		return newStatus(codes.NotFound, "operation not found", ReasonOperationNotFound, nil,
+			&errdetails.ResourceInfo{ResourceType: "opbroker.dev/Operation"})
+	case errors.Is(err, context.Canceled):
+		return newStatus(codes.Canceled, "the call was cancelled", ReasonCancelled, nil)
+	case errors.Is(err, context.DeadlineExceeded):
+		return newStatus(codes.DeadlineExceeded, "the call's deadline passed", ReasonDeadlineExceeded, nil)
+	case errors.Is(err, store.ErrUnavailable):
+		log.WarnContext(ctx, "database unavailable", "error", err)
+		return newStatus(codes.Unavailable, "the ledger database is unavailable; retry with backoff", ReasonDatabaseUnavailable, nil)
+	default:
+		log.ErrorContext(ctx, "internal error", "error", err)
+		return newStatus(codes.Internal, "internal error", ReasonInternal, nil)
+	}
+}
+
+func newStatus(code codes.Code, msg, reason string, metadata map[string]string, details ...protoadapt.MessageV1) error {
+	st := status.New(code, msg)
+	all := append([]protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: metadata}}, details...)
+	withDetails, err := st.WithDetails(all...)
+	if err != nil {
+		return st.Err()
+	}
+	return withDetails.Err()
+}

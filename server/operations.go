@@ -1,0 +1,151 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc/codes"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/payload"
+	"github.com/opbroker/opbroker/store"
+)
+
+const (
+	defaultPageSize = 50
+	maxPageSize     = 1000
+	// clientActor is recorded on events caused by a client call.
+	clientActor = "client"
+)
+
+// operationService implements opbrokerv1.OperationServiceServer.
+type operationService struct {
+	opbrokerv1.UnimplementedOperationServiceServer
+
+	store      *store.Store
+	log        *slog.Logger
+	maxPayload int
+	now        func() time.Time
+	prepares   metric.Int64Counter
+}
+
+func (s *operationService) PrepareOperation(ctx context.Context, req *opbrokerv1.PrepareOperationRequest) (*opbrokerv1.PrepareOperationResponse, error) {
+	op, created, err := s.prepare(ctx, req)
+	result := "created"
+	switch {
+	case errors.As(err, new(*store.PayloadMismatchError)):
+		result = "payload_mismatch"
+	case err != nil:
+		result = "error"
+	case !created:
+		result = "replayed"
+	}
+	s.prepares.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result)))
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	return &opbrokerv1.PrepareOperationResponse{Operation: operationToProto(op), Created: created}, nil
+}
+
+func (s *operationService) prepare(ctx context.Context, req *opbrokerv1.PrepareOperationRequest) (store.Operation, bool, error) {
+	if len(req.GetPayload()) > s.maxPayload {
+		return store.Operation{}, false, invalidArgument(violation("payload",
+			fmt.Sprintf("must be at most %d bytes", s.maxPayload), "PAYLOAD_TOO_LARGE"))
+	}
+	digest, err := payload.Hash(req.GetContentType(), req.GetPayload())
+	if err != nil {
+		return store.Operation{}, false, invalidArgument(violation("payload", err.Error(), "PAYLOAD_INVALID"))
+	}
+	params := store.PrepareParams{
+		TenantID:      req.GetTenant(),
+		OperationType: req.GetOperationType(),
+		IntentRef:     req.GetIntentRef(),
+		ContentType:   req.GetContentType(),
+		Payload:       req.GetPayload(),
+		PayloadSHA256: digest[:],
+		Labels:        req.GetLabels(),
+		Actor:         clientActor,
+	}
+	if name := req.GetSupersedes(); name != "" {
+		tenant, id, err := parseOperationName("supersedes", name)
+		if err != nil {
+			return store.Operation{}, false, err
+		}
+		if tenant != req.GetTenant() {
+			return store.Operation{}, false, invalidArgument(violation("supersedes", "must name an operation of the same tenant", "SUPERSEDES_OTHER_TENANT"))
+		}
+		params.SupersedesID = uuid.NullUUID{UUID: id, Valid: true}
+	}
+	if req.GetDispatchDeadline() != nil {
+		deadline := req.GetDispatchDeadline().AsTime()
+		params.DispatchDeadline = &deadline
+		if !deadline.After(s.now()) {
+			params.RejectCreation = invalidArgument(violation("dispatch_deadline", "must be in the future", "DEADLINE_PASSED"))
+		}
+	}
+	return s.store.Prepare(ctx, params)
+}
+
+func (s *operationService) GetOperation(ctx context.Context, req *opbrokerv1.GetOperationRequest) (*opbrokerv1.GetOperationResponse, error) {
+	tenant, id, err := parseOperationName("name", req.GetName())
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	op, err := s.store.Get(ctx, tenant, id)
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	return &opbrokerv1.GetOperationResponse{Operation: operationToProto(op)}, nil
+}
+
+func (s *operationService) ListOperations(ctx context.Context, req *opbrokerv1.ListOperationsRequest) (*opbrokerv1.ListOperationsResponse, error) {
+	states := make([]store.State, len(req.GetStates()))
+	for i, st := range req.GetStates() {
+		states[i] = stateFromProto(st)
+	}
+	before, err := decodePageToken(req.GetPageToken(), req.GetTenant(), states)
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	size := int(req.GetPageSize())
+	switch {
+	case size == 0:
+		size = defaultPageSize
+	case size > maxPageSize:
+		size = maxPageSize
+	}
+	ops, more, err := s.store.List(ctx, store.ListParams{TenantID: req.GetTenant(), States: states, Before: before, Limit: size})
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	resp := &opbrokerv1.ListOperationsResponse{Operations: make([]*opbrokerv1.Operation, len(ops))}
+	for i, op := range ops {
+		resp.Operations[i] = operationToProto(op)
+	}
+	if more {
+		resp.NextPageToken = encodePageToken(pageToken{Tenant: req.GetTenant(), Filter: filterKey(states), After: ops[len(ops)-1].ID})
+	}
+	return resp, nil
+}
+
+func (s *operationService) CancelOperation(ctx context.Context, req *opbrokerv1.CancelOperationRequest) (*opbrokerv1.CancelOperationResponse, error) {
+	tenant, id, err := parseOperationName("name", req.GetName())
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	op, err := s.store.Cancel(ctx, store.CancelParams{TenantID: tenant, ID: id, Actor: clientActor})
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	return &opbrokerv1.CancelOperationResponse{Operation: operationToProto(op)}, nil
+}
+
+func (s *operationService) WatchOperation(*opbrokerv1.WatchOperationRequest, opbrokerv1.OperationService_WatchOperationServer) error {
+	return newStatus(codes.Unimplemented, "WatchOperation arrives with the reconciler; poll GetOperation until then", "NOT_IMPLEMENTED", nil)
+}

@@ -1,0 +1,139 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"buf.build/go/protovalidate"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
+	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/store"
+)
+
+// DefaultMaxPayloadBytes is the payload cap when none is configured.
+const DefaultMaxPayloadBytes = 256 << 10
+
+// Options configure a server.
+type Options struct {
+	Store  *store.Store
+	Logger *slog.Logger
+	// MeterProvider receives the gRPC and domain metrics.
+	MeterProvider metric.MeterProvider
+	// MaxPayloadBytes caps PrepareOperation's payload; 0 means DefaultMaxPayloadBytes.
+	MaxPayloadBytes int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server is a gRPC server with the broker's services, health and reflection.
+type Server struct {
+	GRPC   *grpc.Server
+	Health *health.Server
+}
+
+// New builds the server. Health reports NOT_SERVING until SetServing is called.
+func New(opts Options) (*Server, error) {
+	if opts.MaxPayloadBytes == 0 {
+		opts.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	log := opts.Logger
+	validator, err := protovalidate.New()
+	if err != nil {
+		return nil, fmt.Errorf("server: validator: %w", err)
+	}
+	meter := opts.MeterProvider.Meter("github.com/opbroker/opbroker/server")
+	prepares, err := meter.Int64Counter("opbroker.prepare.requests",
+		metric.WithDescription("PrepareOperation calls by result: created, replayed, payload_mismatch, error"),
+		metric.WithUnit("{call}"))
+	if err != nil {
+		return nil, fmt.Errorf("server: metrics: %w", err)
+	}
+
+	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		log.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+	// Only the end of each call is logged: method, code, duration. Requests and
+	// responses are never logged, so payloads and intent references stay out of logs.
+	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	onPanic := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
+		return newStatus(codes.Internal, "internal error", ReasonInternal, nil)
+	})
+
+	grpcServer := grpc.NewServer(
+		grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithMeterProvider(opts.MeterProvider),
+			otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
+		grpc.ChainUnaryInterceptor(
+			logging.UnaryServerInterceptor(logger, logOpts...),
+			recovery.UnaryServerInterceptor(onPanic),
+			validationUnaryInterceptor(validator, log)),
+		grpc.ChainStreamInterceptor(
+			logging.StreamServerInterceptor(logger, logOpts...),
+			recovery.StreamServerInterceptor(onPanic),
+			validationStreamInterceptor(validator, log)),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time: 30 * time.Second, Timeout: 10 * time.Second,
+			MaxConnectionAge: 30 * time.Minute, MaxConnectionAgeGrace: time.Minute,
+		}),
+		// Room for the largest payload plus the request's other fields (labels, names).
+		grpc.MaxRecvMsgSize(opts.MaxPayloadBytes+64<<10),
+		grpc.MaxConcurrentStreams(1000),
+	)
+	opbrokerv1.RegisterOperationServiceServer(grpcServer, &operationService{
+		store:      opts.Store,
+		log:        log,
+		maxPayload: opts.MaxPayloadBytes,
+		now:        opts.Now,
+		prepares:   prepares,
+	})
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	hs.SetServingStatus(opbrokerv1.OperationService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(grpcServer, hs)
+	reflection.Register(grpcServer)
+	return &Server{GRPC: grpcServer, Health: hs}, nil
+}
+
+// SetServing marks every service SERVING.
+func (s *Server) SetServing() {
+	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.Health.SetServingStatus(opbrokerv1.OperationService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+}
+
+// Stop drains the server: health goes NOT_SERVING at once, calls in progress get until
+// grace to finish, then the rest are cut.
+func (s *Server) Stop(grace time.Duration) {
+	s.Health.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		s.GRPC.GracefulStop()
+		close(done)
+	}()
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		s.GRPC.Stop()
+		<-done
+	}
+}

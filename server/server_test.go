@@ -1,0 +1,487 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/server"
+	"github.com/opbroker/opbroker/storetest"
+)
+
+type testBundle struct {
+	ctx    context.Context
+	client opbrokerv1.OperationServiceClient
+	conn   *grpc.ClientConn
+	pool   *pgxpool.Pool
+	logs   *syncBuffer
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+const testMaxPayload = 1024
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	st, pool := storetest.NewStore(t)
+	logs := &syncBuffer{}
+	srv, err := server.New(server.Options{
+		Store:           st,
+		Logger:          slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		MeterProvider:   noop.NewMeterProvider(),
+		MaxPayloadBytes: testMaxPayload,
+	})
+	require.NoError(t, err)
+	srv.SetServing()
+	lis := bufconn.Listen(1 << 20)
+	go func() { _ = srv.GRPC.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(time.Second) })
+
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return &testBundle{ctx: context.Background(), client: opbrokerv1.NewOperationServiceClient(conn), conn: conn, pool: pool, logs: logs}
+}
+
+func prepareRequest(tenant, intent, payload string) *opbrokerv1.PrepareOperationRequest {
+	return &opbrokerv1.PrepareOperationRequest{
+		Tenant:        tenant,
+		OperationType: "demo.charge",
+		IntentRef:     intent,
+		Payload:       []byte(payload),
+		ContentType:   "application/json",
+	}
+}
+
+// requireStatus asserts the code and that the error carries an ErrorInfo of our domain
+// with the reason; it returns the status for further checks.
+func requireStatus(t *testing.T, err error, code codes.Code, reason string) *status.Status {
+	t.Helper()
+	require.Error(t, err)
+	st := status.Convert(err)
+	require.Equal(t, code, st.Code(), st.Message())
+	info := errorInfo(st)
+	require.NotNil(t, info, "every error carries an ErrorInfo")
+	require.Equal(t, server.ErrorDomain, info.GetDomain())
+	require.Equal(t, reason, info.GetReason())
+	return st
+}
+
+func errorInfo(st *status.Status) *errdetails.ErrorInfo {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info
+		}
+	}
+	return nil
+}
+
+func fieldViolations(st *status.Status) map[string]string {
+	out := map[string]string{}
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, v := range br.GetFieldViolations() {
+				out[v.GetField()] = v.GetReason()
+			}
+		}
+	}
+	return out
+}
+
+func TestPrepareGetListRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	req := prepareRequest("acme", "order-1", `{"amount":100,"currency":"EUR"}`)
+	req.Labels = map[string]string{"team": "billing"}
+	resp, err := b.client.PrepareOperation(b.ctx, req)
+	require.NoError(t, err)
+	require.True(t, resp.GetCreated())
+	op := resp.GetOperation()
+	require.Regexp(t, `^tenants/acme/operations/[0-9a-f-]{36}$`, op.GetName())
+	require.Equal(t, opbrokerv1.Operation_STATE_PREPARED, op.GetState())
+	require.Equal(t, int64(1), op.GetRevision())
+	require.Len(t, op.GetPayloadSha256(), 64)
+	require.Equal(t, "order-1", op.GetIntentRef())
+	require.Equal(t, map[string]string{"team": "billing"}, op.GetLabels())
+
+	got, err := b.client.GetOperation(b.ctx, &opbrokerv1.GetOperationRequest{Name: op.GetName()})
+	require.NoError(t, err)
+	require.Equal(t, op.GetName(), got.GetOperation().GetName())
+	require.Equal(t, op.GetPayloadSha256(), got.GetOperation().GetPayloadSha256())
+
+	list, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme"})
+	require.NoError(t, err)
+	require.Len(t, list.GetOperations(), 1)
+	require.Equal(t, op.GetName(), list.GetOperations()[0].GetName())
+	require.Empty(t, list.GetNextPageToken())
+}
+
+func TestPrepareReplaysCanonicallyEqualPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "order-1", `{"amount":100,"currency":"EUR"}`))
+	require.NoError(t, err)
+	again, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "order-1", "{ \"currency\": \"EUR\",\n \"amount\": 1e2 }"))
+	require.NoError(t, err)
+	require.False(t, again.GetCreated())
+	require.Equal(t, first.GetOperation().GetName(), again.GetOperation().GetName())
+	require.Equal(t, first.GetOperation().GetRevision(), again.GetOperation().GetRevision(), "a replay changes nothing")
+}
+
+func TestPrepareConcurrentIdenticalCallsMakeOneOperation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const callers = 50
+	names := make(chan string, callers)
+	createdCount := make(chan bool, callers)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "same-intent", `{"amount":7}`))
+			if err != nil {
+				names <- "error: " + err.Error()
+				return
+			}
+			names <- resp.GetOperation().GetName()
+			createdCount <- resp.GetCreated()
+		})
+	}
+	wg.Wait()
+	close(names)
+	close(createdCount)
+	distinct := map[string]bool{}
+	for n := range names {
+		distinct[n] = true
+	}
+	require.Len(t, distinct, 1, "%v", distinct)
+	creators := 0
+	for c := range createdCount {
+		if c {
+			creators++
+		}
+	}
+	require.Equal(t, 1, creators)
+}
+
+func TestPreparePayloadMismatchIsAlreadyExists(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "credit-7", `{"amount":50}`))
+	require.NoError(t, err)
+	_, err = b.client.PrepareOperation(b.ctx, prepareRequest("acme", "credit-7", `{"amount":40}`))
+	st := requireStatus(t, err, codes.AlreadyExists, server.ReasonIntentPayloadMismatch)
+	require.Equal(t, first.GetOperation().GetName(), errorInfo(st).GetMetadata()["operation"])
+	require.Equal(t, first.GetOperation().GetPayloadSha256(), errorInfo(st).GetMetadata()["existingPayloadSha256"])
+	var resource *errdetails.ResourceInfo
+	for _, d := range st.Details() {
+		if r, ok := d.(*errdetails.ResourceInfo); ok {
+			resource = r
+		}
+	}
+	require.NotNil(t, resource)
+	require.Equal(t, first.GetOperation().GetName(), resource.GetResourceName())
+
+	got, err := b.client.GetOperation(b.ctx, &opbrokerv1.GetOperationRequest{Name: first.GetOperation().GetName()})
+	require.NoError(t, err)
+	require.Equal(t, first.GetOperation().GetPayloadSha256(), got.GetOperation().GetPayloadSha256(), "nothing changed")
+	require.Equal(t, int64(1), got.GetOperation().GetRevision())
+}
+
+func TestPrepareLegitimateRepeat(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "purchase-1", `{"item":"tea","amount":3}`))
+	require.NoError(t, err)
+	c, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "purchase-2", `{"item":"tea","amount":3}`))
+	require.NoError(t, err)
+	require.True(t, c.GetCreated())
+	require.NotEqual(t, a.GetOperation().GetName(), c.GetOperation().GetName())
+	require.Equal(t, a.GetOperation().GetPayloadSha256(), c.GetOperation().GetPayloadSha256())
+}
+
+func TestPrepareSupersedes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	orig, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "credit-1", `{"amount":50}`))
+	require.NoError(t, err)
+	amend := prepareRequest("acme", "credit-1b", `{"amount":40}`)
+	amend.Supersedes = orig.GetOperation().GetName()
+	resp, err := b.client.PrepareOperation(b.ctx, amend)
+	require.NoError(t, err)
+	require.Equal(t, orig.GetOperation().GetName(), resp.GetOperation().GetSupersedes())
+
+	missing := prepareRequest("acme", "credit-2", `{"amount":40}`)
+	missing.Supersedes = "tenants/acme/operations/0190a4a8-0000-7000-8000-000000000000"
+	_, err = b.client.PrepareOperation(b.ctx, missing)
+	requireStatus(t, err, codes.NotFound, server.ReasonSupersededOperationNotFound)
+}
+
+func TestPrepareWithPastDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	future := prepareRequest("acme", "order-d", `{"amount":1}`)
+	future.DispatchDeadline = timestamppb.New(time.Now().Add(50 * time.Millisecond))
+	first, err := b.client.PrepareOperation(b.ctx, future)
+	require.NoError(t, err)
+	require.True(t, first.GetCreated())
+	time.Sleep(60 * time.Millisecond) // the deadline must be in the past for the retry
+
+	retry, err := b.client.PrepareOperation(b.ctx, future)
+	require.NoError(t, err, "an identical retry finds its operation even after the deadline")
+	require.False(t, retry.GetCreated())
+
+	late := prepareRequest("acme", "order-late", `{"amount":1}`)
+	late.DispatchDeadline = timestamppb.New(time.Now().Add(-time.Minute))
+	_, err = b.client.PrepareOperation(b.ctx, late)
+	st := requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
+	require.Equal(t, "DEADLINE_PASSED", fieldViolations(st)["dispatch_deadline"])
+}
+
+func TestValidationErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	other, err := b.client.PrepareOperation(b.ctx, prepareRequest("globex", "g-1", `{}`))
+	require.NoError(t, err)
+	manyLabels := map[string]string{}
+	for i := range 17 {
+		manyLabels[fmt.Sprintf("k%d", i)] = "v"
+	}
+	mutate := func(f func(*opbrokerv1.PrepareOperationRequest)) *opbrokerv1.PrepareOperationRequest {
+		r := prepareRequest("acme", "order-1", `{"amount":1}`)
+		f(r)
+		return r
+	}
+	for name, tc := range map[string]struct {
+		req   *opbrokerv1.PrepareOperationRequest
+		field string
+	}{
+		"missing tenant":      {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Tenant = "" }), "tenant"},
+		"bad tenant":          {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Tenant = "Acme Corp" }), "tenant"},
+		"bad operation type":  {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.OperationType = "Charge!" }), "operation_type"},
+		"missing intent":      {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.IntentRef = "" }), "intent_ref"},
+		"intent control char": {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.IntentRef = "a\nb" }), "intent_ref"},
+		"intent too long":     {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.IntentRef = strings.Repeat("x", 257) }), "intent_ref"},
+		"empty payload":       {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Payload = nil }), "payload"},
+		"payload over cap": {mutate(func(r *opbrokerv1.PrepareOperationRequest) {
+			r.Payload = []byte(`"` + strings.Repeat("x", testMaxPayload) + `"`)
+		}), "payload"},
+		"payload not json":     {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Payload = []byte(`{"amount":`) }), "payload"},
+		"missing content type": {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.ContentType = "" }), "content_type"},
+		"bad content type":     {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.ContentType = "json" }), "content_type"},
+		"too many labels":      {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Labels = manyLabels }), "labels"},
+		"bad label key":        {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Labels = map[string]string{"Bad Key": "v"} }), `labels["Bad Key"]`},
+		"label value too long": {mutate(func(r *opbrokerv1.PrepareOperationRequest) {
+			r.Labels = map[string]string{"k": strings.Repeat("v", 257)}
+		}), `labels["k"]`},
+		"malformed supersedes":    {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Supersedes = "operations/1" }), "supersedes"},
+		"supersedes other tenant": {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Supersedes = other.GetOperation().GetName() }), "supersedes"},
+	} {
+		_, err := b.client.PrepareOperation(b.ctx, tc.req)
+		st := requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
+		require.Contains(t, fieldViolations(st), tc.field, "%s: %v", name, st.Details())
+	}
+
+	for name, call := range map[string]func() error{
+		"get malformed name": func() error {
+			_, err := b.client.GetOperation(b.ctx, &opbrokerv1.GetOperationRequest{Name: "tenants/acme/operations/42"})
+			return err
+		},
+		"cancel empty name": func() error {
+			_, err := b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{})
+			return err
+		},
+		"list negative page size": func() error {
+			_, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", PageSize: -1})
+			return err
+		},
+		"list garbage page token": func() error {
+			_, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", PageToken: "!!not-a-token"})
+			return err
+		},
+		"list unspecified state": func() error {
+			_, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", States: []opbrokerv1.Operation_State{0}})
+			return err
+		},
+		"watch malformed name": func() error {
+			stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: "x"})
+			require.NoError(t, err)
+			_, err = stream.Recv()
+			return err
+		},
+	} {
+		st := requireStatus(t, call(), codes.InvalidArgument, server.ReasonInvalidArgument)
+		require.NotEmpty(t, fieldViolations(st), name)
+	}
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operations`).Scan(&n))
+	require.Equal(t, 1, n, "no invalid request wrote anything")
+}
+
+func TestCancelOperation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	prepared, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "order-1", `{}`))
+	require.NoError(t, err)
+	name := prepared.GetOperation().GetName()
+
+	resp, err := b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: name})
+	require.NoError(t, err)
+	require.Equal(t, opbrokerv1.Operation_STATE_CANCELLED, resp.GetOperation().GetState())
+	require.Equal(t, int64(2), resp.GetOperation().GetRevision())
+	again, err := b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: name})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), again.GetOperation().GetRevision())
+
+	sent, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "order-2", `{}`))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, fence_token = 1,
+		attempt_count = 1, first_sent_at = now(), lease_owner = 'test', lease_expires_at = now() + interval '1 minute'
+		WHERE intent_ref = 'order-2'`)
+	require.NoError(t, err)
+	_, err = b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: sent.GetOperation().GetName()})
+	st := requireStatus(t, err, codes.FailedPrecondition, server.ReasonOperationState)
+	require.Contains(t, st.Message(), "IN_FLIGHT")
+	require.Equal(t, "STATE_IN_FLIGHT", errorInfo(st).GetMetadata()["state"])
+
+	_, err = b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: "tenants/acme/operations/0190a4a8-0000-7000-8000-000000000000"})
+	requireStatus(t, err, codes.NotFound, server.ReasonOperationNotFound)
+}
+
+func TestTenantScoping(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "order-1", `{}`))
+	require.NoError(t, err)
+	_, err = b.client.PrepareOperation(b.ctx, prepareRequest("globex", "order-1", `{}`))
+	require.NoError(t, err)
+
+	asOther := strings.Replace(a.GetOperation().GetName(), "tenants/acme/", "tenants/globex/", 1)
+	_, err = b.client.GetOperation(b.ctx, &opbrokerv1.GetOperationRequest{Name: asOther})
+	requireStatus(t, err, codes.NotFound, server.ReasonOperationNotFound)
+	_, err = b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: asOther})
+	requireStatus(t, err, codes.NotFound, server.ReasonOperationNotFound)
+
+	list, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "globex"})
+	require.NoError(t, err)
+	require.Len(t, list.GetOperations(), 1)
+	require.Equal(t, "globex", list.GetOperations()[0].GetTenant())
+}
+
+func TestListPagination(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var names []string
+	for i := range 5 {
+		resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", fmt.Sprintf("o-%d", i), `{}`))
+		require.NoError(t, err)
+		names = append(names, resp.GetOperation().GetName())
+	}
+	_, err := b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: names[1]})
+	require.NoError(t, err)
+
+	var seen []string
+	token := ""
+	for {
+		page, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", PageSize: 2, PageToken: token})
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(page.GetOperations()), 2)
+		for _, op := range page.GetOperations() {
+			seen = append(seen, op.GetName())
+		}
+		token = page.GetNextPageToken()
+		if token == "" {
+			break
+		}
+		// A token is bound to its tenant and filter.
+		_, err = b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "globex", PageSize: 2, PageToken: token})
+		st := requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
+		require.Equal(t, "PAGE_TOKEN_MISMATCH", fieldViolations(st)["page_token"])
+		_, err = b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", PageSize: 2, PageToken: token,
+			States: []opbrokerv1.Operation_State{opbrokerv1.Operation_STATE_PREPARED}})
+		requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
+	}
+	require.Equal(t, []string{names[4], names[3], names[2], names[1], names[0]}, seen)
+
+	prepared, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", PageSize: 5000,
+		States: []opbrokerv1.Operation_State{opbrokerv1.Operation_STATE_PREPARED}})
+	require.NoError(t, err, "a page size above the maximum is coerced")
+	require.Len(t, prepared.GetOperations(), 4)
+	for _, op := range prepared.GetOperations() {
+		require.Equal(t, opbrokerv1.Operation_STATE_PREPARED, op.GetState())
+	}
+}
+
+func TestLogsNeverContainPayloadsOrIntentRefs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const intent = "intent-SECRET-7f3a"
+	const marker = "PAYLOAD-SECRET-91c2"
+	_, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", intent, `{"note":"`+marker+`"}`))
+	require.NoError(t, err)
+	_, err = b.client.PrepareOperation(b.ctx, prepareRequest("acme", intent, `{"note":"`+marker+`-changed"}`))
+	require.Error(t, err)
+	_, err = b.client.PrepareOperation(b.ctx, prepareRequest("acme", intent+"\n", `{"note":"`+marker+`"`))
+	require.Error(t, err)
+	_, err = b.client.PrepareOperation(b.ctx, prepareRequest("acme", intent+"-2", `{"`+marker+`":1,"`+marker+`":2}`))
+	require.Error(t, err)
+
+	logs := b.logs.String()
+	require.Contains(t, logs, "PrepareOperation", "calls are logged")
+	require.NotContains(t, logs, "SECRET")
+}
+
+func TestWatchIsNotYetImplemented(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "w", `{}`))
+	require.NoError(t, err)
+	stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: op.GetOperation().GetName()})
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	requireStatus(t, err, codes.Unimplemented, "NOT_IMPLEMENTED")
+}
+
+func TestHealthServing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resp, err := healthpb.NewHealthClient(b.conn).Check(b.ctx, &healthpb.HealthCheckRequest{Service: "opbroker.v1.OperationService"})
+	require.NoError(t, err)
+	require.Equal(t, healthpb.HealthCheckResponse_SERVING, resp.GetStatus())
+}
+
