@@ -484,4 +484,3 @@ func TestHealthServing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, healthpb.HealthCheckResponse_SERVING, resp.GetStatus())
 }
-

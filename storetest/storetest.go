@@ -31,10 +31,12 @@ var baseURL string
 // Main runs a package's tests with a database available and checks that they leak no
 // goroutines. Call it from TestMain.
 func Main(m *testing.M) {
-	os.Exit(run(m))
+	os.Exit(Run(m))
 }
 
-func run(m *testing.M) int {
+// Run is Main without the exit, for a TestMain with work of its own around it; it
+// returns the exit code.
+func Run(m *testing.M) int {
 	baseURL = os.Getenv(EnvDatabaseURL)
 	if baseURL == "" {
 		dir, err := os.MkdirTemp("", "opbroker-test-pg-")
@@ -79,6 +81,18 @@ func URL(t testing.TB) string {
 // connection string whose search_path selects it. The schema is dropped at cleanup.
 func Schema(t testing.TB) string {
 	t.Helper()
+	url := EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := store.Migrate(ctx, Pool(t, url)); err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	return url
+}
+
+// EmptySchema is Schema without the migration.
+func EmptySchema(t testing.TB) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -110,10 +124,6 @@ func Schema(t testing.TB) string {
 
 	url, err := withSearchPath(URL(t), schema)
 	if err != nil {
-		t.Fatalf("storetest: %v", err)
-	}
-	pool := Pool(t, url)
-	if err := store.Migrate(ctx, pool); err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
 	return url

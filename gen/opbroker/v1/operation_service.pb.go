@@ -722,7 +722,7 @@ const file_opbroker_v1_operation_service_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\x12Y\n" +
 	"\x0eoperation_type\x18\x02 \x01(\tB2\xe0A\x02\xbaH,r*\x18\x80\x012%^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$R\roperationType\x12A\n" +
 	"\n" +
-	"intent_ref\x18\x03 \x01(\tB\"\xe0A\x02\xbaH\x1cr\x1a \x01(\x80\x022\x13^[^\\x00-\\x1F\\x7F]+$R\tintentRef\x12$\n" +
+	"intent_ref\x18\x03 \x01(\tB\"\xe0A\x02\xbaH\x1cr\x1a \x01(\x80\x022\x13^[^\\x00-\\x1F\\x7F]*$R\tintentRef\x12$\n" +
 	"\apayload\x18\x04 \x01(\fB\n" +
 	"\xe0A\x02\xbaH\x04z\x02\x10\x01R\apayload\x12l\n" +
 	"\fcontent_type\x18\x05 \x01(\tBI\xe0A\x02\xbaHCrA\x18\x7f2=^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*(;.*)?$R\vcontentType\x12L\n" +

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/opbroker/opbroker/embeddedpg"
+)
+
+func devCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "dev",
+		Usage: "run the broker on an embedded PostgreSQL in a data folder, with reflection, no credentials",
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "data-dir", Value: ".opbroker-dev", Usage: "folder for the embedded PostgreSQL; reused across restarts", Sources: cli.EnvVars("OPBROKER_DATA_DIR")},
+			&cli.StringFlag{Name: "pg-bin-dir", Usage: "a PostgreSQL installation (containing bin/pg_ctl); default: found on the machine, else downloaded", Sources: cli.EnvVars("OPBROKER_PG_BIN_DIR")},
+		}, serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "text")...),
+		Action: runDev,
+	}
+}
+
+func runDev(ctx context.Context, cmd *cli.Command) error {
+	log, err := newLogger(cmd)
+	if err != nil {
+		return err
+	}
+	dataDir, err := filepath.Abs(cmd.String("data-dir"))
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return fmt.Errorf("--data-dir: %w", err)
+	}
+	pgLog, err := os.OpenFile(filepath.Join(dataDir, "postgres.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer pgLog.Close()
+
+	fmt.Fprintf(os.Stderr, "opbroker dev: starting PostgreSQL in %s ...\n", dataDir)
+	pg, err := embeddedpg.Start(ctx, embeddedpg.Config{DataDir: dataDir, BinDir: cmd.String("pg-bin-dir"), Logger: pgLog})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := pg.Stop(); err != nil {
+			log.Error("stopping PostgreSQL", "error", err)
+		}
+	}()
+	if err := migrateDatabase(ctx, pg.URL()); err != nil {
+		return err
+	}
+
+	b, err := startBroker(ctx, cmd, log, pg.URL())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, `
+opbroker dev is ready.
+  gRPC (reflection on):  %s      try: grpcurl -plaintext %s list
+  metrics:               http://%s/metrics
+  PostgreSQL:            %s
+  data folder:           %s (kept across restarts; delete it to start afresh)
+
+  WARNING: dev mode has no authentication and no TLS. Never expose it beyond this machine.
+  Stop with Ctrl-C.
+
+`, b.grpcLis.Addr(), b.grpcLis.Addr(), b.httpLis.Addr(), pg.URL(), dataDir)
+	return b.run(ctx)
+}

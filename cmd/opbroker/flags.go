@@ -1,0 +1,28 @@
+package main
+
+import (
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/opbroker/opbroker/server"
+)
+
+// The flags shared by dev and serve, with the environment variables they read.
+func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "grpc-addr", Value: grpcAddr, Usage: "address for the gRPC API", Sources: cli.EnvVars("OPBROKER_GRPC_ADDR")},
+		&cli.StringFlag{Name: "http-addr", Value: httpAddr, Usage: "address for /metrics (Prometheus)", Sources: cli.EnvVars("OPBROKER_HTTP_ADDR")},
+		&cli.IntFlag{Name: "max-payload-bytes", Value: server.DefaultMaxPayloadBytes, Usage: "largest payload PrepareOperation accepts", Sources: cli.EnvVars("OPBROKER_MAX_PAYLOAD_BYTES")},
+		&cli.DurationFlag{Name: "shutdown-grace", Value: 30 * time.Second, Usage: "how long calls in progress may finish after SIGTERM", Sources: cli.EnvVars("OPBROKER_SHUTDOWN_GRACE")},
+		&cli.StringFlag{Name: "log-format", Value: logFormat, Usage: "json or text", Sources: cli.EnvVars("OPBROKER_LOG_FORMAT")},
+		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("OPBROKER_LOG_LEVEL")},
+	}
+}
+
+var databaseURLFlag = &cli.StringFlag{
+	Name:     "database-url",
+	Usage:    "PostgreSQL connection string (pool settings such as pool_max_conns may be added)",
+	Sources:  cli.EnvVars("DATABASE_URL"),
+	Required: true,
+}

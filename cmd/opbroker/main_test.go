@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/reflection/grpc_reflection_v1"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/storetest"
+)
+
+// binary is the opbroker command built for these tests: they run it as a real process.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "opbroker-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "opbroker")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building opbroker: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := storetest.Run(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// process is a running opbroker and what it printed.
+type process struct {
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	output []string
+	ready  chan string // the gRPC address, once serving
+	exited chan error
+}
+
+var servingLine = regexp.MustCompile(`msg=serving grpc=(\S+)`)
+
+func start(t *testing.T, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(binary, args...), ready: make(chan string, 1), exited: make(chan error, 1)}
+	stderr, err := p.cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, p.cmd.Start())
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.output = append(p.output, sc.Text())
+			p.mu.Unlock()
+			if m := servingLine.FindStringSubmatch(sc.Text()); m != nil {
+				p.ready <- m[1]
+			}
+		}
+	}()
+	go func() {
+		<-scanned
+		p.exited <- p.cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+	})
+	return p
+}
+
+func (p *process) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := ""
+	for _, l := range p.output {
+		out += l + "\n"
+	}
+	return out
+}
+
+func (p *process) waitReady(t *testing.T) string {
+	t.Helper()
+	select {
+	case addr := <-p.ready:
+		return addr
+	case err := <-p.exited:
+		t.Fatalf("opbroker exited before serving: %v\n%s", err, p.Output())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("opbroker did not start serving\n%s", p.Output())
+	}
+	return ""
+}
+
+func (p *process) stop(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(sig))
+	select {
+	case err := <-p.exited:
+		require.NoError(t, err, "opbroker must exit cleanly on %v\n%s", sig, p.Output())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("opbroker did not exit on %v\n%s", sig, p.Output())
+	}
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func prepare(ctx context.Context, client opbrokerv1.OperationServiceClient, intent string) (*opbrokerv1.PrepareOperationResponse, error) {
+	return client.PrepareOperation(ctx, &opbrokerv1.PrepareOperationRequest{
+		Tenant: "acme", OperationType: "demo.charge", IntentRef: intent,
+		Payload: []byte(`{"amount":100}`), ContentType: "application/json",
+	})
+}
+
+func TestServeRefusesUnmigratedSchemaUntilMigrated(t *testing.T) {
+	t.Parallel()
+	url := storetest.EmptySchema(t)
+	serveArgs := []string{"serve", "--database-url", url, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "text"}
+
+	p := start(t, serveArgs...)
+	select {
+	case err := <-p.exited:
+		require.Error(t, err)
+		require.Contains(t, p.Output(), "run `opbroker migrate`")
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not refuse an unmigrated schema")
+	}
+
+	out, err := exec.Command(binary, "migrate", "--database-url", url).CombinedOutput()
+	require.NoError(t, err, string(out))
+	out, err = exec.Command(binary, "migrate", "--database-url", url).CombinedOutput()
+	require.NoError(t, err, "migrate is idempotent: %s", out)
+
+	p = start(t, serveArgs...)
+	p.waitReady(t)
+	p.stop(t, syscall.SIGTERM)
+}
+
+// TestServeDrainsOnSIGTERM: every PrepareOperation acknowledged before or during the
+// shutdown is in the ledger; the process exits 0.
+func TestServeDrainsOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	p := start(t, "serve", "--database-url", url, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "text")
+	client := opbrokerv1.NewOperationServiceClient(dial(t, p.waitReady(t)))
+
+	var acked sync.Map
+	var count atomic.Int64
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	for w := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				resp, err := prepare(callCtx, client, fmt.Sprintf("w%d-%d", w, i))
+				cancel()
+				if err != nil {
+					return // the server is going away
+				}
+				acked.Store(resp.GetOperation().GetName(), true)
+				count.Add(1)
+			}
+		})
+	}
+	require.Eventually(t, func() bool { return count.Load() >= 200 }, 30*time.Second, 10*time.Millisecond)
+	p.stop(t, syscall.SIGTERM)
+	wg.Wait()
+
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	missing := 0
+	acked.Range(func(name, _ any) bool {
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM operations WHERE 'tenants/acme/operations/' || operation_id = $1`, name).Scan(&n))
+		if n != 1 {
+			missing++
+		}
+		return true
+	})
+	require.Zero(t, missing, "every acknowledged intent is in the ledger")
+}
+
+var pgURLLine = regexp.MustCompile(`PostgreSQL:\s+(postgres://\S+)`)
+
+// TestDevRunsWithNothingGiven is the quick start: `opbroker dev` with only a data folder
+// serves the API with reflection, metrics, and an embedded PostgreSQL that is stopped on
+// SIGINT and keeps its data for the next start.
+func TestDevRunsWithNothingGiven(t *testing.T) {
+	t.Parallel()
+	parent, err := os.MkdirTemp("", "opbroker-dev-test-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(parent) })
+	// The embedded server runs as another user when tests run as root.
+	require.NoError(t, os.Chmod(parent, 0o755))
+	dataDir := filepath.Join(parent, "dev")
+	args := []string{"dev", "--data-dir", dataDir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}
+
+	p := start(t, args...)
+	addr := p.waitReady(t)
+	conn := dial(t, addr)
+	client := opbrokerv1.NewOperationServiceClient(conn)
+	ctx := context.Background()
+	resp, err := prepare(ctx, client, "order-1")
+	require.NoError(t, err)
+	require.True(t, resp.GetCreated())
+
+	services := listServices(t, conn)
+	require.Contains(t, services, "opbroker.v1.OperationService")
+	require.Contains(t, services, "grpc.health.v1.Health")
+
+	metricsAddr := regexp.MustCompile(`metrics=http://(\S+)/metrics`).FindStringSubmatch(p.Output())
+	require.NotNil(t, metricsAddr, p.Output())
+	body := httpGet(t, "http://"+metricsAddr[1]+"/metrics")
+	require.Contains(t, body, `opbroker_prepare_requests_total{`)
+	require.Contains(t, body, `rpc_server_call_duration_seconds`)
+	require.Contains(t, p.Output(), "no authentication", "dev mode says loudly that it is open")
+
+	pgURL := pgURLLine.FindStringSubmatch(p.Output())
+	require.NotNil(t, pgURL, p.Output())
+	p.stop(t, syscall.SIGINT)
+	_, err = pgx.Connect(ctx, pgURL[1])
+	require.Error(t, err, "the embedded PostgreSQL stops with opbroker dev")
+
+	p = start(t, args...)
+	client = opbrokerv1.NewOperationServiceClient(dial(t, p.waitReady(t)))
+	again, err := prepare(ctx, client, "order-1")
+	require.NoError(t, err)
+	require.False(t, again.GetCreated(), "the data folder is reused across restarts")
+	require.Equal(t, resp.GetOperation().GetName(), again.GetOperation().GetName())
+	p.stop(t, syscall.SIGTERM)
+}
+
+func listServices(t *testing.T, conn *grpc.ClientConn) []string {
+	t.Helper()
+	stream, err := grpc_reflection_v1.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&grpc_reflection_v1.ServerReflectionRequest{
+		MessageRequest: &grpc_reflection_v1.ServerReflectionRequest_ListServices{}}))
+	resp, err := stream.Recv()
+	require.NoError(t, err)
+	require.NoError(t, stream.CloseSend())
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	return names
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}

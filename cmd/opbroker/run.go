@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v3"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/opbroker/opbroker/server"
+	"github.com/opbroker/opbroker/store"
+)
+
+// broker is one running broker process: its gRPC server and metrics endpoint over a
+// database pool.
+type broker struct {
+	log      *slog.Logger
+	pool     *pgxpool.Pool
+	srv      *server.Server
+	grpcLis  net.Listener
+	httpSrv  *http.Server
+	httpLis  net.Listener
+	meters   *sdkmetric.MeterProvider
+	grace    time.Duration
+	grpcDone chan error
+}
+
+func newLogger(cmd *cli.Command) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cmd.String("log-level"))); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch cmd.String("log-format") {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log-format must be json or text, not %q", cmd.String("log-format"))
+	}
+}
+
+// startBroker connects to the database, checks its schema and starts listening. The
+// caller runs it with serve and stops it with shutdown.
+func startBroker(ctx context.Context, cmd *cli.Command, log *slog.Logger, databaseURL string) (*broker, error) {
+	pool, err := pgxpool.New(ctx, databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	b := &broker{log: log, pool: pool, grace: cmd.Duration("shutdown-grace"), grpcDone: make(chan error, 1)}
+	if err := b.start(ctx, cmd); err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
+	if err := b.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if err := store.CheckSchema(ctx, b.pool); err != nil {
+		return err
+	}
+
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	b.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+
+	b.srv, err = server.New(server.Options{
+		Store:           store.New(b.pool),
+		Logger:          b.log,
+		MeterProvider:   b.meters,
+		MaxPayloadBytes: cmd.Int("max-payload-bytes"),
+	})
+	if err != nil {
+		return err
+	}
+	if b.grpcLis, err = net.Listen("tcp", cmd.String("grpc-addr")); err != nil {
+		return fmt.Errorf("--grpc-addr: %w", err)
+	}
+	if b.httpLis, err = net.Listen("tcp", cmd.String("http-addr")); err != nil {
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	b.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return nil
+}
+
+// run serves until ctx is cancelled (SIGINT or SIGTERM) or the gRPC server fails, then
+// shuts down in order: health NOT_SERVING, calls in progress drained within the grace
+// period, metrics endpoint, database pool.
+func (b *broker) run(ctx context.Context) error {
+	go func() { b.grpcDone <- b.srv.GRPC.Serve(b.grpcLis) }()
+	go func() {
+		if err := b.httpSrv.Serve(b.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			b.log.Error("metrics endpoint stopped", "error", err)
+		}
+	}()
+	b.srv.SetServing()
+	b.log.Info("serving", "grpc", b.grpcLis.Addr().String(), "metrics", "http://"+b.httpLis.Addr().String()+"/metrics")
+
+	var err error
+	select {
+	case <-ctx.Done():
+		b.log.Info("shutting down", "grace", b.grace)
+	case err = <-b.grpcDone:
+		err = fmt.Errorf("grpc server: %w", err)
+	}
+	b.srv.Stop(b.grace)
+	b.close()
+	return err
+}
+
+func (b *broker) close() {
+	if b.httpSrv != nil {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = b.httpSrv.Shutdown(shutdownCtx)
+		cancel()
+	}
+	for _, l := range []net.Listener{b.grpcLis, b.httpLis} {
+		if l != nil {
+			l.Close()
+		}
+	}
+	if b.meters != nil {
+		_ = b.meters.Shutdown(context.Background())
+	}
+	b.pool.Close()
+}

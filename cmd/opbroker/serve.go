@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/urfave/cli/v3"
+
+	"github.com/opbroker/opbroker/store"
+)
+
+func serveCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "serve",
+		Usage: "run the broker against a PostgreSQL database migrated with `opbroker migrate`",
+		Flags: append([]cli.Flag{databaseURLFlag}, serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "json")...),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			log, err := newLogger(cmd)
+			if err != nil {
+				return err
+			}
+			b, err := startBroker(ctx, cmd, log, cmd.String("database-url"))
+			if err != nil {
+				return err
+			}
+			return b.run(ctx)
+		},
+	}
+}
+
+func migrateCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "migrate",
+		Usage: "bring the database schema up to date (safe to run from several processes at once)",
+		Flags: []cli.Flag{databaseURLFlag},
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if err := migrateDatabase(ctx, cmd.String("database-url")); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.Root().Writer, "schema is up to date")
+			return nil
+		},
+	}
+}
+
+// migrateDatabase brings the schema of the database at url up to date.
+func migrateDatabase(ctx context.Context, url string) error {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+	return store.Migrate(ctx, pool)
+}
