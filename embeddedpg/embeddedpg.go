@@ -12,6 +12,7 @@
 //	runtime/   scratch space of the library, emptied at every start
 //	wrappers/  root only: the privilege-dropping wrappers, owned by root
 //	tmp/       the library's log of the latest start
+//	lock       held by the process running the server
 package embeddedpg
 
 import (
@@ -27,6 +28,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 
 	embeddedpostgres "github.com/fergusstrange/embedded-postgres"
 )
@@ -47,8 +49,9 @@ type Config struct {
 
 // Server is a running embedded PostgreSQL.
 type Server struct {
-	ep  *embeddedpostgres.EmbeddedPostgres
-	url string
+	ep   *embeddedpostgres.EmbeddedPostgres
+	url  string
+	lock *os.File
 }
 
 // Start initialises the cluster if needed and starts the server. It blocks until the
@@ -61,8 +64,23 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("embeddedpg: %w", err)
 	}
+	lock, err := lockDataDir(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := start(dataDir, cfg)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	srv.lock = lock
+	return srv, nil
+}
+
+func start(dataDir string, cfg Config) (*Server, error) {
 	port := cfg.Port
 	if port == 0 {
+		var err error
 		if port, err = freePort(); err != nil {
 			return nil, fmt.Errorf("embeddedpg: %w", err)
 		}
@@ -77,9 +95,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		binDir = findInstalled()
 	}
 	pgData := filepath.Join(dataDir, "pg", "data")
+	runtimeDir := filepath.Join(dataDir, "runtime")
+	tools := runtimeDir // where the library extracts downloaded binaries
 	epCfg := embeddedpostgres.DefaultConfig().
 		Port(port).
-		RuntimePath(filepath.Join(dataDir, "runtime")).
+		RuntimePath(runtimeDir).
 		DataPath(pgData).
 		Logger(logger).
 		StartParameters(map[string]string{
@@ -97,6 +117,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 		epCfg = epCfg.Version(embeddedpostgres.PostgresVersion(fmt.Sprintf("%d.0.0", major))).BinariesPath(binDir)
+		tools = binDir
 	}
 
 	if os.Geteuid() == 0 {
@@ -108,7 +129,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 		epCfg = epCfg.BinariesPath(wrappers)
+		tools = wrappers
 	}
+	stopOrphan(tools, pgData)
 
 	ep := embeddedpostgres.NewDatabase(epCfg)
 	if err := startKeepingLogs(ep, filepath.Join(dataDir, "tmp")); err != nil {
@@ -123,12 +146,44 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 // URL is the connection string of the server's postgres database.
 func (s *Server) URL() string { return s.url }
 
-// Stop shuts the server down (fast mode: sessions are ended, committed data is safe).
+// Stop shuts the server down (fast mode: sessions are ended, committed data is safe) and
+// releases the data folder.
 func (s *Server) Stop() error {
+	defer s.lock.Close()
 	if err := s.ep.Stop(); err != nil {
 		return fmt.Errorf("embeddedpg: stop: %w", err)
 	}
 	return nil
+}
+
+// lockDataDir takes an exclusive lock on the data folder for the life of the process
+// (the kernel releases it however the process ends), so that two processes never run a
+// server on one folder and a server found running under the lock is an orphan.
+func lockDataDir(dataDir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dataDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("embeddedpg: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("embeddedpg: %s is in use by another process (another opbroker dev?)", dataDir)
+	}
+	return f, nil
+}
+
+// stopOrphan stops a server left running on pgData by a process that was killed. Under
+// the folder's lock no live owner can be using it.
+func stopOrphan(tools, pgData string) {
+	if _, err := os.Stat(filepath.Join(pgData, "postmaster.pid")); err != nil {
+		return
+	}
+	pgCtl := filepath.Join(tools, "bin", "pg_ctl")
+	if _, err := os.Stat(pgCtl); err != nil {
+		return
+	}
+	// A stale pid file with no server behind it makes pg_ctl fail; PostgreSQL itself
+	// removes such a file at start, so the error is of no interest.
+	_ = exec.Command(pgCtl, "stop", "-D", pgData, "-m", "fast", "-w").Run()
 }
 
 // startKeepingLogs starts ep with the process's temporary directory pointed at tmpDir,

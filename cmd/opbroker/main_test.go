@@ -108,6 +108,18 @@ func (p *process) waitReady(t *testing.T) string {
 	return ""
 }
 
+// requireFails waits for the process to exit with an error that says message.
+func (p *process) requireFails(t *testing.T, message string) {
+	t.Helper()
+	select {
+	case err := <-p.exited:
+		require.Error(t, err)
+		require.Contains(t, p.Output(), message)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("opbroker should have failed with %q\n%s", message, p.Output())
+	}
+}
+
 func (p *process) stop(t *testing.T, sig syscall.Signal) {
 	t.Helper()
 	require.NoError(t, p.cmd.Process.Signal(sig))
@@ -139,21 +151,14 @@ func TestServeRefusesUnmigratedSchemaUntilMigrated(t *testing.T) {
 	url := storetest.EmptySchema(t)
 	serveArgs := []string{"serve", "--database-url", url, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "text"}
 
-	p := start(t, serveArgs...)
-	select {
-	case err := <-p.exited:
-		require.Error(t, err)
-		require.Contains(t, p.Output(), "run `opbroker migrate`")
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not refuse an unmigrated schema")
-	}
+	start(t, serveArgs...).requireFails(t, "run `opbroker migrate`")
 
 	out, err := exec.Command(binary, "migrate", "--database-url", url).CombinedOutput()
 	require.NoError(t, err, string(out))
 	out, err = exec.Command(binary, "migrate", "--database-url", url).CombinedOutput()
 	require.NoError(t, err, "migrate is idempotent: %s", out)
 
-	p = start(t, serveArgs...)
+	p := start(t, serveArgs...)
 	p.waitReady(t)
 	p.stop(t, syscall.SIGTERM)
 }
@@ -207,7 +212,8 @@ var pgURLLine = regexp.MustCompile(`PostgreSQL:\s+(postgres://\S+)`)
 
 // TestDevRunsWithNothingGiven is the quick start: `opbroker dev` with only a data folder
 // serves the API with reflection, metrics, and an embedded PostgreSQL that is stopped on
-// SIGINT and keeps its data for the next start.
+// SIGINT, keeps its data for the next start, is never shared by two processes, and is
+// recovered after a kill -9.
 func TestDevRunsWithNothingGiven(t *testing.T) {
 	t.Parallel()
 	parent, err := os.MkdirTemp("", "opbroker-dev-test-")
@@ -250,6 +256,16 @@ func TestDevRunsWithNothingGiven(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, again.GetCreated(), "the data folder is reused across restarts")
 	require.Equal(t, resp.GetOperation().GetName(), again.GetOperation().GetName())
+
+	start(t, args...).requireFails(t, "in use by another process")
+
+	// kill -9 leaves the embedded PostgreSQL running; the next start stops the orphan.
+	require.NoError(t, p.cmd.Process.Kill())
+	<-p.exited
+	p = start(t, args...)
+	client = opbrokerv1.NewOperationServiceClient(dial(t, p.waitReady(t)))
+	_, err = client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: resp.GetOperation().GetName()})
+	require.NoError(t, err)
 	p.stop(t, syscall.SIGTERM)
 }
 

@@ -1,0 +1,23 @@
+# syntax=docker/dockerfile:1
+# opbroker: a static binary on a distroless base, running as a non-root user.
+#   docker build -t opbroker .
+#   docker run --rm -e DATABASE_URL=postgres://... opbroker migrate
+#   docker run --rm -p 50051:50051 -p 9090:9090 -e DATABASE_URL=postgres://... opbroker
+
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY . .
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/opbroker ./cmd/opbroker
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/opbroker /opbroker
+USER nonroot:nonroot
+# Inside a container the listeners bind every interface; publish them deliberately.
+ENV OPBROKER_GRPC_ADDR=:50051 \
+    OPBROKER_HTTP_ADDR=:9090
+EXPOSE 50051 9090
+ENTRYPOINT ["/opbroker"]
+CMD ["serve"]

@@ -1,0 +1,44 @@
+# The habits of this project. Everything runs with the Go toolchain alone: buf is built
+# from tools/buf (its own module: its dependencies clash with the runtime's), the
+# protoc plugins are tool entries of go.mod.
+
+BUF := go tool -modfile=tools/buf/go.mod buf
+GO_FILES = $(shell git ls-files '*.go' | grep -v '^gen/')
+
+.PHONY: all build dev test test-race fuzz generate lint check-generated
+
+all: lint test
+
+build:
+	CGO_ENABLED=0 go build -trimpath -o bin/opbroker ./cmd/opbroker
+
+dev:
+	go run ./cmd/opbroker dev
+
+# The README's test command. Uses OPBROKER_TEST_DATABASE_URL when set, else an
+# embedded PostgreSQL.
+test:
+	go test ./...
+
+test-race:
+	go test -race ./...
+
+# A short run of each fuzz target (the seed corpora also run in `make test`).
+fuzz:
+	go test ./payload -run '^$$' -fuzz FuzzCanonical -fuzztime 30s
+	go test ./server -run '^$$' -fuzz FuzzPageToken -fuzztime 30s
+
+generate:
+	$(BUF) format -w
+	$(BUF) generate
+
+lint:
+	@test -z "$$(gofmt -l $(GO_FILES))" || { gofmt -l $(GO_FILES); echo 'gofmt: the files above need formatting'; exit 1; }
+	go vet ./...
+	$(BUF) format --diff --exit-code
+	$(BUF) lint
+
+# Fails when gen/ does not match proto/.
+check-generated: generate
+	git diff --exit-code -- gen/ proto/
+	@test -z "$$(git status --porcelain -- gen/)" || { git status --porcelain -- gen/; echo 'gen/: untracked generated files'; exit 1; }
