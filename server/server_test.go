@@ -59,12 +59,20 @@ func setup(t *testing.T) *testBundle {
 	t.Helper()
 	st, pool := storetest.NewStore(t)
 	logs := &syncBuffer{}
-	srv, err := server.New(server.Options{
+	conn := serve(t, server.Options{
 		Store:           st,
 		Logger:          slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		MeterProvider:   noop.NewMeterProvider(),
 		MaxPayloadBytes: testMaxPayload,
 	})
+	return &testBundle{ctx: context.Background(), client: opbrokerv1.NewOperationServiceClient(conn), conn: conn, pool: pool, logs: logs}
+}
+
+// serve runs a server with opts over an in-memory listener and returns a client
+// connection to it; both are closed at cleanup.
+func serve(t *testing.T, opts server.Options) *grpc.ClientConn {
+	t.Helper()
+	srv, err := server.New(opts)
 	require.NoError(t, err)
 	srv.SetServing()
 	lis := bufconn.Listen(1 << 20)
@@ -76,7 +84,7 @@ func setup(t *testing.T) *testBundle {
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
-	return &testBundle{ctx: context.Background(), client: opbrokerv1.NewOperationServiceClient(conn), conn: conn, pool: pool, logs: logs}
+	return conn
 }
 
 func prepareRequest(tenant, intent, payload string) *opbrokerv1.PrepareOperationRequest {
@@ -483,4 +491,20 @@ func TestHealthServing(t *testing.T) {
 	resp, err := healthpb.NewHealthClient(b.conn).Check(b.ctx, &healthpb.HealthCheckRequest{Service: "opbroker.v1.OperationService"})
 	require.NoError(t, err)
 	require.Equal(t, healthpb.HealthCheckResponse_SERVING, resp.GetStatus())
+}
+
+func TestPanicBecomesInternalWithErrorInfo(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	conn := serve(t, server.Options{
+		Store:         nil, // every handler that touches the store panics
+		Logger:        slog.New(slog.NewJSONHandler(logs, nil)),
+		MeterProvider: noop.NewMeterProvider(),
+	})
+
+	_, err := opbrokerv1.NewOperationServiceClient(conn).GetOperation(context.Background(),
+		&opbrokerv1.GetOperationRequest{Name: "tenants/acme/operations/0190a4a8-0000-7000-8000-000000000000"})
+	st := requireStatus(t, err, codes.Internal, server.ReasonInternal)
+	require.Equal(t, "internal error", st.Message(), "the panic value is not sent to clients")
+	require.Contains(t, logs.String(), "panic in handler")
 }
