@@ -71,11 +71,16 @@ const operationColumns = `tenant_id, operation_id, operation_type, intent_ref, c
 
 func scanOperation(row pgx.CollectableRow) (Operation, error) {
 	var op Operation
-	err := row.Scan(&op.TenantID, &op.ID, &op.OperationType, &op.IntentRef, &op.ContentType,
+	err := row.Scan(operationDest(&op)...)
+	return op, err
+}
+
+// operationDest returns the scan destinations of operationColumns.
+func operationDest(op *Operation) []any {
+	return []any{&op.TenantID, &op.ID, &op.OperationType, &op.IntentRef, &op.ContentType,
 		&op.PayloadSHA256, &op.State, &op.Revision, &op.FenceToken, &op.AttemptCount, &op.RemoteRef,
 		&op.LastObservation, &op.SupersedesID, &op.Labels, &op.DispatchDeadline, &op.FirstSentAt,
-		&op.CreatedAt, &op.UpdatedAt)
-	return op, err
+		&op.CreatedAt, &op.UpdatedAt}
 }
 
 // ErrNotFound means no operation has that id in that tenant.

@@ -1,0 +1,471 @@
+// Package simtarget is a simulated remote target: an HTTP server that behaves like a
+// vendor API, keeps ground truth about every effect it really made, and injects the
+// faults and provider behaviours the broker must survive.
+//
+// The API:
+//
+//	POST /v1/charges            create a charge; honours the Idempotency-Key header
+//	GET  /v1/charges?reference= look a charge up by the key it was created with
+//	POST /v1/notifications      send a notification; no idempotency, no lookup
+//	GET  /sim/truth             ground truth (never used by the broker)
+//
+// Faults are chosen per request: by a JSON payload field {"sim": {"fault": "..."}}, by
+// Config.Fault, or at random from Config.FaultRates with a seeded source. Provider
+// behaviours (how saved responses are replayed, key retention, lookup lag) are set in
+// Config.
+package simtarget
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Fault is what the target does wrong with one request.
+type Fault string
+
+// The faults of ../shared/TESTING.md.
+const (
+	FaultNone              Fault = ""
+	FaultResetBeforeCommit Fault = "reset_before_commit" // closes the connection; no effect
+	FaultCommitThenReset   Fault = "commit_then_reset"   // makes the effect, then resets
+	FaultCommitThenHang    Fault = "commit_then_hang"    // makes the effect, never answers
+	FaultSlowCommit        Fault = "slow_commit"         // makes the effect after SlowDelay, then answers
+	Fault5xxBeforeCommit   Fault = "5xx_before_commit"   // 503, no effect
+	Fault5xxAfterCommit    Fault = "5xx_after_commit"    // makes the effect, answers 500
+	FaultInProgress        Fault = "in_progress"         // 409: the key is still executing; no effect
+	FaultThrottle          Fault = "throttle"            // 429 with Retry-After; no effect
+	FaultRedirect          Fault = "redirect"            // 307 to another host; no effect
+	FaultDecline           Fault = "decline"             // 402, documented as creating no charge
+	FaultLookupLag         Fault = "lookup_lag"          // makes the effect, invisible to lookups for LookupLag
+)
+
+// Faults lists every fault, for tests and the chaos run.
+var Faults = []Fault{FaultResetBeforeCommit, FaultCommitThenReset, FaultCommitThenHang, FaultSlowCommit,
+	Fault5xxBeforeCommit, Fault5xxAfterCommit, FaultInProgress, FaultThrottle, FaultRedirect, FaultDecline, FaultLookupLag}
+
+// Config sets the target's behaviour. The zero value is a well-behaved Stripe-like API.
+type Config struct {
+	// Fault applies to every create request that names no fault of its own.
+	Fault Fault
+	// FaultRates picks a fault at random for requests that name none, with Seed.
+	FaultRates map[Fault]float64
+	Seed       uint64
+	// SaveOnlySuccesses: a saved error is not replayed; the same key executes again
+	// (some providers). Default: the first response is saved and replayed, 5xx included
+	// (Stripe v1 style).
+	SaveOnlySuccesses bool
+	// Retention forgets keys this long after their first use; 0 keeps them forever.
+	Retention time.Duration
+	// LookupLag hides every new effect from lookups for this long (and FaultLookupLag
+	// hides one).
+	LookupLag time.Duration
+	// SlowDelay is how long FaultSlowCommit waits; default 2s.
+	SlowDelay time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Effect is one real remote effect.
+type Effect struct {
+	ID            string    `json:"id"`
+	Key           string    `json:"key"`
+	PayloadSHA256 string    `json:"payload_sha256"`
+	At            time.Time `json:"at"`
+	visibleAt     time.Time
+}
+
+// KeyTruth is what really happened for one key.
+type KeyTruth struct {
+	Effects       int      `json:"effects"`
+	Attempts      int      `json:"attempts"`
+	PayloadSHA256 []string `json:"payload_sha256"`
+	IDs           []string `json:"ids"`
+}
+
+// Truth is the ground truth of a target.
+type Truth struct {
+	Keys     map[string]*KeyTruth `json:"keys"`
+	Unkeyed  int                  `json:"unkeyed_effects"`
+	Faults   map[Fault]int        `json:"faults"`
+	Requests int                  `json:"requests"`
+}
+
+// saved is a response saved for an idempotency key.
+type saved struct {
+	status    int
+	body      []byte
+	hash      string
+	firstUsed time.Time
+	inFlight  bool
+}
+
+// Target is a simulated vendor API. It is an http.Handler.
+type Target struct {
+	cfg   Config
+	mu    sync.Mutex
+	rng   *rand.Rand
+	keys  map[string]*saved  // idempotency state, which may be forgotten
+	eff   map[string]*Effect // by id
+	byKey map[string][]*Effect
+	truth Truth
+	seq   int
+	hang  chan struct{} // closed by Close: releases hanging requests
+	once  sync.Once
+	mux   *http.ServeMux
+}
+
+// New returns a target with cfg.
+func New(cfg Config) *Target {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.SlowDelay == 0 {
+		cfg.SlowDelay = 2 * time.Second
+	}
+	t := &Target{
+		cfg:   cfg,
+		rng:   rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		keys:  map[string]*saved{},
+		eff:   map[string]*Effect{},
+		byKey: map[string][]*Effect{},
+		truth: Truth{Keys: map[string]*KeyTruth{}, Faults: map[Fault]int{}},
+		hang:  make(chan struct{}),
+		mux:   http.NewServeMux(),
+	}
+	t.mux.HandleFunc("POST /v1/charges", t.createCharge)
+	t.mux.HandleFunc("GET /v1/charges", t.lookupCharge)
+	t.mux.HandleFunc("POST /v1/notifications", t.createNotification)
+	t.mux.HandleFunc("GET /sim/truth", t.serveTruth)
+	return t
+}
+
+func (t *Target) ServeHTTP(w http.ResponseWriter, r *http.Request) { t.mux.ServeHTTP(w, r) }
+
+// Close releases requests held by FaultCommitThenHang.
+func (t *Target) Close() { t.once.Do(func() { close(t.hang) }) }
+
+// TruthHandler serves the ground truth as JSON.
+func (t *Target) TruthHandler() http.Handler { return http.HandlerFunc(t.serveTruth) }
+
+// Snapshot returns a copy of the ground truth.
+func (t *Target) Snapshot() Truth {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := Truth{Keys: map[string]*KeyTruth{}, Faults: map[Fault]int{}, Unkeyed: t.truth.Unkeyed, Requests: t.truth.Requests}
+	for k, v := range t.truth.Keys {
+		c := *v
+		c.PayloadSHA256 = append([]string(nil), v.PayloadSHA256...)
+		c.IDs = append([]string(nil), v.IDs...)
+		out.Keys[k] = &c
+	}
+	for f, n := range t.truth.Faults {
+		out.Faults[f] = n
+	}
+	return out
+}
+
+func (t *Target) serveTruth(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(t.Snapshot())
+}
+
+// chooseFault picks the fault for a request: its payload's own, else the configured
+// one, else a random one.
+func (t *Target) chooseFault(body []byte) Fault {
+	var doc struct {
+		Sim struct {
+			Fault Fault `json:"fault"`
+		} `json:"sim"`
+	}
+	if json.Unmarshal(body, &doc) == nil && doc.Sim.Fault != "" {
+		return doc.Sim.Fault
+	}
+	if t.cfg.Fault != "" {
+		return t.cfg.Fault
+	}
+	if len(t.cfg.FaultRates) > 0 {
+		faults := make([]Fault, 0, len(t.cfg.FaultRates))
+		for f := range t.cfg.FaultRates {
+			faults = append(faults, f)
+		}
+		sort.Slice(faults, func(i, j int) bool { return faults[i] < faults[j] }) // deterministic per seed
+		t.mu.Lock()
+		x := t.rng.Float64()
+		t.mu.Unlock()
+		for _, f := range faults {
+			if x < t.cfg.FaultRates[f] {
+				return f
+			}
+			x -= t.cfg.FaultRates[f]
+		}
+	}
+	return FaultNone
+}
+
+func hashOf(body []byte) string {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:])
+}
+
+// createCharge is an idempotent create.
+func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(r)
+	if err != nil {
+		http.Error(w, "bad body", http.StatusBadRequest)
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	hash := hashOf(body)
+	fault := t.chooseFault(body)
+	now := t.cfg.Now()
+
+	t.mu.Lock()
+	t.truth.Requests++
+	t.truth.Faults[fault]++
+	var kt *KeyTruth
+	if key != "" {
+		kt = t.keyTruth(key)
+		kt.Attempts++
+		if !contains(kt.PayloadSHA256, hash) {
+			kt.PayloadSHA256 = append(kt.PayloadSHA256, hash)
+		}
+		if s, ok := t.keys[key]; ok && t.cfg.Retention > 0 && now.Sub(s.firstUsed) > t.cfg.Retention {
+			delete(t.keys, key) // the provider forgot the key
+		}
+		if s, ok := t.keys[key]; ok {
+			switch {
+			case s.hash != hash:
+				t.mu.Unlock()
+				writeJSON(w, http.StatusUnprocessableEntity, map[string]string{"error": "idempotency key reused with different parameters"})
+				return
+			case s.inFlight:
+				t.mu.Unlock()
+				writeJSON(w, http.StatusConflict, map[string]string{"error": "a request with this key is in progress"})
+				return
+			case s.status != 0:
+				t.mu.Unlock()
+				w.Header().Set("Idempotent-Replayed", "true")
+				writeRaw(w, s.status, s.body)
+				return
+			}
+		}
+		t.keys[key] = &saved{hash: hash, firstUsed: now, inFlight: true}
+	}
+	t.mu.Unlock()
+
+	status, resp := t.execute(w, fault, key, hash, now)
+	if key != "" {
+		t.mu.Lock()
+		if s := t.keys[key]; s != nil {
+			s.inFlight = false
+			switch {
+			case status == 0 && s.status == 0: // no answer was given: nothing saved
+				if !t.committed(key) {
+					delete(t.keys, key)
+				} else {
+					s.status, s.body = http.StatusOK, t.chargeBodyLocked(key)
+				}
+			case t.cfg.SaveOnlySuccesses && (status < 200 || status > 299):
+				delete(t.keys, key)
+			case status != 0:
+				s.status, s.body = status, resp
+			}
+		}
+		t.mu.Unlock()
+	}
+}
+
+// execute applies the fault and, where the fault commits, the effect. It returns the
+// status and body it answered with (0 when it answered nothing).
+func (t *Target) execute(w http.ResponseWriter, fault Fault, key, hash string, now time.Time) (int, []byte) {
+	switch fault {
+	case FaultResetBeforeCommit:
+		reset(w)
+		return 0, nil
+	case FaultCommitThenReset:
+		t.commit(key, hash, now, 0)
+		reset(w)
+		return 0, nil
+	case FaultCommitThenHang:
+		t.commit(key, hash, now, 0)
+		<-t.hang
+		reset(w)
+		return 0, nil
+	case FaultSlowCommit:
+		select {
+		case <-time.After(t.cfg.SlowDelay):
+		case <-t.hang:
+		}
+		t.commit(key, hash, t.cfg.Now(), 0)
+		body := t.chargeBody(key)
+		writeRaw(w, http.StatusOK, body)
+		return http.StatusOK, body
+	case Fault5xxBeforeCommit:
+		return answer(w, http.StatusServiceUnavailable, map[string]string{"error": "unavailable"})
+	case Fault5xxAfterCommit:
+		t.commit(key, hash, now, 0)
+		return answer(w, http.StatusInternalServerError, map[string]string{"error": "internal"})
+	case FaultInProgress:
+		return answer(w, http.StatusConflict, map[string]string{"error": "a request with this key is in progress"})
+	case FaultThrottle:
+		w.Header().Set("Retry-After", "1")
+		return answer(w, http.StatusTooManyRequests, map[string]string{"error": "rate limited"})
+	case FaultRedirect:
+		w.Header().Set("Location", "http://127.0.0.2:1/v1/charges")
+		return answer(w, http.StatusTemporaryRedirect, map[string]string{"error": "moved"})
+	case FaultDecline:
+		return answer(w, http.StatusPaymentRequired, map[string]string{"error": "card_declined", "note": "no charge was created"})
+	case FaultLookupLag:
+		t.commit(key, hash, now, max(t.cfg.LookupLag, 2*time.Second))
+	default:
+		t.commit(key, hash, now, 0)
+	}
+	body := t.chargeBody(key)
+	writeRaw(w, http.StatusOK, body)
+	return http.StatusOK, body
+}
+
+func (t *Target) commit(key, hash string, now time.Time, extraLag time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.seq++
+	e := &Effect{ID: fmt.Sprintf("ch_%06d", t.seq), Key: key, PayloadSHA256: hash, At: now,
+		visibleAt: now.Add(t.cfg.LookupLag + extraLag)}
+	t.eff[e.ID] = e
+	if key == "" {
+		t.truth.Unkeyed++
+		return
+	}
+	t.byKey[key] = append(t.byKey[key], e)
+	kt := t.keyTruth(key)
+	kt.Effects++
+	kt.IDs = append(kt.IDs, e.ID)
+}
+
+func (t *Target) committed(key string) bool { return len(t.byKey[key]) > 0 }
+
+func (t *Target) chargeBody(key string) []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.chargeBodyLocked(key)
+}
+
+// chargeBodyLocked is chargeBody for a caller holding t.mu.
+func (t *Target) chargeBodyLocked(key string) []byte {
+	effects := t.byKey[key]
+	if len(effects) == 0 {
+		b, _ := json.Marshal(map[string]string{"id": fmt.Sprintf("ch_%06d", t.seq), "object": "charge"})
+		return b
+	}
+	e := effects[len(effects)-1]
+	b, _ := json.Marshal(map[string]string{"id": e.ID, "object": "charge", "reference": key})
+	return b
+}
+
+func (t *Target) keyTruth(key string) *KeyTruth {
+	kt := t.truth.Keys[key]
+	if kt == nil {
+		kt = &KeyTruth{}
+		t.truth.Keys[key] = kt
+	}
+	return kt
+}
+
+// lookupCharge finds the charge created with a key, once it is visible.
+func (t *Target) lookupCharge(w http.ResponseWriter, r *http.Request) {
+	key := r.URL.Query().Get("reference")
+	now := t.cfg.Now()
+	t.mu.Lock()
+	var found *Effect
+	for _, e := range t.byKey[key] {
+		if !now.Before(e.visibleAt) {
+			found = e
+			break
+		}
+	}
+	t.mu.Unlock()
+	if found == nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such charge"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"id": found.ID, "object": "charge", "reference": key, "payload_sha256": found.PayloadSHA256})
+}
+
+// createNotification has no idempotency: every request that arrives makes an effect.
+// Ground truth keys it by X-Request-Id when the sender provides one.
+func (t *Target) createNotification(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(r)
+	if err != nil {
+		http.Error(w, "bad body", http.StatusBadRequest)
+		return
+	}
+	key := r.Header.Get("X-Request-Id")
+	hash := hashOf(body)
+	fault := t.chooseFault(body)
+	t.mu.Lock()
+	t.truth.Requests++
+	t.truth.Faults[fault]++
+	if key != "" {
+		kt := t.keyTruth(key)
+		kt.Attempts++
+		if !contains(kt.PayloadSHA256, hash) {
+			kt.PayloadSHA256 = append(kt.PayloadSHA256, hash)
+		}
+	}
+	t.mu.Unlock()
+	t.execute(w, fault, key, hash, t.cfg.Now())
+}
+
+func readBody(r *http.Request) ([]byte, error) {
+	defer r.Body.Close()
+	return io.ReadAll(io.LimitReader(r.Body, 8<<20))
+}
+
+func answer(w http.ResponseWriter, status int, v any) (int, []byte) {
+	b, _ := json.Marshal(v)
+	writeRaw(w, status, b)
+	return status, b
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) { answer(w, status, v) }
+
+func writeRaw(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// reset closes the client's connection abruptly (RST), as a crashed server or a broken
+// network would.
+func reset(w http.ResponseWriter) {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		panic(http.ErrAbortHandler)
+	}
+	conn, _, err := hj.Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		_ = tcp.SetLinger(0)
+	}
+	conn.Close()
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,157 @@
+package simtarget
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func post(t *testing.T, url, key, body string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/charges", bytes.NewReader([]byte(body)))
+	require.NoError(t, err)
+	req.GetBody = nil
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	client := &http.Client{Timeout: 500 * time.Millisecond, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return client.Do(req)
+}
+
+func TestFaultsGroundTruth(t *testing.T) {
+	t.Parallel()
+	for fault, want := range map[Fault]struct {
+		status  int // 0: no answer
+		effects int
+	}{
+		FaultNone:              {200, 1},
+		FaultResetBeforeCommit: {0, 0},
+		FaultCommitThenReset:   {0, 1},
+		FaultCommitThenHang:    {0, 1},
+		FaultSlowCommit:        {0, 1},
+		Fault5xxBeforeCommit:   {503, 0},
+		Fault5xxAfterCommit:    {500, 1},
+		FaultInProgress:        {409, 0},
+		FaultThrottle:          {429, 0},
+		FaultRedirect:          {307, 0},
+		FaultDecline:           {402, 0},
+		FaultLookupLag:         {200, 1},
+	} {
+		t.Run(string(fault)+"_", func(t *testing.T) {
+			t.Parallel()
+			target := New(Config{SlowDelay: 700 * time.Millisecond})
+			srv := httptest.NewServer(target)
+			defer srv.Close()
+			defer target.Close()
+			body := `{"amount":1,"sim":{"fault":"` + string(fault) + `"}}`
+			resp, err := post(t, srv.URL, "key-1", body)
+			if want.status == 0 {
+				require.Error(t, err, "the target must not answer")
+			} else {
+				require.NoError(t, err)
+				resp.Body.Close()
+				require.Equal(t, want.status, resp.StatusCode)
+			}
+			require.Eventually(t, func() bool {
+				kt := target.Snapshot().Keys["key-1"]
+				return kt != nil && kt.Effects == want.effects
+			}, 2*time.Second, 10*time.Millisecond)
+			kt := target.Snapshot().Keys["key-1"]
+			require.Equal(t, 1, kt.Attempts)
+			require.Equal(t, []string{hashOf([]byte(body))}, kt.PayloadSHA256)
+		})
+	}
+}
+
+func TestReplayOfSavedResponse(t *testing.T) {
+	t.Parallel()
+	target := New(Config{})
+	srv := httptest.NewServer(target)
+	defer srv.Close()
+
+	resp, err := post(t, srv.URL, "k", `{"amount":1,"sim":{"fault":"5xx_after_commit"}}`)
+	require.NoError(t, err)
+	require.Equal(t, 500, resp.StatusCode)
+	resp, err = post(t, srv.URL, "k", `{"amount":1,"sim":{"fault":"5xx_after_commit"}}`)
+	require.NoError(t, err)
+	require.Equal(t, 500, resp.StatusCode, "Stripe v1 style: the saved 5xx is replayed")
+	require.Equal(t, 1, target.Snapshot().Keys["k"].Effects)
+
+	resp, err = post(t, srv.URL, "k", `{"amount":2}`)
+	require.NoError(t, err)
+	require.Equal(t, 422, resp.StatusCode, "same key, other parameters")
+}
+
+func TestSaveOnlySuccessesReexecutes(t *testing.T) {
+	t.Parallel()
+	target := New(Config{SaveOnlySuccesses: true})
+	srv := httptest.NewServer(target)
+	defer srv.Close()
+	body := `{"amount":1,"sim":{"fault":"5xx_after_commit"}}`
+	for range 2 {
+		resp, err := post(t, srv.URL, "k", body)
+		require.NoError(t, err)
+		require.Equal(t, 500, resp.StatusCode)
+	}
+	require.Equal(t, 2, target.Snapshot().Keys["k"].Effects, "a replay after a saved error executes again")
+}
+
+func TestRetentionForgetsKeys(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	target := New(Config{Retention: time.Hour, Now: func() time.Time { return now }})
+	srv := httptest.NewServer(target)
+	defer srv.Close()
+	_, err := post(t, srv.URL, "k", `{"amount":1}`)
+	require.NoError(t, err)
+	now = now.Add(30 * time.Minute)
+	_, err = post(t, srv.URL, "k", `{"amount":1}`)
+	require.NoError(t, err)
+	require.Equal(t, 1, target.Snapshot().Keys["k"].Effects, "inside the window the key is honoured")
+	now = now.Add(time.Hour)
+	_, err = post(t, srv.URL, "k", `{"amount":1}`)
+	require.NoError(t, err)
+	require.Equal(t, 2, target.Snapshot().Keys["k"].Effects, "after the window a replay makes a second effect")
+}
+
+func TestLookupLag(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	target := New(Config{LookupLag: time.Minute, Now: func() time.Time { return now }})
+	srv := httptest.NewServer(target)
+	defer srv.Close()
+	resp, err := post(t, srv.URL, "k", `{"amount":1}`)
+	require.NoError(t, err)
+	var created map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&created))
+
+	lookup := func() int {
+		resp, err := http.Get(srv.URL + "/v1/charges?reference=k")
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, 404, lookup(), "not yet visible")
+	now = now.Add(2 * time.Minute)
+	require.Equal(t, 200, lookup())
+}
+
+func TestRandomFaultsAreSeeded(t *testing.T) {
+	t.Parallel()
+	pick := func() []Fault {
+		target := New(Config{FaultRates: map[Fault]float64{FaultDecline: 0.3, Fault5xxBeforeCommit: 0.3}, Seed: 42})
+		var out []Fault
+		for range 20 {
+			out = append(out, target.chooseFault([]byte(`{}`)))
+		}
+		return out
+	}
+	require.Equal(t, pick(), pick())
+}

@@ -1,0 +1,247 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Claimed is an operation the caller now holds: it may send it once, with this fence.
+type Claimed struct {
+	Operation
+	Payload        []byte
+	RemoteKey      uuid.UUID
+	LeaseExpiresAt time.Time
+}
+
+// ClaimParams select what one claim takes.
+type ClaimParams struct {
+	// Target is recorded on the attempts; OperationTypes are the types it serves.
+	Target         string
+	OperationTypes []string
+	// Worker identifies the claimer (lease owner), e.g. host/pid/pool.
+	Worker string
+	Lease  time.Duration
+	// Limit caps the batch; PerTenant caps what one tenant gets in it; MaxTenants caps
+	// how many tenants one claim visits, starting after AfterTenant (a rotating cursor:
+	// each claim continues where the last one stopped, so every tenant with work is
+	// reached within a bounded number of claims whatever the others' backlogs).
+	Limit       int
+	PerTenant   int
+	MaxTenants  int
+	AfterTenant string
+}
+
+// ErrFenceLost means the caller's fence is no longer current: another claim, the
+// sweeper or a reconciler moved the operation on. The caller must not send, and what it
+// observed is only evidence.
+var ErrFenceLost = errors.New("store: fence lost")
+
+// claimedColumns is what Claim returns, read by scanClaimed.
+const claimedColumns = operationColumns + `, payload, remote_key, lease_expires_at`
+
+// Claim moves up to Limit PREPARED operations of the given types to IN_FLIGHT with one
+// statement: each gets fence + 1, attempt + 1, a lease, its first-send time, an event
+// and an attempt record. Rows locked by another claimer are skipped, so concurrent
+// claimers never take the same operation. Operations whose dispatch deadline has passed
+// are left to ExpireDeadlines.
+func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
+	rows, _ := s.pool.Query(ctx, `
+		WITH RECURSIVE tenants (tenant_id, n) AS (
+			(SELECT tenant_id, 1 FROM operations
+			 WHERE state = 'PREPARED' AND tenant_id > $1
+			 ORDER BY tenant_id LIMIT 1)
+			UNION ALL
+			(SELECT next.tenant_id, t.n + 1 FROM tenants t, LATERAL (
+				SELECT tenant_id FROM operations
+				WHERE state = 'PREPARED' AND tenant_id > t.tenant_id
+				ORDER BY tenant_id LIMIT 1) next
+			 WHERE t.n < $2)
+		), picked AS (
+			SELECT p.tenant_id, p.operation_id FROM tenants t, LATERAL (
+				SELECT tenant_id, operation_id FROM operations
+				WHERE tenant_id = t.tenant_id AND state = 'PREPARED' AND operation_type = ANY ($3)
+				  AND (dispatch_deadline IS NULL OR dispatch_deadline > now())
+				ORDER BY operation_id
+				LIMIT $4
+				FOR UPDATE SKIP LOCKED) p
+			LIMIT $5
+		), claimed AS (
+			UPDATE operations o SET
+				state = 'IN_FLIGHT', revision = o.revision + 1, fence_token = o.fence_token + 1,
+				attempt_count = o.attempt_count + 1, lease_owner = $6, lease_expires_at = now() + $7::interval,
+				first_sent_at = coalesce(o.first_sent_at, now()), updated_at = now()
+			FROM picked
+			WHERE o.tenant_id = picked.tenant_id AND o.operation_id = picked.operation_id AND o.state = 'PREPARED'
+			RETURNING o.*
+		), ev AS (
+			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, created_at)
+			SELECT tenant_id, operation_id, revision, 'PREPARED', 'IN_FLIGHT', fence_token, 'dispatcher:' || $6, updated_at FROM claimed
+		), att AS (
+			INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker, claimed_at)
+			SELECT tenant_id, operation_id, fence_token, $8, $6, updated_at FROM claimed
+		)
+		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
+		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease, p.Target)
+	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Claimed, error) {
+		var c Claimed
+		err := row.Scan(append(operationDest(&c.Operation), &c.Payload, &c.RemoteKey, &c.LeaseExpiresAt)...)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: claim: %w", translate(err))
+	}
+	return claimed, nil
+}
+
+// OutcomeParams is what the holder of a claim learned from its one send.
+type OutcomeParams struct {
+	TenantID string
+	ID       uuid.UUID
+	Fence    int64
+	// State is SUCCEEDED, FAILED_TERMINAL or UNKNOWN.
+	State       State
+	RemoteRef   string // required for SUCCEEDED
+	Observation Observation
+	Actor       string
+}
+
+// RecordOutcome finishes the claim's attempt record and, only if the fence still holds
+// (the operation is IN_FLIGHT with this fence), moves the operation to the outcome's
+// state with an event. It returns ErrFenceLost when the fence had moved on: the attempt
+// then keeps the observation as evidence (applied = false) and the operation is
+// untouched.
+func (s *Store) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, error) {
+	if p.State != StateSucceeded && p.State != StateFailedTerminal && p.State != StateUnknown {
+		return Operation{}, fmt.Errorf("store: record outcome: %s is not an outcome of a send", p.State)
+	}
+	var ref *string
+	if p.RemoteRef != "" {
+		ref = &p.RemoteRef
+	}
+	rows, _ := s.pool.Query(ctx, `
+		WITH upd AS (
+			UPDATE operations SET
+				state = $4, revision = revision + 1, remote_ref = coalesce($5, remote_ref),
+				last_observation = $6, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'IN_FLIGHT' AND fence_token = $3
+			RETURNING *
+		), ev AS (
+			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
+			SELECT tenant_id, operation_id, revision, 'IN_FLIGHT', state, fence_token, $7, $8, last_observation, updated_at FROM upd
+		), att AS (
+			UPDATE operation_attempts SET finished_at = now(), outcome = $8, http_status = $9, remote_ref = $5,
+				summary = $10, applied = EXISTS (SELECT 1 FROM upd)
+			WHERE tenant_id = $1 AND operation_id = $2 AND fence_token = $3 AND finished_at IS NULL
+		)
+		SELECT `+operationColumns+` FROM upd`,
+		p.TenantID, p.ID, p.Fence, p.State, ref, p.Observation, p.Actor,
+		p.Observation.Outcome, nullIfZero(p.Observation.HTTPStatus), p.Observation.Summary)
+	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
+	if err != nil {
+		if err = translate(err); errors.Is(err, ErrNotFound) {
+			return Operation{}, ErrFenceLost
+		}
+		return Operation{}, fmt.Errorf("store: record outcome: %w", err)
+	}
+	return op, nil
+}
+
+func nullIfZero(n int) *int {
+	if n == 0 {
+		return nil
+	}
+	return &n
+}
+
+// ExtendLease pushes the lease of a claim the caller still holds to now + lease and
+// returns the new expiry, or ErrFenceLost.
+func (s *Store) ExtendLease(ctx context.Context, tenantID string, id uuid.UUID, fence int64, lease time.Duration) (time.Time, error) {
+	var expires time.Time
+	err := s.pool.QueryRow(ctx, `UPDATE operations SET lease_expires_at = now() + $4::interval
+		WHERE tenant_id = $1 AND operation_id = $2 AND state = 'IN_FLIGHT' AND fence_token = $3
+		RETURNING lease_expires_at`, tenantID, id, fence, lease).Scan(&expires)
+	if err != nil {
+		if err = translate(err); errors.Is(err, ErrNotFound) {
+			return time.Time{}, ErrFenceLost
+		}
+		return time.Time{}, fmt.Errorf("store: extend lease: %w", err)
+	}
+	return expires, nil
+}
+
+// SweepParams bound one pass of a sweeper.
+type SweepParams struct {
+	// Now is the time to judge by; zero means the database's clock.
+	Now   time.Time
+	Limit int
+}
+
+func (p SweepParams) now() *time.Time {
+	if p.Now.IsZero() {
+		return nil
+	}
+	return &p.Now
+}
+
+// SweepExpiredLeases moves IN_FLIGHT operations whose lease has expired to UNKNOWN (never
+// back to PREPARED: the holder may have sent), with an event, and returns how many.
+func (s *Store) SweepExpiredLeases(ctx context.Context, p SweepParams) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `
+		WITH expired AS (
+			SELECT tenant_id, operation_id FROM operations
+			WHERE state = 'IN_FLIGHT' AND lease_expires_at < coalesce($1, now())
+			ORDER BY lease_expires_at
+			LIMIT $2
+			FOR UPDATE SKIP LOCKED
+		), upd AS (
+			UPDATE operations o SET state = 'UNKNOWN', revision = o.revision + 1,
+				lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+				last_observation = jsonb_build_object('observed_at', now(), 'source', 'SWEEPER', 'outcome', 'LEASE_EXPIRED',
+					'summary', 'the sender''s lease expired before it recorded an outcome; it may have sent')
+			FROM expired WHERE o.tenant_id = expired.tenant_id AND o.operation_id = expired.operation_id
+			RETURNING o.*
+		), ev AS (
+			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
+			SELECT tenant_id, operation_id, revision, 'IN_FLIGHT', 'UNKNOWN', fence_token, 'sweeper', 'LEASE_EXPIRED', last_observation, updated_at FROM upd
+		)
+		SELECT count(*) FROM upd`, p.now(), p.Limit).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("store: sweep leases: %w", translate(err))
+	}
+	return n, nil
+}
+
+// ExpireDeadlines moves PREPARED operations whose dispatch deadline passed before any
+// send to FAILED_TERMINAL (nothing was sent, so nothing happened), with an event, and
+// returns how many.
+func (s *Store) ExpireDeadlines(ctx context.Context, p SweepParams) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `
+		WITH due AS (
+			SELECT tenant_id, operation_id FROM operations
+			WHERE state = 'PREPARED' AND dispatch_deadline IS NOT NULL AND dispatch_deadline <= coalesce($1, now())
+			ORDER BY dispatch_deadline
+			LIMIT $2
+			FOR UPDATE SKIP LOCKED
+		), upd AS (
+			UPDATE operations o SET state = 'FAILED_TERMINAL', revision = o.revision + 1, updated_at = now(),
+				last_observation = jsonb_build_object('observed_at', now(), 'source', 'BROKER', 'outcome', 'DISPATCH_DEADLINE_PASSED',
+					'summary', 'the dispatch deadline passed before any send; nothing was sent')
+			FROM due WHERE o.tenant_id = due.tenant_id AND o.operation_id = due.operation_id
+			RETURNING o.*
+		), ev AS (
+			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
+			SELECT tenant_id, operation_id, revision, 'PREPARED', 'FAILED_TERMINAL', fence_token, 'dispatcher', 'DISPATCH_DEADLINE_PASSED', last_observation, updated_at FROM upd
+		)
+		SELECT count(*) FROM upd`, p.now(), p.Limit).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("store: expire deadlines: %w", translate(err))
+	}
+	return n, nil
+}

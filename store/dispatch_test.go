@@ -1,0 +1,251 @@
+package store_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
+)
+
+func claimParams(limit int) store.ClaimParams {
+	return store.ClaimParams{
+		Target: "demo", OperationTypes: []string{"demo.charge"}, Worker: "test-worker",
+		Lease: time.Minute, Limit: limit, PerTenant: limit, MaxTenants: 100,
+	}
+}
+
+func (b *testBundle) prepareN(t *testing.T, tenant string, n int) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, n)
+	for i := range n {
+		op, _, err := b.store.Prepare(b.ctx, prepareParams(tenant, fmt.Sprintf("%s-%d", tenant, i), fmt.Sprintf(`{"n":%d}`, i)))
+		require.NoError(t, err)
+		ids[i] = op.ID
+	}
+	return ids
+}
+
+func TestClaimTakesPreparedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := b.prepareN(t, "acme", 3)
+
+	claimed, err := b.store.Claim(b.ctx, claimParams(10))
+	require.NoError(t, err)
+	require.Len(t, claimed, 3)
+	for i, c := range claimed {
+		require.Equal(t, ids[i], c.ID, "oldest first")
+		require.Equal(t, store.StateInFlight, c.State)
+		require.Equal(t, int64(1), c.FenceToken)
+		require.Equal(t, int32(1), c.AttemptCount)
+		require.Equal(t, int64(2), c.Revision)
+		require.NotNil(t, c.FirstSentAt)
+		require.NotEmpty(t, c.Payload)
+		require.NotEqual(t, uuid.Nil, c.RemoteKey)
+		require.True(t, c.LeaseExpiresAt.After(time.Now()))
+	}
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_attempts WHERE fence_token = 1 AND finished_at IS NULL AND target = 'demo'`))
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_events WHERE from_state = 'PREPARED' AND to_state = 'IN_FLIGHT'`))
+
+	again, err := b.store.Claim(b.ctx, claimParams(10))
+	require.NoError(t, err)
+	require.Empty(t, again)
+
+	other := claimParams(10)
+	other.OperationTypes = []string{"demo.notify"}
+	b.prepareN(t, "globex", 1)
+	none, err := b.store.Claim(b.ctx, other)
+	require.NoError(t, err)
+	require.Empty(t, none, "a claim takes only its target's operation types")
+}
+
+// TestConcurrentClaimersNeverShare: many claimers racing over many operations give
+// exactly one claim per operation (seed fault-injection test 3, at the store).
+func TestConcurrentClaimersNeverShare(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tenant := range []string{"a", "b", "c", "d"} {
+		b.prepareN(t, tenant, 150)
+	}
+	var mu sync.Mutex
+	seen := map[uuid.UUID]int{}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			p := claimParams(7)
+			p.PerTenant = 3
+			p.Worker = fmt.Sprintf("w%d", w)
+			for {
+				claimed, err := b.store.Claim(b.ctx, p)
+				require.NoError(t, err)
+				if len(claimed) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, c := range claimed {
+					seen[c.ID]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, seen, 600)
+	for id, n := range seen {
+		require.Equal(t, 1, n, "operation %s claimed %d times", id, n)
+	}
+	require.Equal(t, 600, b.count(t, `SELECT count(*) FROM operation_attempts`))
+}
+
+// TestClaimIsFairAcrossTenants: one tenant's backlog cannot delay another tenant's new
+// operation behind it.
+func TestClaimIsFairAcrossTenants(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.prepareN(t, "big", 300)
+	small := b.prepareN(t, "small", 1)
+
+	p := claimParams(10)
+	p.PerTenant = 5
+	claimed, err := b.store.Claim(b.ctx, p)
+	require.NoError(t, err)
+	var got []uuid.UUID
+	for _, c := range claimed {
+		got = append(got, c.ID)
+	}
+	require.Contains(t, got, small[0], "the first claim reaches the small tenant")
+
+	// With a cap on tenants per claim, the rotating cursor reaches every tenant.
+	for i := range 12 {
+		b.prepareN(t, fmt.Sprintf("t%02d", i), 2)
+	}
+	p.MaxTenants, p.PerTenant, p.Limit = 3, 1, 3
+	reached := map[string]bool{}
+	for range 8 {
+		claimed, err := b.store.Claim(b.ctx, p)
+		require.NoError(t, err)
+		for _, c := range claimed {
+			reached[c.TenantID] = true
+			p.AfterTenant = c.TenantID
+		}
+		if len(claimed) < p.MaxTenants {
+			p.AfterTenant = ""
+		}
+	}
+	for i := range 12 {
+		require.True(t, reached[fmt.Sprintf("t%02d", i)], "tenant t%02d reached", i)
+	}
+}
+
+func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.prepareN(t, "acme", 2)
+	claimed, err := b.store.Claim(b.ctx, claimParams(2))
+	require.NoError(t, err)
+	first, second := claimed[0], claimed[1]
+
+	obs := store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS", HTTPStatus: 200}
+	op, err := b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: first.ID, Fence: 1,
+		State: store.StateSucceeded, RemoteRef: "ch_1", Observation: obs, Actor: "dispatcher:test"})
+	require.NoError(t, err)
+	require.Equal(t, store.StateSucceeded, op.State)
+	require.Equal(t, "ch_1", op.RemoteRef)
+	require.Equal(t, "VERIFIED_SUCCESS", op.LastObservation.Outcome)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1 AND applied AND remote_ref = 'ch_1' AND http_status = 200`, first.ID))
+
+	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: second.ID, Fence: 1,
+		State: store.StateSucceeded, Observation: obs, Actor: "dispatcher:test"})
+	require.Error(t, err, "SUCCEEDED needs a remote reference")
+
+	// The sweeper takes the second away; the late holder's outcome is evidence only.
+	n, err := b.store.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: second.ID, Fence: 1,
+		State: store.StateSucceeded, RemoteRef: "ch_2", Observation: obs, Actor: "dispatcher:test"})
+	require.ErrorIs(t, err, store.ErrFenceLost)
+	swept, err := b.store.Get(b.ctx, "acme", second.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateUnknown, swept.State)
+	require.Equal(t, "LEASE_EXPIRED", swept.LastObservation.Outcome)
+	require.Empty(t, swept.RemoteRef)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1 AND NOT applied AND remote_ref = 'ch_2'`, second.ID),
+		"the stale worker's observation is kept as evidence")
+	_, err = b.pool.Exec(b.ctx, `UPDATE operation_attempts SET summary = 'rewritten' WHERE operation_id = $1`, second.ID)
+	require.Error(t, err, "a finished attempt is never rewritten")
+
+	_, err = b.store.ExtendLease(b.ctx, "acme", second.ID, 1, time.Minute)
+	require.ErrorIs(t, err, store.ErrFenceLost)
+}
+
+func TestExtendLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.prepareN(t, "acme", 1)
+	claimed, err := b.store.Claim(b.ctx, claimParams(1))
+	require.NoError(t, err)
+	expires, err := b.store.ExtendLease(b.ctx, "acme", claimed[0].ID, 1, time.Hour)
+	require.NoError(t, err)
+	require.True(t, expires.After(claimed[0].LeaseExpiresAt))
+	_, err = b.store.ExtendLease(b.ctx, "acme", claimed[0].ID, 2, time.Hour)
+	require.ErrorIs(t, err, store.ErrFenceLost)
+	n, err := b.store.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(30 * time.Minute), Limit: 10})
+	require.NoError(t, err)
+	require.Zero(t, n, "an extended lease is not swept")
+}
+
+func TestExpireDeadlines(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	soon := time.Now().Add(time.Minute)
+	p := prepareParams("acme", "late", `{}`)
+	p.DispatchDeadline = &soon
+	late, _, err := b.store.Prepare(b.ctx, p)
+	require.NoError(t, err)
+	b.prepareN(t, "acme", 1)
+
+	n, err := b.store.ExpireDeadlines(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	op, err := b.store.Get(b.ctx, "acme", late.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateFailedTerminal, op.State)
+	require.Equal(t, "DISPATCH_DEADLINE_PASSED", op.LastObservation.Outcome)
+	require.Zero(t, op.FenceToken, "it was never sent")
+}
+
+func TestCancelRacesClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := b.prepareN(t, "acme", 40)
+	var wg sync.WaitGroup
+	cancelled := make(chan uuid.UUID, len(ids))
+	wg.Go(func() {
+		for _, id := range ids {
+			if _, err := b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: id, Actor: "test"}); err == nil {
+				cancelled <- id
+			}
+		}
+	})
+	claimedIDs := map[uuid.UUID]bool{}
+	wg.Go(func() {
+		for range 40 {
+			claimed, err := b.store.Claim(b.ctx, claimParams(1))
+			require.NoError(t, err)
+			for _, c := range claimed {
+				claimedIDs[c.ID] = true
+			}
+		}
+	})
+	wg.Wait()
+	close(cancelled)
+	for id := range cancelled {
+		require.False(t, claimedIDs[id], "an operation was both cancelled and claimed")
+	}
+}

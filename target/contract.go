@@ -1,0 +1,389 @@
+package target
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/goccy/go-yaml"
+)
+
+// File is the configuration file of targets.
+type File struct {
+	Targets []*Contract `yaml:"targets"`
+}
+
+// Contract is what the broker knows of one remote target, from its vendor's
+// documentation.
+type Contract struct {
+	Name           string        `yaml:"name"`
+	Documentation  Documentation `yaml:"documentation"`
+	Owner          Owner         `yaml:"owner"`
+	Data           DataOwnership `yaml:"data"`
+	OperationTypes []string      `yaml:"operation_types"`
+	Endpoint       Endpoint      `yaml:"endpoint"`
+	Idempotency    *Idempotency  `yaml:"idempotency"`
+	Lookup         *Lookup       `yaml:"lookup"`
+	Conditional    *Conditional  `yaml:"conditional_mutation"`
+	Responses      Responses     `yaml:"responses"`
+	Concurrency    int           `yaml:"concurrency"`
+}
+
+// Documentation says where the contract comes from.
+type Documentation struct {
+	URL     string `yaml:"url"`
+	Checked string `yaml:"checked"` // YYYY-MM-DD
+}
+
+// Owner receives the target's escalations.
+type Owner struct {
+	Team       string `yaml:"team"`
+	Escalation string `yaml:"escalation"` // where a person finds the runbook or the queue
+}
+
+// DataOwnership names who owns what the broker stores about this target's operations
+// (seed control 10).
+type DataOwnership struct {
+	Owner     string        `yaml:"owner"`
+	Retention time.Duration `yaml:"retention"`
+}
+
+// Endpoint is where an operation is sent. It comes only from configuration, never from
+// a request.
+type Endpoint struct {
+	Method      string        `yaml:"method"`
+	URL         string        `yaml:"url"`
+	Timeout     time.Duration `yaml:"timeout"`
+	FenceHeader string        `yaml:"fence_header"` // optional: send the fence token to targets that check it
+}
+
+// Idempotency is the target's key mechanism (capability A).
+type Idempotency struct {
+	Header    string        `yaml:"header"`
+	Retention time.Duration `yaml:"retention"` // from the first send
+	Scope     string        `yaml:"scope"`
+	// ParameterMismatch is what the target does when a key is reused with other
+	// parameters: "rejects", "replays_original" or "undocumented".
+	ParameterMismatch string `yaml:"parameter_mismatch"`
+}
+
+// Lookup finds an effect by the operation's remote key (capability B).
+type Lookup struct {
+	Method string `yaml:"method"`
+	// URL may contain {remote_key}.
+	URL string `yaml:"url"`
+	// VisibilityDelay is how long a write may take to become visible to lookups.
+	VisibilityDelay time.Duration `yaml:"visibility_delay"`
+	// AbsenceFinalAfter, when set, is the time after the first send past which the
+	// target documents that a request can no longer take effect, so that absence is
+	// final. Unset: absence is never final.
+	AbsenceFinalAfter time.Duration `yaml:"absence_final_after"`
+	Found             ResponseClass `yaml:"found"`
+	NotFound          []int         `yaml:"not_found"`
+}
+
+// Conditional is the target's precondition mechanism (capability C).
+type Conditional struct {
+	Header string `yaml:"header"`
+}
+
+// Responses classify the target's answers to a send.
+type Responses struct {
+	Success    []ResponseClass `yaml:"success"`
+	Rejection  []ResponseClass `yaml:"rejection"`
+	InProgress []ResponseClass `yaml:"in_progress"`
+}
+
+// ResponseClass is a set of HTTP statuses that mean one thing.
+type ResponseClass struct {
+	Status []int `yaml:"status"`
+	// RemoteRef is the JSON pointer (RFC 6901) of the target's reference in the body.
+	RemoteRef string `yaml:"remote_ref"`
+	// Documented quotes or links the vendor's statement that makes this class mean what
+	// it does (required for rejections: no side effect).
+	Documented string `yaml:"documented"`
+}
+
+// Capabilities of a target, from seed 000.
+type Capabilities struct {
+	Replay      bool // A: same-key replay inside the retention window
+	Lookup      bool // B: lookup by reference
+	Conditional bool // C: conditional mutation
+}
+
+// None reports capability D: no way to resolve an unclear outcome but a person.
+func (c Capabilities) None() bool { return !c.Replay && !c.Lookup && !c.Conditional }
+
+func (c Capabilities) String() string {
+	var parts []string
+	if c.Replay {
+		parts = append(parts, "A same-key replay")
+	}
+	if c.Lookup {
+		parts = append(parts, "B lookup by reference")
+	}
+	if c.Conditional {
+		parts = append(parts, "C conditional mutation")
+	}
+	if len(parts) == 0 {
+		return "D none: unclear outcomes are escalated, never retried"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Capabilities derives the target's capabilities from its contract.
+func (c *Contract) Capabilities() Capabilities {
+	return Capabilities{
+		Replay:      c.Idempotency != nil && c.Idempotency.Retention > 0,
+		Lookup:      c.Lookup != nil,
+		Conditional: c.Conditional != nil,
+	}
+}
+
+// Targets is a loaded, valid set of contracts.
+type Targets struct {
+	byName map[string]*Contract
+	byType map[string]*Contract
+	all    []*Contract
+}
+
+// ForType returns the target serving an operation type.
+func (t *Targets) ForType(operationType string) (*Contract, bool) {
+	c, ok := t.byType[operationType]
+	return c, ok
+}
+
+// All returns the contracts in file order.
+func (t *Targets) All() []*Contract { return t.all }
+
+// ByName returns a contract by its name.
+func (t *Targets) ByName(name string) (*Contract, bool) {
+	c, ok := t.byName[name]
+	return c, ok
+}
+
+// LoadFile reads, checks and returns the targets in path. Every problem is reported,
+// each naming the file, the target and the field; a target that fails a go/no-go
+// control is an error too.
+func LoadFile(path string) (*Targets, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("targets: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse is LoadFile on data already read; name is used in errors.
+func Parse(name string, data []byte) (*Targets, error) {
+	file, err := Decode(name, data)
+	if err != nil {
+		return nil, err
+	}
+	var problems []error
+	for _, c := range file.Targets {
+		for _, r := range c.Controls() {
+			if !r.Pass {
+				problems = append(problems, fmt.Errorf("%s: target %q: go/no-go control %d (%s) fails: %s", name, c.Name, r.Number, r.Name, r.Reason))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return nil, errors.Join(problems...)
+	}
+	return newTargets(file.Targets), nil
+}
+
+// New returns Targets over contracts that are already valid (for tests and dev mode).
+func New(contracts ...*Contract) (*Targets, error) {
+	file := &File{Targets: contracts}
+	if err := file.validate("<built in>"); err != nil {
+		return nil, err
+	}
+	return newTargets(contracts), nil
+}
+
+func newTargets(contracts []*Contract) *Targets {
+	t := &Targets{byName: map[string]*Contract{}, byType: map[string]*Contract{}, all: contracts}
+	for _, c := range contracts {
+		t.byName[c.Name] = c
+		for _, typ := range c.OperationTypes {
+			t.byType[typ] = c
+		}
+	}
+	return t
+}
+
+// Decode parses and validates the file's fields without judging the go/no-go controls.
+func Decode(name string, data []byte) (*File, error) {
+	var file File
+	if err := yaml.UnmarshalWithOptions(data, &file, yaml.DisallowUnknownField()); err != nil {
+		return nil, fmt.Errorf("%s: %s", name, yaml.FormatError(err, false, true))
+	}
+	if err := file.validate(name); err != nil {
+		return nil, err
+	}
+	return &file, nil
+}
+
+var (
+	namePattern          = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+	operationTypePattern = regexp.MustCompile(`^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$`)
+	headerPattern        = regexp.MustCompile(`^[A-Za-z0-9-]+$`)
+)
+
+// validate reports every malformed field, each as "file: target "name": field: problem".
+func (f *File) validate(file string) error {
+	var problems []error
+	if len(f.Targets) == 0 {
+		problems = append(problems, fmt.Errorf("%s: targets: at least one target is needed", file))
+	}
+	names := map[string]bool{}
+	types := map[string]string{}
+	for i, c := range f.Targets {
+		label := fmt.Sprintf("target #%d", i+1)
+		if c.Name != "" {
+			label = fmt.Sprintf("target %q", c.Name)
+		}
+		bad := func(field, format string, args ...any) {
+			problems = append(problems, fmt.Errorf("%s: %s: %s: %s", file, label, field, fmt.Sprintf(format, args...)))
+		}
+		switch {
+		case !namePattern.MatchString(c.Name):
+			bad("name", "must be lowercase letters, digits and hyphens, starting with a letter")
+		case names[c.Name]:
+			bad("name", "is used by another target")
+		}
+		names[c.Name] = true
+		if len(c.OperationTypes) == 0 {
+			bad("operation_types", "at least one operation type is needed")
+		}
+		for _, typ := range c.OperationTypes {
+			if !operationTypePattern.MatchString(typ) {
+				bad("operation_types", "%q is not dotted lowercase words", typ)
+			} else if other, dup := types[typ]; dup {
+				bad("operation_types", "%q is already served by target %q", typ, other)
+			}
+			types[typ] = c.Name
+		}
+		c.Endpoint.validate(bad)
+		if c.Idempotency != nil {
+			c.Idempotency.validate(bad)
+		}
+		if c.Lookup != nil {
+			c.Lookup.validate(bad)
+		}
+		if c.Conditional != nil && !headerPattern.MatchString(c.Conditional.Header) {
+			bad("conditional_mutation.header", "must be an HTTP header name")
+		}
+		if c.Documentation.Checked != "" {
+			if _, err := time.Parse(time.DateOnly, c.Documentation.Checked); err != nil {
+				bad("documentation.checked", "must be a date, YYYY-MM-DD")
+			}
+		}
+		if c.Documentation.URL != "" {
+			if u, err := url.Parse(c.Documentation.URL); err != nil || u.Scheme == "" {
+				bad("documentation.url", "must be an absolute URL")
+			}
+		}
+		if c.Concurrency < 0 {
+			bad("concurrency", "must not be negative (0 means the default)")
+		}
+		c.Responses.validate(bad)
+	}
+	return errors.Join(problems...)
+}
+
+func (e *Endpoint) validate(bad func(field, format string, args ...any)) {
+	if !slices.Contains([]string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}, e.Method) {
+		bad("endpoint.method", "must be POST, PUT, PATCH or DELETE")
+	}
+	validateURL(bad, "endpoint.url", e.URL)
+	if e.Timeout <= 0 {
+		bad("endpoint.timeout", "must be a positive duration, e.g. 10s")
+	}
+	if e.FenceHeader != "" && !headerPattern.MatchString(e.FenceHeader) {
+		bad("endpoint.fence_header", "must be an HTTP header name")
+	}
+}
+
+func (i *Idempotency) validate(bad func(field, format string, args ...any)) {
+	if !headerPattern.MatchString(i.Header) {
+		bad("idempotency.header", "must be an HTTP header name, e.g. Idempotency-Key")
+	}
+	if i.Retention <= 0 {
+		bad("idempotency.retention", "must be the documented key retention, e.g. 24h")
+	}
+	if i.Scope == "" {
+		bad("idempotency.scope", "must say what a key is unique within, from the documentation")
+	}
+	if !slices.Contains([]string{"rejects", "replays_original", "undocumented"}, i.ParameterMismatch) {
+		bad("idempotency.parameter_mismatch", "must be rejects, replays_original or undocumented")
+	}
+}
+
+func (l *Lookup) validate(bad func(field, format string, args ...any)) {
+	if l.Method != http.MethodGet {
+		bad("lookup.method", "must be GET")
+	}
+	validateURL(bad, "lookup.url", strings.ReplaceAll(l.URL, "{remote_key}", "x"))
+	if !strings.Contains(l.URL, "{remote_key}") {
+		bad("lookup.url", "must contain {remote_key}")
+	}
+	if l.VisibilityDelay < 0 || l.AbsenceFinalAfter < 0 {
+		bad("lookup", "durations must not be negative")
+	}
+	if l.AbsenceFinalAfter > 0 && l.AbsenceFinalAfter < l.VisibilityDelay {
+		bad("lookup.absence_final_after", "must not be shorter than visibility_delay")
+	}
+	if len(l.Found.Status) == 0 || l.Found.RemoteRef == "" {
+		bad("lookup.found", "needs status and remote_ref")
+	}
+	validateStatuses(bad, "lookup.found.status", l.Found.Status)
+	validateStatuses(bad, "lookup.not_found", l.NotFound)
+}
+
+func (r *Responses) validate(bad func(field, format string, args ...any)) {
+	if len(r.Success) == 0 {
+		bad("responses.success", "at least one class is needed")
+	}
+	seen := map[int]string{}
+	for kind, classes := range map[string][]ResponseClass{"success": r.Success, "rejection": r.Rejection, "in_progress": r.InProgress} {
+		for i, class := range classes {
+			field := fmt.Sprintf("responses.%s[%d]", kind, i)
+			if len(class.Status) == 0 {
+				bad(field+".status", "at least one status is needed")
+			}
+			validateStatuses(bad, field+".status", class.Status)
+			for _, st := range class.Status {
+				if other, dup := seen[st]; dup && other != kind {
+					bad(field+".status", "%d is also listed under %s", st, other)
+				}
+				seen[st] = kind
+			}
+			if class.RemoteRef != "" && !strings.HasPrefix(class.RemoteRef, "/") {
+				bad(field+".remote_ref", "must be a JSON pointer, e.g. /id")
+			}
+		}
+	}
+}
+
+func validateStatuses(bad func(field, format string, args ...any), field string, statuses []int) {
+	for _, st := range statuses {
+		if st < 100 || st > 599 {
+			bad(field, "%d is not an HTTP status", st)
+		}
+	}
+}
+
+func validateURL(bad func(field, format string, args ...any), field, raw string) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		bad(field, "must be an absolute http or https URL")
+	}
+}

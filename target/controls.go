@@ -1,0 +1,144 @@
+package target
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ControlResult is one go/no-go control of seed 000 judged for one target: pass or fail
+// with the reason, never a score.
+type ControlResult struct {
+	Number int
+	Name   string
+	Pass   bool
+	Reason string
+}
+
+// Controls judges the eleven go/no-go controls for the target. Controls that the broker
+// meets by construction (the ledger, the claim, the intent key) say how; the others are
+// judged from the recorded contract.
+func (c *Contract) Controls() []ControlResult {
+	pass := func(n int, name, reason string) ControlResult {
+		return ControlResult{Number: n, Name: name, Pass: true, Reason: reason}
+	}
+	judge := func(n int, name string, problems []string, ok string) ControlResult {
+		if len(problems) > 0 {
+			return ControlResult{Number: n, Name: name, Reason: strings.Join(problems, "; ")}
+		}
+		return pass(n, name, ok)
+	}
+	return []ControlResult{
+		judge(1, "target contract recorded", c.contractProblems(),
+			fmt.Sprintf("documented at %s, checked %s; capabilities: %s", c.Documentation.URL, c.Documentation.Checked, c.Capabilities())),
+		pass(2, "durable operation identity",
+			"the ledger row is committed before any send, unique per (tenant, operation type, intent_ref), and its remote key is random and never regenerated"),
+		pass(3, "payload binding",
+			"the SHA-256 of the canonical payload is stored at preparation and re-verified at every claim; a changed payload for the same intent is rejected"),
+		pass(4, "atomic claim",
+			"one conditional UPDATE moves PREPARED to IN_FLIGHT and increments the fence; only the fence holder records"),
+		pass(5, "atomic scheduling",
+			"the ledger row is the schedule: PrepareOperation returns only after it is committed, and the dispatcher finds it there"),
+		judge(6, "unknown handling", c.unknownProblems(),
+			"timeouts, resets, 5xx, 202 and every unlisted answer are UNKNOWN; nothing is retried inline"),
+		judge(7, "verified acknowledgment", c.acknowledgmentProblems(),
+			"every success class names where the target's reference is in the body"),
+		judge(8, "terminal failure rule", c.rejectionProblems(),
+			c.rejectionSummary()),
+		judge(9, "escalation path", c.ownerProblems(),
+			fmt.Sprintf("escalations go to %s (%s)", c.Owner.Team, c.Owner.Escalation)),
+		judge(10, "privacy ownership", c.dataProblems(),
+			fmt.Sprintf("stored data owned by %s, kept %s after a terminal state; remote keys are random", c.Data.Owner, c.Data.Retention)),
+		pass(11, "legitimate repeat operations",
+			"a new intent_ref makes a new operation even with a byte-identical payload"),
+	}
+}
+
+func (c *Contract) contractProblems() []string {
+	var p []string
+	if c.Documentation.URL == "" {
+		p = append(p, "documentation.url is missing: link the vendor's primary documentation")
+	}
+	if c.Documentation.Checked == "" {
+		p = append(p, "documentation.checked is missing: the date the documentation was read")
+	} else if d, err := time.Parse(time.DateOnly, c.Documentation.Checked); err == nil && d.After(time.Now()) {
+		p = append(p, "documentation.checked is in the future")
+	}
+	if c.Idempotency != nil && c.Idempotency.ParameterMismatch == "undocumented" && c.Lookup == nil {
+		p = append(p, "the key's parameter-mismatch behaviour is undocumented and there is no lookup to check a replay against")
+	}
+	return p
+}
+
+func (c *Contract) unknownProblems() []string {
+	var p []string
+	for _, class := range c.Responses.Success {
+		for _, st := range class.Status {
+			if st >= 500 || st == 202 || st < 200 || st >= 300 {
+				p = append(p, fmt.Sprintf("%d is listed as success: only a 2xx with a reference, never 202 or 5xx, verifies an effect", st))
+			}
+		}
+	}
+	for _, class := range c.Responses.Rejection {
+		for _, st := range class.Status {
+			if st >= 500 {
+				p = append(p, fmt.Sprintf("%d is listed as a rejection: a 5xx may have had an effect", st))
+			}
+		}
+	}
+	return p
+}
+
+func (c *Contract) acknowledgmentProblems() []string {
+	var p []string
+	for i, class := range c.Responses.Success {
+		if class.RemoteRef == "" {
+			p = append(p, fmt.Sprintf("responses.success[%d] names no remote_ref: a success without the target's reference cannot be verified", i))
+		}
+	}
+	return p
+}
+
+func (c *Contract) rejectionProblems() []string {
+	var p []string
+	for i, class := range c.Responses.Rejection {
+		if strings.TrimSpace(class.Documented) == "" {
+			p = append(p, fmt.Sprintf("responses.rejection[%d] does not quote the documentation that says it has no side effect", i))
+		}
+	}
+	if c.Lookup != nil && c.Lookup.AbsenceFinalAfter > 0 && c.Idempotency == nil {
+		// Absence may become final only if a late arrival cannot take effect; without a
+		// key there is nothing that stops a late duplicate.
+		p = append(p, "lookup.absence_final_after is set but without an idempotency key a late arrival cannot be fenced")
+	}
+	return p
+}
+
+func (c *Contract) rejectionSummary() string {
+	if len(c.Responses.Rejection) == 0 {
+		return "no answer is taken as a rejection: FAILED_TERMINAL only by an operator"
+	}
+	return "FAILED_TERMINAL only for rejections quoted from the documentation as side-effect free"
+}
+
+func (c *Contract) ownerProblems() []string {
+	var p []string
+	if c.Owner.Team == "" {
+		p = append(p, "owner.team is missing: stuck operations need a named owner")
+	}
+	if c.Owner.Escalation == "" {
+		p = append(p, "owner.escalation is missing: where the owner's runbook or queue is")
+	}
+	return p
+}
+
+func (c *Contract) dataProblems() []string {
+	var p []string
+	if c.Data.Owner == "" {
+		p = append(p, "data.owner is missing: who owns retention and deletion of this target's data")
+	}
+	if c.Data.Retention <= 0 {
+		p = append(p, "data.retention is missing: how long payloads are kept after a terminal state")
+	}
+	return p
+}
