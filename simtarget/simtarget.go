@@ -24,6 +24,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -229,15 +230,8 @@ func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
 	now := t.cfg.Now()
 
 	t.mu.Lock()
-	t.truth.Requests++
-	t.truth.Faults[fault]++
-	var kt *KeyTruth
+	t.countArrival(fault, key, hash)
 	if key != "" {
-		kt = t.keyTruth(key)
-		kt.Attempts++
-		if !contains(kt.PayloadSHA256, hash) {
-			kt.PayloadSHA256 = append(kt.PayloadSHA256, hash)
-		}
 		if s, ok := t.keys[key]; ok && t.cfg.Retention > 0 && now.Sub(s.firstUsed) > t.cfg.Retention {
 			delete(t.keys, key) // the provider forgot the key
 		}
@@ -371,6 +365,20 @@ func (t *Target) chargeBodyLocked(key string) []byte {
 	return b
 }
 
+// countArrival records in the ground truth that a request arrived. The caller holds t.mu.
+func (t *Target) countArrival(fault Fault, key, hash string) {
+	t.truth.Requests++
+	t.truth.Faults[fault]++
+	if key == "" {
+		return
+	}
+	kt := t.keyTruth(key)
+	kt.Attempts++
+	if !slices.Contains(kt.PayloadSHA256, hash) {
+		kt.PayloadSHA256 = append(kt.PayloadSHA256, hash)
+	}
+}
+
 func (t *Target) keyTruth(key string) *KeyTruth {
 	kt := t.truth.Keys[key]
 	if kt == nil {
@@ -412,15 +420,7 @@ func (t *Target) createNotification(w http.ResponseWriter, r *http.Request) {
 	hash := hashOf(body)
 	fault := t.chooseFault(body)
 	t.mu.Lock()
-	t.truth.Requests++
-	t.truth.Faults[fault]++
-	if key != "" {
-		kt := t.keyTruth(key)
-		kt.Attempts++
-		if !contains(kt.PayloadSHA256, hash) {
-			kt.PayloadSHA256 = append(kt.PayloadSHA256, hash)
-		}
-	}
+	t.countArrival(fault, key, hash)
 	t.mu.Unlock()
 	t.execute(w, fault, key, hash, t.cfg.Now())
 }
@@ -459,13 +459,4 @@ func reset(w http.ResponseWriter) {
 		_ = tcp.SetLinger(0)
 	}
 	conn.Close()
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

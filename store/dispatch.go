@@ -191,57 +191,64 @@ func (p SweepParams) now() *time.Time {
 // SweepExpiredLeases moves IN_FLIGHT operations whose lease has expired to UNKNOWN (never
 // back to PREPARED: the holder may have sent), with an event, and returns how many.
 func (s *Store) SweepExpiredLeases(ctx context.Context, p SweepParams) (int, error) {
-	var n int
-	err := s.pool.QueryRow(ctx, `
-		WITH expired AS (
-			SELECT tenant_id, operation_id FROM operations
-			WHERE state = 'IN_FLIGHT' AND lease_expires_at < coalesce($1, now())
-			ORDER BY lease_expires_at
-			LIMIT $2
-			FOR UPDATE SKIP LOCKED
-		), upd AS (
-			UPDATE operations o SET state = 'UNKNOWN', revision = o.revision + 1,
-				lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
-				last_observation = jsonb_build_object('observed_at', now(), 'source', 'SWEEPER', 'outcome', 'LEASE_EXPIRED',
-					'summary', 'the sender''s lease expired before it recorded an outcome; it may have sent')
-			FROM expired WHERE o.tenant_id = expired.tenant_id AND o.operation_id = expired.operation_id
-			RETURNING o.*
-		), ev AS (
-			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
-			SELECT tenant_id, operation_id, revision, 'IN_FLIGHT', 'UNKNOWN', fence_token, 'sweeper', 'LEASE_EXPIRED', last_observation, updated_at FROM upd
-		)
-		SELECT count(*) FROM upd`, p.now(), p.Limit).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("store: sweep leases: %w", translate(err))
-	}
-	return n, nil
+	return s.sweep(ctx, p, sweep{
+		due:     "state = 'IN_FLIGHT' AND lease_expires_at < coalesce($1, now())",
+		order:   "lease_expires_at",
+		from:    StateInFlight,
+		to:      StateUnknown,
+		source:  "SWEEPER",
+		outcome: "LEASE_EXPIRED",
+		summary: "the sender's lease expired before it recorded an outcome; it may have sent",
+		actor:   "sweeper",
+	})
 }
 
 // ExpireDeadlines moves PREPARED operations whose dispatch deadline passed before any
 // send to FAILED_TERMINAL (nothing was sent, so nothing happened), with an event, and
 // returns how many.
 func (s *Store) ExpireDeadlines(ctx context.Context, p SweepParams) (int, error) {
+	return s.sweep(ctx, p, sweep{
+		due:     "state = 'PREPARED' AND dispatch_deadline IS NOT NULL AND dispatch_deadline <= coalesce($1, now())",
+		order:   "dispatch_deadline",
+		from:    StatePrepared,
+		to:      StateFailedTerminal,
+		source:  "BROKER",
+		outcome: "DISPATCH_DEADLINE_PASSED",
+		summary: "the dispatch deadline passed before any send; nothing was sent",
+		actor:   "dispatcher",
+	})
+}
+
+// sweep describes a transition the broker makes on its own for every operation that is
+// due: its SQL fragments are constants of this package, never input.
+type sweep struct {
+	due, order                      string
+	from, to                        State
+	source, outcome, summary, actor string
+}
+
+func (s *Store) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, `
 		WITH due AS (
 			SELECT tenant_id, operation_id FROM operations
-			WHERE state = 'PREPARED' AND dispatch_deadline IS NOT NULL AND dispatch_deadline <= coalesce($1, now())
-			ORDER BY dispatch_deadline
+			WHERE `+w.due+`
+			ORDER BY `+w.order+`
 			LIMIT $2
 			FOR UPDATE SKIP LOCKED
 		), upd AS (
-			UPDATE operations o SET state = 'FAILED_TERMINAL', revision = o.revision + 1, updated_at = now(),
-				last_observation = jsonb_build_object('observed_at', now(), 'source', 'BROKER', 'outcome', 'DISPATCH_DEADLINE_PASSED',
-					'summary', 'the dispatch deadline passed before any send; nothing was sent')
-			FROM due WHERE o.tenant_id = due.tenant_id AND o.operation_id = due.operation_id
+			UPDATE operations o SET state = $3, revision = o.revision + 1,
+				lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+				last_observation = jsonb_build_object('observed_at', now(), 'source', $5::text, 'outcome', $6::text, 'summary', $7::text)
+			FROM due WHERE o.tenant_id = due.tenant_id AND o.operation_id = due.operation_id AND o.state = $4
 			RETURNING o.*
 		), ev AS (
 			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
-			SELECT tenant_id, operation_id, revision, 'PREPARED', 'FAILED_TERMINAL', fence_token, 'dispatcher', 'DISPATCH_DEADLINE_PASSED', last_observation, updated_at FROM upd
+			SELECT tenant_id, operation_id, revision, $4, $3, fence_token, $8, $6, last_observation, updated_at FROM upd
 		)
-		SELECT count(*) FROM upd`, p.now(), p.Limit).Scan(&n)
+		SELECT count(*) FROM upd`, p.now(), p.Limit, w.to, w.from, w.source, w.outcome, w.summary, w.actor).Scan(&n)
 	if err != nil {
-		return 0, fmt.Errorf("store: expire deadlines: %w", translate(err))
+		return 0, fmt.Errorf("store: sweep %s to %s: %w", w.from, w.to, translate(err))
 	}
 	return n, nil
 }
