@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
 )
 
 // File is the configuration file of targets.
@@ -50,24 +51,27 @@ type Owner struct {
 // DataOwnership names who owns what the broker stores about this target's operations
 // (seed control 10).
 type DataOwnership struct {
-	Owner     string        `yaml:"owner"`
-	Retention time.Duration `yaml:"retention"`
+	Owner     string   `yaml:"owner"`
+	Retention Duration `yaml:"retention"`
 }
 
 // Endpoint is where an operation is sent. It comes only from configuration, never from
 // a request.
 type Endpoint struct {
-	Method      string        `yaml:"method"`
-	URL         string        `yaml:"url"`
-	Timeout     time.Duration `yaml:"timeout"`
-	FenceHeader string        `yaml:"fence_header"` // optional: send the fence token to targets that check it
+	Method      string   `yaml:"method"`
+	URL         string   `yaml:"url"`
+	Timeout     Duration `yaml:"timeout"`
+	FenceHeader string   `yaml:"fence_header"` // optional: send the fence token to targets that check it
+	// RequestIDHeader, optional, carries the operation's remote key for correlation on
+	// targets without idempotency keys; it asks nothing of the target.
+	RequestIDHeader string `yaml:"request_id_header"`
 }
 
 // Idempotency is the target's key mechanism (capability A).
 type Idempotency struct {
-	Header    string        `yaml:"header"`
-	Retention time.Duration `yaml:"retention"` // from the first send
-	Scope     string        `yaml:"scope"`
+	Header    string   `yaml:"header"`
+	Retention Duration `yaml:"retention"` // from the first send
+	Scope     string   `yaml:"scope"`
 	// ParameterMismatch is what the target does when a key is reused with other
 	// parameters: "rejects", "replays_original" or "undocumented".
 	ParameterMismatch string `yaml:"parameter_mismatch"`
@@ -79,11 +83,11 @@ type Lookup struct {
 	// URL may contain {remote_key}.
 	URL string `yaml:"url"`
 	// VisibilityDelay is how long a write may take to become visible to lookups.
-	VisibilityDelay time.Duration `yaml:"visibility_delay"`
+	VisibilityDelay Duration `yaml:"visibility_delay"`
 	// AbsenceFinalAfter, when set, is the time after the first send past which the
 	// target documents that a request can no longer take effect, so that absence is
 	// final. Unset: absence is never final.
-	AbsenceFinalAfter time.Duration `yaml:"absence_final_after"`
+	AbsenceFinalAfter Duration      `yaml:"absence_final_after"`
 	Found             ResponseClass `yaml:"found"`
 	NotFound          []int         `yaml:"not_found"`
 }
@@ -108,6 +112,26 @@ type ResponseClass struct {
 	// Documented quotes or links the vendor's statement that makes this class mean what
 	// it does (required for rejections: no side effect).
 	Documented string `yaml:"documented"`
+}
+
+// Duration is a time.Duration written in YAML as "10s", "5m" or "24h"; a malformed one
+// is reported with its line.
+type Duration time.Duration
+
+// D returns the duration as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// UnmarshalYAML implements yaml.NodeUnmarshaler.
+func (d *Duration) UnmarshalYAML(node ast.Node) error {
+	text := strings.Trim(node.String(), `"'`)
+	v, err := time.ParseDuration(text)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration such as 10s, 5m or 24h", node.GetToken().Position.Line, text)
+	}
+	*d = Duration(v)
+	return nil
 }
 
 // Capabilities of a target, from seed 000.
@@ -309,6 +333,9 @@ func (e *Endpoint) validate(bad func(field, format string, args ...any)) {
 	}
 	if e.FenceHeader != "" && !headerPattern.MatchString(e.FenceHeader) {
 		bad("endpoint.fence_header", "must be an HTTP header name")
+	}
+	if e.RequestIDHeader != "" && !headerPattern.MatchString(e.RequestIDHeader) {
+		bad("endpoint.request_id_header", "must be an HTTP header name")
 	}
 }
 

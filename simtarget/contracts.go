@@ -1,0 +1,46 @@
+package simtarget
+
+import (
+	"time"
+
+	"github.com/opbroker/opbroker/target"
+)
+
+// Demo operation types served by DemoContracts.
+const (
+	DemoCharge = "demo.charge" // capabilities A and B: idempotency key, lookup by reference
+	DemoNotify = "demo.notify" // capability D: no idempotency, no lookup
+)
+
+// DemoContracts returns the recorded contracts of a simulated target at baseURL, as a
+// vendor's documentation would give them.
+func DemoContracts(baseURL string) []*target.Contract {
+	docs := target.Documentation{URL: "https://github.com/opbroker/opbroker/blob/main/simtarget/simtarget.go", Checked: "2026-11-29"}
+	owner := target.Owner{Team: "demo-oncall", Escalation: "README.md#operations"}
+	data := target.DataOwnership{Owner: "demo data owner", Retention: target.Duration(30 * 24 * time.Hour)}
+	return []*target.Contract{
+		{
+			Name: "demo-payments", Documentation: docs, Owner: owner, Data: data,
+			OperationTypes: []string{DemoCharge},
+			Endpoint:       target.Endpoint{Method: "POST", URL: baseURL + "/v1/charges", Timeout: target.Duration(3 * time.Second)},
+			Idempotency: &target.Idempotency{Header: "Idempotency-Key", Retention: target.Duration(24 * time.Hour),
+				Scope: "the API account", ParameterMismatch: "rejects"},
+			Lookup: &target.Lookup{Method: "GET", URL: baseURL + "/v1/charges?reference={remote_key}",
+				VisibilityDelay: target.Duration(2 * time.Second),
+				Found:           target.ResponseClass{Status: []int{200}, RemoteRef: "/id"}, NotFound: []int{404}},
+			Responses: target.Responses{
+				Success: []target.ResponseClass{{Status: []int{200, 201}, RemoteRef: "/id"}},
+				Rejection: []target.ResponseClass{{Status: []int{402},
+					Documented: "simtarget: a declined card (402) creates no charge"}},
+				InProgress: []target.ResponseClass{{Status: []int{409}}},
+			},
+		},
+		{
+			Name: "demo-notify", Documentation: docs, Owner: owner, Data: data,
+			OperationTypes: []string{DemoNotify},
+			Endpoint: target.Endpoint{Method: "POST", URL: baseURL + "/v1/notifications", Timeout: target.Duration(3 * time.Second),
+				RequestIDHeader: "X-Request-Id"},
+			Responses: target.Responses{Success: []target.ResponseClass{{Status: []int{200}, RemoteRef: "/id"}}},
+		},
+	}
+}

@@ -1,0 +1,109 @@
+package target_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/target"
+)
+
+func demo(t *testing.T, cfg simtarget.Config) (*simtarget.Target, *target.Targets) {
+	t.Helper()
+	sim := simtarget.New(cfg)
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	t.Cleanup(sim.Close)
+	targets, err := target.New(simtarget.DemoContracts(srv.URL)...)
+	require.NoError(t, err)
+	return sim, targets
+}
+
+func send(t *testing.T, c *target.Connector, targets *target.Targets, typ string, key uuid.UUID, body string) target.Result {
+	t.Helper()
+	contract, ok := targets.ForType(typ)
+	require.True(t, ok)
+	return c.Send(context.Background(), target.Request{Contract: contract, Payload: []byte(body),
+		ContentType: "application/json", RemoteKey: key, Fence: 1, Timeout: 500 * time.Millisecond})
+}
+
+func TestSendClassifiesEveryFault(t *testing.T) {
+	t.Parallel()
+	for fault, want := range map[simtarget.Fault]struct {
+		outcome target.Outcome
+		class   string
+	}{
+		simtarget.FaultNone:              {target.Succeeded, target.ClassVerifiedSuccess},
+		simtarget.FaultDecline:           {target.Rejected, target.ClassDocumentedRejection},
+		simtarget.FaultResetBeforeCommit: {target.Unknown, target.ClassConnectionError},
+		simtarget.FaultCommitThenReset:   {target.Unknown, target.ClassConnectionError},
+		simtarget.FaultCommitThenHang:    {target.Unknown, target.ClassTimeout},
+		simtarget.FaultSlowCommit:        {target.Unknown, target.ClassTimeout},
+		simtarget.Fault5xxBeforeCommit:   {target.Unknown, target.ClassServerError},
+		simtarget.Fault5xxAfterCommit:    {target.Unknown, target.ClassServerError},
+		simtarget.FaultInProgress:        {target.Unknown, target.ClassInProgress},
+		simtarget.FaultThrottle:          {target.Unknown, target.ClassThrottled},
+		simtarget.FaultRedirect:          {target.Unknown, target.ClassRedirect},
+		simtarget.FaultLookupLag:         {target.Succeeded, target.ClassVerifiedSuccess},
+	} {
+		t.Run(string(fault)+"_", func(t *testing.T) {
+			t.Parallel()
+			sim, targets := demo(t, simtarget.Config{SlowDelay: time.Second})
+			key := uuid.New()
+			res := send(t, target.NewConnector(), targets, simtarget.DemoCharge, key, `{"amount":1,"sim":{"fault":"`+string(fault)+`"}}`)
+			require.Equal(t, want.outcome, res.Outcome, "%+v", res)
+			require.Equal(t, want.class, res.Class)
+			if want.outcome == target.Succeeded {
+				require.Equal(t, sim.Snapshot().Keys[key.String()].IDs[0], res.RemoteRef)
+			}
+			if fault == simtarget.FaultThrottle {
+				require.Equal(t, time.Second, res.RetryAfter)
+			}
+			require.Equal(t, 1, sim.Snapshot().Keys[key.String()].Attempts, "one send is one request")
+		})
+	}
+}
+
+// TestNoHiddenRetryOnReusedConnection: net/http re-sends a request carrying an
+// Idempotency-Key after a failure on a reused connection unless the body cannot be
+// rewound. The target counts what really arrives.
+func TestNoHiddenRetryOnReusedConnection(t *testing.T) {
+	t.Parallel()
+	sim, targets := demo(t, simtarget.Config{})
+	c := target.NewConnector()
+	warm := send(t, c, targets, simtarget.DemoCharge, uuid.New(), `{"amount":1}`)
+	require.Equal(t, target.Succeeded, warm.Outcome)
+
+	key := uuid.New()
+	res := send(t, c, targets, simtarget.DemoCharge, key, `{"amount":2,"sim":{"fault":"reset_before_commit"}}`)
+	require.Equal(t, target.Unknown, res.Outcome)
+	require.Equal(t, 1, sim.Snapshot().Keys[key.String()].Attempts, "the transport must not re-send")
+	require.Zero(t, sim.Snapshot().Keys[key.String()].Effects)
+}
+
+func TestSendHeadersAndUnkeyedTarget(t *testing.T) {
+	t.Parallel()
+	sim, targets := demo(t, simtarget.Config{})
+	key := uuid.New()
+	res := send(t, target.NewConnector(), targets, simtarget.DemoNotify, key, `{"to":"ops"}`)
+	require.Equal(t, target.Succeeded, res.Outcome)
+	require.Equal(t, 1, sim.Snapshot().Keys[key.String()].Effects, "the request id header correlates the effect")
+}
+
+func TestConnectFailedIsNotSent(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(simtarget.New(simtarget.Config{}))
+	contracts := simtarget.DemoContracts(srv.URL)
+	srv.Close() // nothing listens any more
+	targets, err := target.New(contracts...)
+	require.NoError(t, err)
+	res := send(t, target.NewConnector(), targets, simtarget.DemoCharge, uuid.New(), `{}`)
+	require.Equal(t, target.Unknown, res.Outcome)
+	require.Equal(t, target.ClassConnectFailed, res.Class)
+	require.False(t, res.Sent)
+}

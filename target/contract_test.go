@@ -1,0 +1,85 @@
+package target_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/target"
+)
+
+func TestLoadFile(t *testing.T) {
+	t.Parallel()
+	targets, err := target.LoadFile("testdata/targets.yaml")
+	require.NoError(t, err)
+	payments, ok := targets.ForType("payments.refund")
+	require.True(t, ok)
+	require.Equal(t, "acme-payments", payments.Name)
+	require.Equal(t, 24*time.Hour, payments.Idempotency.Retention.D())
+	require.Equal(t, target.Capabilities{Replay: true, Lookup: true}, payments.Capabilities())
+	mailer, ok := targets.ByName("acme-mailer")
+	require.True(t, ok)
+	require.True(t, mailer.Capabilities().None())
+	_, ok = targets.ForType("unknown.type")
+	require.False(t, ok)
+}
+
+// TestLoadErrorsNameFileTargetAndField: a malformed file fails with errors a person can
+// act on.
+func TestLoadErrorsNameFileTargetAndField(t *testing.T) {
+	t.Parallel()
+	good, err := os.ReadFile("testdata/targets.yaml")
+	require.NoError(t, err)
+	for name, tc := range map[string]struct {
+		from, to string
+		want     []string
+	}{
+		"unknown field":       {"    concurrency: 16", "    concurency: 16", []string{"t.yaml", "concurency"}},
+		"bad duration":        {"timeout: 10s", "timeout: ten seconds", []string{"t.yaml", "line 18", `"ten seconds" is not a duration`}},
+		"bad method":          {"method: POST\n      url: http://127.0.0.1:8081", "method: GET\n      url: http://127.0.0.1:8081", []string{`t.yaml: target "acme-payments": endpoint.method`}},
+		"relative url":        {"url: http://127.0.0.1:8082/send", "url: /send", []string{`target "acme-mailer": endpoint.url`}},
+		"lookup without key":  {"?reference={remote_key}", "?reference=x", []string{`target "acme-payments": lookup.url: must contain {remote_key}`}},
+		"duplicate type":      {"operation_types: [mail.send]", "operation_types: [payments.charge]", []string{`target "acme-mailer": operation_types: "payments.charge" is already served by target "acme-payments"`}},
+		"status in two lists": {"- status: [402]", "- status: [409]", []string{`responses.`, `409 is also listed`}},
+		"bad date":            {"checked: 2026-11-01", "checked: last week", []string{`target "acme-mailer": documentation.checked`}},
+		"5xx as success":      {"- status: [200, 201]", "- status: [200, 503]", []string{`go/no-go control 6 (unknown handling) fails: 503 is listed as success`}},
+		"success without ref": {"      - status: [200]\n          remote_ref: /message_id", "      - status: [200]", []string{`target "acme-mailer": go/no-go control 7`}},
+		"undocumented reject": {`documented: "Declined payments create no charge (errors page, card_declined)"`, `documented: ""`, []string{`go/no-go control 8`}},
+		"no owner":            {"team: messaging", "team: \"\"", []string{`target "acme-mailer": go/no-go control 9 (escalation path) fails: owner.team is missing`}},
+		"no data owner":       {"owner: messaging\n", "owner: \"\"\n", []string{`target "acme-mailer": go/no-go control 10`}},
+		"no documentation":    {"url: https://docs.example.com/mailer", "url: \"\"", []string{`target "acme-mailer": go/no-go control 1`}},
+	} {
+		mutated := strings.Replace(string(good), tc.from, tc.to, 1)
+		require.NotEqual(t, string(good), mutated, "%s: the mutation must apply", name)
+		_, err := target.Parse("t.yaml", []byte(mutated))
+		require.Error(t, err, name)
+		for _, want := range tc.want {
+			require.Contains(t, err.Error(), want, name)
+		}
+	}
+}
+
+func TestControlsOfAGoodTargetAllPass(t *testing.T) {
+	t.Parallel()
+	file, err := target.Decode("testdata/targets.yaml", mustRead(t, "testdata/targets.yaml"))
+	require.NoError(t, err)
+	for _, c := range file.Targets {
+		results := c.Controls()
+		require.Len(t, results, 11)
+		for i, r := range results {
+			require.Equal(t, i+1, r.Number)
+			require.True(t, r.Pass, "%s control %d: %s", c.Name, r.Number, r.Reason)
+			require.NotEmpty(t, r.Reason)
+		}
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
+}
