@@ -71,6 +71,9 @@ type Config struct {
 	LookupLag time.Duration
 	// SlowDelay is how long FaultSlowCommit waits; default 2s.
 	SlowDelay time.Duration
+	// Latency delays every create before it is handled, as a real API's processing
+	// time; 0 is the fastest profile.
+	Latency time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -224,6 +227,7 @@ func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad body", http.StatusBadRequest)
 		return
 	}
+	t.delay()
 	key := r.Header.Get("Idempotency-Key")
 	hash := hashOf(body)
 	fault := t.chooseFault(body)
@@ -365,6 +369,12 @@ func (t *Target) chargeBodyLocked(key string) []byte {
 	return b
 }
 
+func (t *Target) delay() {
+	if t.cfg.Latency > 0 {
+		time.Sleep(t.cfg.Latency)
+	}
+}
+
 // countArrival records in the ground truth that a request arrived. The caller holds t.mu.
 func (t *Target) countArrival(fault Fault, key, hash string) {
 	t.truth.Requests++
@@ -416,6 +426,7 @@ func (t *Target) createNotification(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad body", http.StatusBadRequest)
 		return
 	}
+	t.delay()
 	key := r.Header.Get("X-Request-Id")
 	hash := hashOf(body)
 	fault := t.chooseFault(body)

@@ -15,11 +15,12 @@ import (
 // Store reads and writes the ledger. It is safe for concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	wake *wakeups
 }
 
 // New returns a Store over pool. The schema must be migrated (Migrate).
 func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool}
+	return &Store{pool: pool, wake: newWakeups()}
 }
 
 // PrepareParams describes an intent to record.
@@ -84,6 +85,7 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 		p.Payload, p.PayloadSHA256, p.SupersedesID, labels, p.DispatchDeadline, p.Actor)
 	op, err = pgx.CollectExactlyOneRow(rows, scanOperation)
 	if err == nil {
+		s.wake.workArrived()
 		return op, true, nil
 	}
 	if err = translate(err); !errors.Is(err, ErrNotFound) {

@@ -1,0 +1,111 @@
+// Package crashpoint names the places where the broker can be made to fail on purpose,
+// for fault-injection tests and the chaos run. Every point is inert unless the
+// environment variable OPBROKER_CRASH_POINTS enables it:
+//
+//	OPBROKER_CRASH_POINTS="dispatch.after_send=kill,prepare.after_commit=error@3"
+//
+// An action is kill (SIGKILL to the process), pause (SIGSTOP to the process: it stops
+// until someone sends SIGCONT, as a stalled worker would) or error (Hit returns
+// ErrInjected). "@N" fires on the N-th hit only (default the first), "@*" on every hit.
+package crashpoint
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+// The named crash points.
+const (
+	DispatchAfterClaim  = "dispatch.after_claim"  // claimed, nothing sent
+	DispatchAfterSend   = "dispatch.after_send"   // the request is written, the reply not read
+	DispatchAfterReply  = "dispatch.after_reply"  // the reply is read, not recorded
+	DispatchAfterRecord = "dispatch.after_record" // the outcome is recorded
+	PrepareAfterCommit  = "prepare.after_commit"  // the intent is durable, the client not told
+)
+
+// EnvVar enables crash points.
+const EnvVar = "OPBROKER_CRASH_POINTS"
+
+// ErrInjected is returned by Hit for the error action.
+var ErrInjected = errors.New("crashpoint: injected failure")
+
+type rule struct {
+	action string
+	nth    int // 0: every hit
+	hits   int
+}
+
+var (
+	once  sync.Once
+	mu    sync.Mutex
+	rules map[string]*rule
+	// parseErr is reported at the first Hit: a mistyped rule must not pass silently.
+	parseErr error
+)
+
+func load() {
+	rules = map[string]*rule{}
+	spec := strings.TrimSpace(os.Getenv(EnvVar))
+	if spec == "" {
+		return
+	}
+	for _, item := range strings.Split(spec, ",") {
+		name, action, ok := strings.Cut(strings.TrimSpace(item), "=")
+		if !ok {
+			parseErr = fmt.Errorf("%s: %q is not name=action", EnvVar, item)
+			return
+		}
+		r := &rule{nth: 1}
+		action, count, hasCount := strings.Cut(action, "@")
+		if hasCount {
+			if count == "*" {
+				r.nth = 0
+			} else if n, err := strconv.Atoi(count); err == nil && n > 0 {
+				r.nth = n
+			} else {
+				parseErr = fmt.Errorf("%s: %q: @ takes a positive number or *", EnvVar, item)
+				return
+			}
+		}
+		if action != "kill" && action != "pause" && action != "error" {
+			parseErr = fmt.Errorf("%s: %q: the action must be kill, pause or error", EnvVar, item)
+			return
+		}
+		r.action = action
+		rules[name] = r
+	}
+}
+
+// Hit passes the named point. It does nothing unless the point is enabled; then it
+// kills or stops the process, or returns ErrInjected.
+func Hit(name string) error {
+	once.Do(load)
+	if parseErr != nil {
+		return parseErr
+	}
+	mu.Lock()
+	r := rules[name]
+	fire := false
+	if r != nil {
+		r.hits++
+		fire = r.nth == 0 || r.hits == r.nth
+	}
+	mu.Unlock()
+	if !fire {
+		return nil
+	}
+	switch r.action {
+	case "kill":
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	case "pause":
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		return nil
+	}
+	return fmt.Errorf("%w at %s", ErrInjected, name)
+}

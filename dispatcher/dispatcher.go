@@ -1,0 +1,417 @@
+package dispatcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/opbroker/opbroker/crashpoint"
+	"github.com/opbroker/opbroker/payload"
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
+)
+
+// Config configures a dispatcher. Zero values take the defaults noted.
+type Config struct {
+	Store         *store.Store
+	Targets       *target.Targets
+	Connector     *target.Connector
+	Logger        *slog.Logger
+	MeterProvider metric.MeterProvider
+
+	// Worker names this dispatcher in leases and attempts; default host/pid/random.
+	Worker string
+	// PoolSize caps concurrent sends in this process (default 32); a target's
+	// contract may cap its own lower.
+	PoolSize int
+	// ClaimBatch caps one claim (default 64); PerTenant caps one tenant's share of it
+	// (default ClaimBatch/4); MaxTenantsPerClaim caps the tenants one claim visits
+	// (default 64).
+	ClaimBatch         int
+	PerTenant          int
+	MaxTenantsPerClaim int
+	// Lease is how long a claim is held before the sweeper may take it (default 30s); it
+	// is extended while a call runs.
+	Lease time.Duration
+	// PollInterval is the fallback when no wake-up arrives (default 1s).
+	PollInterval time.Duration
+	// SweepInterval is how often expired leases and passed deadlines are swept
+	// (default 1s).
+	SweepInterval time.Duration
+	// ShutdownGrace is how long calls in progress may run after Stop (default 20s).
+	ShutdownGrace time.Duration
+	// RecordTimeout bounds writing one outcome, retries included (default 15s).
+	RecordTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.PoolSize, 32)
+	def(&c.ClaimBatch, 64)
+	def(&c.PerTenant, max(1, c.ClaimBatch/4))
+	def(&c.MaxTenantsPerClaim, 64)
+	defDur(&c.Lease, 30*time.Second)
+	defDur(&c.PollInterval, time.Second)
+	defDur(&c.SweepInterval, time.Second)
+	defDur(&c.ShutdownGrace, 20*time.Second)
+	defDur(&c.RecordTimeout, 15*time.Second)
+	if c.Worker == "" {
+		host, _ := os.Hostname()
+		c.Worker = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
+	}
+}
+
+// sweepBatch bounds one sweeper statement.
+const sweepBatch = 500
+
+// Dispatcher claims and sends. Start and Stop follow the project's lifecycle contract.
+type Dispatcher struct {
+	cfg     Config
+	log     *slog.Logger
+	global  chan struct{}            // send slots of the process
+	slots   map[string]chan struct{} // send slots per target
+	cursors map[string]string        // per target: the tenant the next claim starts after; owned by the claim loop
+
+	sends   metric.Int64Counter
+	swept   metric.Int64Counter
+	expired metric.Int64Counter
+
+	mu          sync.Mutex
+	stopLoops   context.CancelFunc // stops claiming and sweeping
+	cancelSends context.CancelFunc // cuts calls in progress after the grace period
+	sendCtx     context.Context
+	loops       sync.WaitGroup
+	inFlight    sync.WaitGroup
+	stopped     chan struct{}
+	freed       chan struct{} // a send finished: capacity may be free
+}
+
+// New returns a stopped dispatcher.
+func New(cfg Config) (*Dispatcher, error) {
+	cfg.setDefaults()
+	meter := cfg.MeterProvider.Meter("github.com/opbroker/opbroker/dispatcher")
+	d := &Dispatcher{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "dispatcher", "worker", cfg.Worker),
+		global:  make(chan struct{}, cfg.PoolSize),
+		slots:   map[string]chan struct{}{},
+		cursors: map[string]string{},
+		freed:   make(chan struct{}, 1),
+	}
+	for _, c := range cfg.Targets.All() {
+		n := c.Concurrency
+		if n <= 0 || n > cfg.PoolSize {
+			n = cfg.PoolSize
+		}
+		d.slots[c.Name] = make(chan struct{}, n)
+	}
+	var err error
+	if d.sends, err = meter.Int64Counter("opbroker.dispatch.sends",
+		metric.WithDescription("Sends to targets by target and outcome class"), metric.WithUnit("{send}")); err != nil {
+		return nil, err
+	}
+	if d.swept, err = meter.Int64Counter("opbroker.leases.expired",
+		metric.WithDescription("IN_FLIGHT operations moved to UNKNOWN because their lease expired"), metric.WithUnit("{operation}")); err != nil {
+		return nil, err
+	}
+	if d.expired, err = meter.Int64Counter("opbroker.dispatch.deadlines_passed",
+		metric.WithDescription("PREPARED operations failed because their dispatch deadline passed before any send"), metric.WithUnit("{operation}")); err != nil {
+		return nil, err
+	}
+	d.sendCtx, d.cancelSends = context.WithCancel(context.Background())
+	return d, nil
+}
+
+// Start begins claiming, sending and sweeping, and returns at once.
+func (d *Dispatcher) Start(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopLoops != nil {
+		return errors.New("dispatcher: already started")
+	}
+	loopCtx, cancel := context.WithCancel(ctx)
+	d.stopLoops = cancel
+	d.stopped = make(chan struct{})
+	wake, unsubscribe := d.cfg.Store.Subscribe()
+	d.loops.Add(2)
+	go func() {
+		defer d.loops.Done()
+		defer unsubscribe()
+		d.claimLoop(loopCtx, wake)
+	}()
+	go func() {
+		defer d.loops.Done()
+		d.sweepLoop(loopCtx)
+	}()
+	return nil
+}
+
+// Stop stops claiming at once, gives calls in progress the grace period to finish and
+// records their outcomes, then cuts what is left (a cut call is recorded UNKNOWN). It
+// blocks until every outcome is recorded. It is idempotent and safe without Start.
+func (d *Dispatcher) Stop() {
+	d.mu.Lock()
+	stop := d.stopLoops
+	d.mu.Unlock()
+	if stop != nil {
+		stop()
+		d.loops.Wait()
+	}
+	done := make(chan struct{})
+	go func() { d.inFlight.Wait(); close(done) }()
+	timer := time.NewTimer(d.cfg.ShutdownGrace)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		d.log.Warn("calls still in progress after the grace period; cutting them (they will be UNKNOWN)")
+		d.cancelSends()
+		<-done
+	}
+	d.cancelSends()
+}
+
+func (d *Dispatcher) claimLoop(ctx context.Context, wake <-chan struct{}) {
+	poll := time.NewTicker(d.cfg.PollInterval)
+	defer poll.Stop()
+	for ctx.Err() == nil {
+		claimed, full, err := d.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			d.log.Warn("claim failed", "error", err)
+		}
+		if full && claimed > 0 && err == nil {
+			continue // more may be waiting
+		}
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-d.freed:
+		case <-poll.C:
+		}
+	}
+}
+
+// RunOnce claims what free capacity allows, for every target, and starts sending it. It
+// returns how many operations it claimed and whether any target's claim came back full
+// (more work is likely waiting). Sends continue in the background after it returns.
+func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err error) {
+	for _, contract := range d.cfg.Targets.All() {
+		free := min(cap(d.global)-len(d.global), cap(d.slots[contract.Name])-len(d.slots[contract.Name]), d.cfg.ClaimBatch)
+		if free <= 0 {
+			continue
+		}
+		ops, claimErr := d.cfg.Store.Claim(ctx, store.ClaimParams{
+			Target:         contract.Name,
+			OperationTypes: contract.OperationTypes,
+			Worker:         d.cfg.Worker,
+			Lease:          d.cfg.Lease,
+			Limit:          free,
+			PerTenant:      min(d.cfg.PerTenant, free),
+			MaxTenants:     d.cfg.MaxTenantsPerClaim,
+			AfterTenant:    d.cursors[contract.Name],
+		})
+		if claimErr != nil {
+			err = errors.Join(err, claimErr)
+			continue
+		}
+		d.cursors[contract.Name] = ""
+		if len(ops) == free {
+			full = true
+			d.cursors[contract.Name] = ops[len(ops)-1].TenantID
+		}
+		for _, op := range ops {
+			d.global <- struct{}{}
+			d.slots[contract.Name] <- struct{}{}
+			d.inFlight.Add(1)
+			go d.send(contract, op)
+		}
+		claimed += len(ops)
+	}
+	return claimed, full, err
+}
+
+// send makes the one transmission of a claim and records its outcome.
+func (d *Dispatcher) send(contract *target.Contract, op store.Claimed) {
+	defer func() {
+		<-d.slots[contract.Name]
+		<-d.global
+		d.inFlight.Done()
+		select {
+		case d.freed <- struct{}{}:
+		default:
+		}
+	}()
+	log := d.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.FenceToken, "target", contract.Name)
+
+	if digest, err := payload.Hash(op.ContentType, op.Payload); err != nil || !bytes.Equal(digest[:], op.PayloadSHA256) {
+		log.Error("payload does not match its recorded hash; not sending")
+		d.record(log, contract, op, target.Result{Outcome: target.Rejected, Class: "PAYLOAD_INTEGRITY",
+			Summary: "the stored payload does not match its recorded hash; nothing was sent"})
+		return
+	}
+	if err := crashpoint.Hit(crashpoint.DispatchAfterClaim); err != nil {
+		log.Warn("abandoning the claim", "error", err) // the lease will expire: UNKNOWN
+		return
+	}
+	now := time.Now()
+	timeout := time.Until(op.LeaseExpiresAt)
+	if op.DispatchDeadline != nil {
+		if !now.Before(*op.DispatchDeadline) {
+			d.record(log, contract, op, target.Result{Outcome: target.Rejected, Class: "DISPATCH_DEADLINE_PASSED",
+				Summary: "the dispatch deadline passed before the send; nothing was sent"})
+			return
+		}
+		timeout = min(timeout, op.DispatchDeadline.Sub(now))
+	}
+
+	callCtx, stopExtending := context.WithCancel(d.sendCtx)
+	extended := make(chan struct{})
+	go func() { defer close(extended); d.extendLease(callCtx, log, op) }()
+	var sentErr atomic.Pointer[error] // set on the transport's goroutine
+	res := d.cfg.Connector.Send(callCtx, target.Request{
+		Contract: contract, Payload: op.Payload, ContentType: op.ContentType,
+		RemoteKey: op.RemoteKey, Fence: op.FenceToken, Timeout: timeout,
+		OnSent: func() {
+			if err := crashpoint.Hit(crashpoint.DispatchAfterSend); err != nil {
+				sentErr.Store(&err)
+			}
+		},
+	})
+	stopExtending()
+	<-extended
+	var hitErr error
+	if p := sentErr.Load(); p != nil {
+		hitErr = *p
+	} else {
+		hitErr = crashpoint.Hit(crashpoint.DispatchAfterReply)
+	}
+	if hitErr != nil {
+		log.Warn("not recording the outcome", "error", hitErr) // the lease will expire: UNKNOWN
+		return
+	}
+	d.sends.Add(context.Background(), 1, metric.WithAttributes(attribute.String("target", contract.Name), attribute.String("class", res.Class)))
+	d.record(log, contract, op, res)
+	_ = crashpoint.Hit(crashpoint.DispatchAfterRecord)
+}
+
+// extendLease keeps the claim's lease ahead of a long call until ctx ends or the fence
+// is lost.
+func (d *Dispatcher) extendLease(ctx context.Context, log *slog.Logger, op store.Claimed) {
+	every := d.cfg.Lease / 3
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+		if _, err := d.cfg.Store.ExtendLease(ctx, op.TenantID, op.ID, op.FenceToken, d.cfg.Lease); err != nil {
+			if ctx.Err() == nil {
+				log.Warn("lease not extended", "error", err)
+			}
+			if errors.Is(err, store.ErrFenceLost) {
+				return
+			}
+		}
+	}
+}
+
+// record writes a send's outcome on a context that shutdown does not cancel, retrying
+// while the database is unreachable. If it cannot, the lease expires and the sweeper
+// makes the operation UNKNOWN: never a wrong state, only a slower one.
+func (d *Dispatcher) record(log *slog.Logger, contract *target.Contract, op store.Claimed, res target.Result) {
+	state := store.StateUnknown
+	switch res.Outcome {
+	case target.Succeeded:
+		state = store.StateSucceeded
+	case target.Rejected:
+		state = store.StateFailedTerminal
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.sendCtx), d.cfg.RecordTimeout)
+	defer cancel()
+	params := store.OutcomeParams{
+		TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken, State: state, RemoteRef: res.RemoteRef,
+		Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: res.Class,
+			HTTPStatus: res.HTTPStatus, Summary: res.Summary},
+		Actor: "dispatcher:" + d.cfg.Worker,
+	}
+	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		_, err := d.cfg.Store.RecordOutcome(ctx, params)
+		switch {
+		case err == nil:
+			log.Debug("outcome recorded", "state", state, "class", res.Class)
+			return
+		case errors.Is(err, store.ErrFenceLost):
+			log.Warn("fence lost before the outcome was recorded; kept as evidence only", "class", res.Class)
+			return
+		case !errors.Is(err, store.ErrUnavailable):
+			log.Error("outcome not recorded; the lease will expire and the operation become UNKNOWN", "error", err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			log.Error("outcome not recorded before the timeout; the lease will expire and the operation become UNKNOWN", "error", err)
+			return
+		case <-time.After(backoff):
+		}
+	}
+}
+
+func (d *Dispatcher) sweepLoop(ctx context.Context) {
+	ticker := time.NewTicker(d.cfg.SweepInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		if err := d.Sweep(ctx, time.Time{}); err != nil && ctx.Err() == nil {
+			d.log.Warn("sweep failed", "error", err)
+		}
+	}
+}
+
+// Sweep moves every IN_FLIGHT operation whose lease expired before now to UNKNOWN and
+// fails every PREPARED one whose dispatch deadline passed; a zero now means the
+// database's clock.
+func (d *Dispatcher) Sweep(ctx context.Context, now time.Time) error {
+	for {
+		n, err := d.cfg.Store.SweepExpiredLeases(ctx, store.SweepParams{Now: now, Limit: sweepBatch})
+		if err != nil {
+			return err
+		}
+		d.swept.Add(ctx, int64(n))
+		if n < sweepBatch {
+			break
+		}
+	}
+	for {
+		n, err := d.cfg.Store.ExpireDeadlines(ctx, store.SweepParams{Now: now, Limit: sweepBatch})
+		if err != nil {
+			return err
+		}
+		d.expired.Add(ctx, int64(n))
+		if n < sweepBatch {
+			return nil
+		}
+	}
+}

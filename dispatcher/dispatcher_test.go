@@ -1,0 +1,305 @@
+package dispatcher_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/opbroker/opbroker/dispatcher"
+	"github.com/opbroker/opbroker/payload"
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
+	"github.com/opbroker/opbroker/target"
+)
+
+type testBundle struct {
+	ctx     context.Context
+	store   *store.Store
+	pool    *pgxpool.Pool
+	sim     *simtarget.Target
+	targets *target.Targets
+}
+
+func setup(t *testing.T, cfg simtarget.Config) *testBundle {
+	t.Helper()
+	st, pool := storetest.NewStore(t)
+	sim := simtarget.New(cfg)
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	t.Cleanup(sim.Close)
+	contracts := simtarget.DemoContracts(srv.URL)
+	for _, c := range contracts {
+		c.Endpoint.Timeout = target.Duration(time.Second)
+	}
+	targets, err := target.New(contracts...)
+	require.NoError(t, err)
+	return &testBundle{ctx: context.Background(), store: st, pool: pool, sim: sim, targets: targets}
+}
+
+func (b *testBundle) dispatcher(t *testing.T, cfg dispatcher.Config) *dispatcher.Dispatcher {
+	t.Helper()
+	cfg.Store, cfg.Targets, cfg.Connector = b.store, b.targets, target.NewConnector()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.MeterProvider = noop.NewMeterProvider()
+	d, err := dispatcher.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(d.Stop)
+	return d
+}
+
+// drain runs dispatchers until no operation is PREPARED or IN_FLIGHT, then stops them,
+// which waits for every outcome to be recorded.
+func drain(t *testing.T, b *testBundle, ds ...*dispatcher.Dispatcher) {
+	t.Helper()
+	for _, d := range ds {
+		require.NoError(t, d.Start(b.ctx))
+	}
+	require.Eventually(t, func() bool {
+		var pending int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operations WHERE state IN ('PREPARED', 'IN_FLIGHT')`).Scan(&pending))
+		return pending == 0
+	}, 60*time.Second, 5*time.Millisecond)
+	for _, d := range ds {
+		d.Stop()
+	}
+}
+
+func (b *testBundle) prepare(t *testing.T, tenant, typ, intent, body string) store.Operation {
+	t.Helper()
+	digest, err := payload.Hash("application/json", []byte(body))
+	require.NoError(t, err)
+	op, _, err := b.store.Prepare(b.ctx, store.PrepareParams{TenantID: tenant, OperationType: typ, IntentRef: intent,
+		ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test"})
+	require.NoError(t, err)
+	return op
+}
+
+func (b *testBundle) get(t *testing.T, op store.Operation) store.Operation {
+	t.Helper()
+	got, err := b.store.Get(b.ctx, op.TenantID, op.ID)
+	require.NoError(t, err)
+	return got
+}
+
+func (b *testBundle) remoteKey(t *testing.T, op store.Operation) string {
+	t.Helper()
+	var key uuid.UUID
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT remote_key FROM operations WHERE operation_id = $1`, op.ID).Scan(&key))
+	return key.String()
+}
+
+func TestDispatchSucceedsWithOneEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	var ops []store.Operation
+	for i := range 20 {
+		ops = append(ops, b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprintf("order-%d", i), fmt.Sprintf(`{"amount":%d}`, i+1)))
+	}
+	drain(t, b, b.dispatcher(t, dispatcher.Config{PoolSize: 4}))
+
+	truth := b.sim.Snapshot()
+	for _, op := range ops {
+		got := b.get(t, op)
+		require.Equal(t, store.StateSucceeded, got.State)
+		kt := truth.Keys[b.remoteKey(t, op)]
+		require.NotNil(t, kt)
+		require.Equal(t, 1, kt.Effects)
+		require.Equal(t, 1, kt.Attempts)
+		require.Equal(t, kt.IDs[0], got.RemoteRef, "the reference is the target's")
+		require.Equal(t, "VERIFIED_SUCCESS", got.LastObservation.Outcome)
+		require.Equal(t, int32(1), got.AttemptCount)
+	}
+}
+
+// TestEveryFaultMapsToItsState: verified success is SUCCEEDED, a documented rejection
+// FAILED_TERMINAL, everything unclear UNKNOWN, and nothing is sent twice.
+func TestEveryFaultMapsToItsState(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{SlowDelay: 3 * time.Second})
+	want := map[simtarget.Fault]store.State{
+		simtarget.FaultNone:      store.StateSucceeded,
+		simtarget.FaultLookupLag: store.StateSucceeded,
+		simtarget.FaultDecline:   store.StateFailedTerminal,
+	}
+	ops := map[simtarget.Fault]store.Operation{}
+	for _, f := range append([]simtarget.Fault{simtarget.FaultNone}, simtarget.Faults...) {
+		ops[f] = b.prepare(t, "acme", simtarget.DemoCharge, "f-"+string(f), `{"amount":1,"sim":{"fault":"`+string(f)+`"}}`)
+	}
+	drain(t, b, b.dispatcher(t, dispatcher.Config{PoolSize: 16}))
+
+	truth := b.sim.Snapshot()
+	for f, op := range ops {
+		expected, ok := want[f]
+		if !ok {
+			expected = store.StateUnknown
+		}
+		got := b.get(t, op)
+		require.Equal(t, expected, got.State, "fault %q: %+v", f, got.LastObservation)
+		require.Equal(t, 1, truth.Keys[b.remoteKey(t, op)].Attempts, "fault %q: sent once, never re-sent", f)
+		if got.State == store.StateFailedTerminal {
+			require.Zero(t, truth.Keys[b.remoteKey(t, op)].Effects, "a FAILED_TERMINAL operation has no effect")
+		}
+	}
+}
+
+// TestUnkeyedTargetIsSentOnce: a capability-D target gets one request per operation.
+func TestUnkeyedTargetIsSentOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	ok := b.prepare(t, "acme", simtarget.DemoNotify, "n-1", `{"to":"ops"}`)
+	reset := b.prepare(t, "acme", simtarget.DemoNotify, "n-2", `{"to":"ops","sim":{"fault":"commit_then_reset"}}`)
+	drain(t, b, b.dispatcher(t, dispatcher.Config{}))
+	require.Equal(t, store.StateSucceeded, b.get(t, ok).State)
+	require.Equal(t, store.StateUnknown, b.get(t, reset).State)
+	require.Equal(t, 1, b.sim.Snapshot().Keys[b.remoteKey(t, reset)].Attempts)
+}
+
+// TestRacingDispatchersSendEachOnce: several pools over many operations give exactly one
+// send per claim and no double claim (seed fault-injection test 3).
+func TestRacingDispatchersSendEachOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	const n = 1200
+	for i := range n {
+		b.prepare(t, fmt.Sprintf("t%d", i%5), simtarget.DemoCharge, fmt.Sprintf("i-%d", i), fmt.Sprintf(`{"n":%d}`, i))
+	}
+	var pools []*dispatcher.Dispatcher
+	for w := range 4 {
+		pools = append(pools, b.dispatcher(t, dispatcher.Config{Worker: fmt.Sprintf("pool-%d", w), PoolSize: 8, ClaimBatch: 16}))
+	}
+	drain(t, b, pools...)
+
+	var succeeded, attempts, maxFence int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE state = 'SUCCEEDED'), sum(attempt_count), max(fence_token) FROM operations`).Scan(&succeeded, &attempts, &maxFence))
+	require.Equal(t, n, succeeded)
+	require.Equal(t, n, attempts)
+	require.Equal(t, 1, maxFence)
+	truth := b.sim.Snapshot()
+	require.Len(t, truth.Keys, n)
+	for key, kt := range truth.Keys {
+		require.Equal(t, 1, kt.Attempts, key)
+		require.Equal(t, 1, kt.Effects, key)
+	}
+}
+
+// TestChangedPayloadIsNeverSent (seed fault-injection test 4).
+func TestChangedPayloadIsNeverSent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "credit-1", `{"amount":50}`)
+	changed := []byte(`{"amount":40}`)
+	sum := sha256.Sum256(changed)
+	_, _, err := b.store.Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: simtarget.DemoCharge,
+		IntentRef: "credit-1", ContentType: "application/json", Payload: changed, PayloadSHA256: sum[:], Actor: "test"})
+	var mismatch *store.PayloadMismatchError
+	require.ErrorAs(t, err, &mismatch)
+	drain(t, b, b.dispatcher(t, dispatcher.Config{}))
+
+	kt := b.sim.Snapshot().Keys[b.remoteKey(t, op)]
+	require.Len(t, kt.PayloadSHA256, 1, "the target saw one payload for the key")
+	require.Equal(t, fmt.Sprintf("%x", sha256.Sum256([]byte(`{"amount":50}`))), kt.PayloadSHA256[0], "the approved bytes, as prepared")
+}
+
+// TestFairAcrossTenants: a new operation of a quiet tenant is sent long before a
+// backlog of another tenant drains.
+func TestFairAcrossTenants(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Latency: 5 * time.Millisecond})
+	for i := range 300 {
+		b.prepare(t, "big", simtarget.DemoCharge, fmt.Sprintf("b-%d", i), fmt.Sprintf(`{"n":%d}`, i))
+	}
+	small := b.prepare(t, "small", simtarget.DemoCharge, "s-1", `{"n":1}`)
+	d := b.dispatcher(t, dispatcher.Config{PoolSize: 4, ClaimBatch: 4, PerTenant: 2})
+	require.NoError(t, d.Start(b.ctx))
+	require.Eventually(t, func() bool { return b.get(t, small).State == store.StateSucceeded }, 20*time.Second, 5*time.Millisecond)
+	var done int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operations WHERE tenant_id = 'big' AND state = 'SUCCEEDED'`).Scan(&done))
+	require.Less(t, done, 50, "the small tenant waited behind %d of the big tenant's operations", done)
+}
+
+func TestDeadlinePassedBeforeSendFailsWithoutSending(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	deadline := time.Now().Add(time.Minute)
+	digest, err := payload.Hash("application/json", []byte(`{}`))
+	require.NoError(t, err)
+	op, _, err := b.store.Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: simtarget.DemoCharge, IntentRef: "late",
+		ContentType: "application/json", Payload: []byte(`{}`), PayloadSHA256: digest[:], DispatchDeadline: &deadline, Actor: "test"})
+	require.NoError(t, err)
+	d := b.dispatcher(t, dispatcher.Config{})
+	require.NoError(t, d.Sweep(b.ctx, time.Now().Add(2*time.Minute)))
+	got := b.get(t, op)
+	require.Equal(t, store.StateFailedTerminal, got.State)
+	require.Equal(t, "DISPATCH_DEADLINE_PASSED", got.LastObservation.Outcome)
+	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "never sent")
+}
+
+// TestExpiredLeaseBecomesUnknownAndStaleOutcomeIsEvidence: a worker that claimed and
+// then stalled past its lease cannot record over the sweeper's UNKNOWN.
+func TestExpiredLeaseBecomesUnknownAndStaleOutcomeIsEvidence(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "stalled", `{"amount":1}`)
+	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", OperationTypes: []string{simtarget.DemoCharge},
+		Worker: "stalled-worker", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+
+	d := b.dispatcher(t, dispatcher.Config{})
+	require.NoError(t, d.Sweep(b.ctx, time.Now().Add(2*time.Minute)))
+	require.Equal(t, store.StateUnknown, b.get(t, op).State)
+
+	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+		State: store.StateSucceeded, RemoteRef: "ch_late", Observation: store.Observation{Outcome: "VERIFIED_SUCCESS"}, Actor: "stalled"})
+	require.ErrorIs(t, err, store.ErrFenceLost)
+	got := b.get(t, op)
+	require.Equal(t, store.StateUnknown, got.State, "UNKNOWN never goes back, and a stale fence never wins")
+	drain(t, b, d)
+	require.Equal(t, store.StateUnknown, b.get(t, op).State, "an UNKNOWN operation is never claimed again by the dispatcher")
+	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "and never sent by it")
+}
+
+// TestStopRecordsCallsInProgress: shutdown stops claiming but does not turn a known
+// answer into UNKNOWN.
+func TestStopRecordsCallsInProgress(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Latency: 300 * time.Millisecond})
+	var ops []store.Operation
+	for i := range 4 {
+		ops = append(ops, b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprintf("o-%d", i), `{"amount":1}`))
+	}
+	d := b.dispatcher(t, dispatcher.Config{PoolSize: 4})
+	claimed, _, err := d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 4, claimed)
+	d.Stop()
+	for _, op := range ops {
+		require.Equal(t, store.StateSucceeded, b.get(t, op).State)
+	}
+}
+
+func TestPayloadIntegrityFailureIsNotSent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "corrupt", `{"amount":1}`)
+	// Simulate storage corruption, which the schema itself refuses.
+	_, err := b.pool.Exec(b.ctx, `ALTER TABLE operations DISABLE TRIGGER operations_guard;
+		UPDATE operations SET payload = '{"amount":999}' WHERE operation_id = '`+op.ID.String()+`';
+		ALTER TABLE operations ENABLE TRIGGER operations_guard`)
+	require.NoError(t, err)
+	drain(t, b, b.dispatcher(t, dispatcher.Config{}))
+	got := b.get(t, op)
+	require.Equal(t, store.StateFailedTerminal, got.State)
+	require.Equal(t, "PAYLOAD_INTEGRITY", got.LastObservation.Outcome)
+	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)])
+}

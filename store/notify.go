@@ -1,0 +1,156 @@
+package store
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// workChannel is the PostgreSQL notification channel that tells replicas new work
+// arrived. Notifications only wake; the ledger is the truth, so a lost one costs a poll
+// interval, never an operation.
+const workChannel = "opbroker_work"
+
+// wakeups fans work signals out to local subscribers without ever blocking.
+type wakeups struct {
+	mu   sync.Mutex
+	subs map[chan struct{}]struct{}
+	// remote asks the notifier to tell other replicas; capacity 1 coalesces.
+	remote chan struct{}
+}
+
+func newWakeups() *wakeups {
+	return &wakeups{subs: map[chan struct{}]struct{}{}, remote: make(chan struct{}, 1)}
+}
+
+func (w *wakeups) wakeLocal() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch := range w.subs {
+		select {
+		case ch <- struct{}{}:
+		default: // already pending
+		}
+	}
+}
+
+// workArrived wakes local subscribers now and other replicas soon.
+func (w *wakeups) workArrived() {
+	w.wakeLocal()
+	select {
+	case w.remote <- struct{}{}:
+	default:
+	}
+}
+
+// Subscribe returns a channel that receives a value (coalesced) whenever work may have
+// arrived, here or at another replica, and a function that ends the subscription.
+func (s *Store) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	s.wake.mu.Lock()
+	s.wake.subs[ch] = struct{}{}
+	s.wake.mu.Unlock()
+	return ch, func() {
+		s.wake.mu.Lock()
+		delete(s.wake.subs, ch)
+		s.wake.mu.Unlock()
+	}
+}
+
+// Notifier carries work signals between replicas through LISTEN/NOTIFY: it sends at
+// most one notification per interval however many operations arrive (a NOTIFY in every
+// commit serialises commits cluster-wide), and wakes local subscribers when another
+// replica notifies or when its listening connection is re-established (notifications
+// sent meanwhile are lost).
+type Notifier struct {
+	store    *Store
+	log      *slog.Logger
+	interval time.Duration
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// NewNotifier returns a stopped notifier; interval is the coalescing window.
+func (s *Store) NewNotifier(log *slog.Logger, interval time.Duration) *Notifier {
+	return &Notifier{store: s, log: log, interval: interval}
+}
+
+// Start runs the notifier until Stop. It returns at once.
+func (n *Notifier) Start(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cancel != nil {
+		return nil
+	}
+	ctx, n.cancel = context.WithCancel(ctx)
+	n.wg.Add(2)
+	go func() { defer n.wg.Done(); n.listen(ctx) }()
+	go func() { defer n.wg.Done(); n.send(ctx) }()
+	return nil
+}
+
+// Stop ends the notifier and waits for it. It is idempotent and safe without Start.
+func (n *Notifier) Stop() {
+	n.mu.Lock()
+	cancel := n.cancel
+	n.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	n.wg.Wait()
+}
+
+func (n *Notifier) send(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.store.wake.remote:
+		}
+		if _, err := n.store.pool.Exec(ctx, "SELECT pg_notify($1, '')", workChannel); err != nil && ctx.Err() == nil {
+			n.log.Warn("notify failed; other replicas will poll", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(n.interval):
+		}
+	}
+}
+
+func (n *Notifier) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := n.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		n.log.Warn("listening for work notifications failed; retrying", "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (n *Notifier) listenOnce(ctx context.Context) error {
+	pooled, err := n.store.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	conn := pooled.Hijack() // a listening connection must never go back to the pool
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+workChannel); err != nil {
+		return err
+	}
+	n.store.wake.wakeLocal() // anything sent while we were not listening
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		n.store.wake.wakeLocal()
+	}
+}
