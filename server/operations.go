@@ -15,6 +15,7 @@ import (
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
 )
 
 const (
@@ -29,6 +30,7 @@ type operationService struct {
 	opbrokerv1.UnimplementedOperationServiceServer
 
 	store      *store.Store
+	targets    *target.Targets
 	log        *slog.Logger
 	maxPayload int
 	now        func() time.Time
@@ -54,6 +56,10 @@ func (s *operationService) PrepareOperation(ctx context.Context, req *opbrokerv1
 }
 
 func (s *operationService) prepare(ctx context.Context, req *opbrokerv1.PrepareOperationRequest) (store.Operation, bool, error) {
+	if _, ok := s.targets.ForType(req.GetOperationType()); !ok {
+		return store.Operation{}, false, invalidArgument(violation("operation_type",
+			"no target serves this operation type; targets are configured with a recorded contract", "UNKNOWN_OPERATION_TYPE"))
+	}
 	if len(req.GetPayload()) > s.maxPayload {
 		return store.Operation{}, false, invalidArgument(violation("payload",
 			fmt.Sprintf("must be at most %d bytes", s.maxPayload), "PAYLOAD_TOO_LARGE"))

@@ -22,6 +22,7 @@ import (
 
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
 )
 
 // DefaultMaxPayloadBytes is the payload cap when none is configured.
@@ -29,8 +30,11 @@ const DefaultMaxPayloadBytes = 256 << 10
 
 // Options configure a server.
 type Options struct {
-	Store  *store.Store
-	Logger *slog.Logger
+	Store *store.Store
+	// Targets are the recorded contracts: an operation type no target serves is
+	// refused at PrepareOperation.
+	Targets *target.Targets
+	Logger  *slog.Logger
 	// MeterProvider receives the gRPC and domain metrics.
 	MeterProvider metric.MeterProvider
 	// MaxPayloadBytes caps PrepareOperation's payload; 0 means DefaultMaxPayloadBytes.
@@ -100,6 +104,7 @@ func New(opts Options) (*Server, error) {
 	)
 	opbrokerv1.RegisterOperationServiceServer(grpcServer, &operationService{
 		store:      opts.Store,
+		targets:    opts.Targets,
 		log:        log,
 		maxPayload: opts.MaxPayloadBytes,
 		now:        opts.Now,

@@ -25,7 +25,9 @@ import (
 
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/server"
+	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/storetest"
+	"github.com/opbroker/opbroker/target"
 )
 
 type testBundle struct {
@@ -61,6 +63,7 @@ func setup(t *testing.T) *testBundle {
 	logs := &syncBuffer{}
 	conn := serve(t, server.Options{
 		Store:           st,
+		Targets:         demoTargets(t),
 		Logger:          slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		MeterProvider:   noop.NewMeterProvider(),
 		MaxPayloadBytes: testMaxPayload,
@@ -85,6 +88,14 @@ func serve(t *testing.T, opts server.Options) *grpc.ClientConn {
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// demoTargets serves demo.charge and demo.notify; nothing is sent in these tests.
+func demoTargets(t *testing.T) *target.Targets {
+	t.Helper()
+	targets, err := target.New(simtarget.DemoContracts("http://127.0.0.1:1")...)
+	require.NoError(t, err)
+	return targets
 }
 
 func prepareRequest(tenant, intent, payload string) *opbrokerv1.PrepareOperationRequest {
@@ -498,6 +509,7 @@ func TestPanicBecomesInternalWithErrorInfo(t *testing.T) {
 	logs := &syncBuffer{}
 	conn := serve(t, server.Options{
 		Store:         nil, // every handler that touches the store panics
+		Targets:       demoTargets(t),
 		Logger:        slog.New(slog.NewJSONHandler(logs, nil)),
 		MeterProvider: noop.NewMeterProvider(),
 	})

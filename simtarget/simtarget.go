@@ -53,6 +53,14 @@ const (
 var Faults = []Fault{FaultResetBeforeCommit, FaultCommitThenReset, FaultCommitThenHang, FaultSlowCommit,
 	Fault5xxBeforeCommit, Fault5xxAfterCommit, FaultInProgress, FaultThrottle, FaultRedirect, FaultDecline, FaultLookupLag}
 
+// ParseFault returns the fault named name, or an error naming the known ones.
+func ParseFault(name string) (Fault, error) {
+	if name == "" || slices.Contains(Faults, Fault(name)) {
+		return Fault(name), nil
+	}
+	return "", fmt.Errorf("unknown fault %q; known: %v", name, Faults)
+}
+
 // Config sets the target's behaviour. The zero value is a well-behaved Stripe-like API.
 type Config struct {
 	// Fault applies to every create request that names no fault of its own.

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -58,7 +59,8 @@ type Request struct {
 	// Timeout bounds the whole exchange; the caller bounds it by the lease and the
 	// dispatch deadline. The contract's timeout applies when it is shorter.
 	Timeout time.Duration
-	// OnSent, if set, is called once the request has been written to the connection.
+	// OnSent, if set, is called once the whole request has been handed to the operating
+	// system (not merely buffered), before the reply is read.
 	OnSent func()
 }
 
@@ -87,9 +89,16 @@ type Connector struct {
 // redirects, and ignores proxy settings of the environment: a target's address comes
 // only from its contract.
 func NewConnector() *Connector {
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	transport := &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &sentConn{Conn: conn}, nil
+		},
 		MaxIdleConns:        256,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     60 * time.Second,
@@ -111,7 +120,7 @@ func (c *Connector) Send(ctx context.Context, req Request) Result {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if req.OnSent != nil {
-		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { req.OnSent() }})
+		ctx = withSentHook(ctx, req.OnSent)
 	}
 
 	httpReq, err := http.NewRequestWithContext(ctx, ep.Method, ep.URL, bytes.NewReader(req.Payload))
@@ -253,4 +262,69 @@ func jsonPointerString(doc []byte, pointer string) (string, bool) {
 		return x.String(), true
 	}
 	return "", false
+}
+
+// sentConn tells when a request has really left. net/http reports WroteRequest while
+// a small request may still sit in the connection's buffer, and flushes it afterwards;
+// a large body is written straight to the socket before the report. So the hook runs on
+// the first socket write after the report, or shortly after the report when no write
+// follows (the request had already gone out). It runs at most once per request.
+type sentConn struct {
+	net.Conn
+	mu    sync.Mutex
+	hook  func() // set for the request using the connection (one at a time in HTTP/1.1)
+	wrote bool   // the transport has produced the whole request
+	gen   uint64 // which request the hook belongs to
+}
+
+// flushGrace is how long after WroteRequest a final flush is waited for.
+const flushGrace = 20 * time.Millisecond
+
+func (c *sentConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err == nil {
+		c.mu.Lock()
+		gen := c.gen
+		c.mu.Unlock()
+		c.fire(gen, true)
+	}
+	return n, err
+}
+
+// fire runs request gen's hook once, if the request has been produced.
+func (c *sentConn) fire(gen uint64, requireWrote bool) {
+	c.mu.Lock()
+	var hook func()
+	if c.gen == gen && c.hook != nil && (c.wrote || !requireWrote) {
+		hook, c.hook = c.hook, nil
+	}
+	c.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+}
+
+func withSentHook(ctx context.Context, hook func()) context.Context {
+	var conn *sentConn
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			if c, ok := info.Conn.(*sentConn); ok {
+				c.mu.Lock()
+				c.gen++
+				c.hook, c.wrote = hook, false
+				c.mu.Unlock()
+				conn = c
+			}
+		},
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if conn == nil || info.Err != nil {
+				return
+			}
+			conn.mu.Lock()
+			conn.wrote = true
+			gen := conn.gen
+			conn.mu.Unlock()
+			time.AfterFunc(flushGrace, func() { conn.fire(gen, false) })
+		},
+	})
 }

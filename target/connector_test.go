@@ -3,6 +3,7 @@ package target_test
 import (
 	"context"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,4 +107,34 @@ func TestConnectFailedIsNotSent(t *testing.T) {
 	require.Equal(t, target.Unknown, res.Outcome)
 	require.Equal(t, target.ClassConnectFailed, res.Class)
 	require.False(t, res.Sent)
+}
+
+// TestOnSentMeansTheTargetCanReadIt: when OnSent runs, the request has left the process:
+// the target receives it even if the process stops sending anything at that moment.
+func TestOnSentMeansTheTargetCanReadIt(t *testing.T) {
+	t.Parallel()
+	sim, targets := demo(t, simtarget.Config{})
+	contract, _ := targets.ForType(simtarget.DemoCharge)
+	c := target.NewConnector()
+	for _, size := range []int{10, 100 << 10} { // in one write, and across many
+		key := uuid.New()
+		body := `{"pad":"` + strings.Repeat("x", size) + `"}`
+		arrived := make(chan bool, 1)
+		res := c.Send(context.Background(), target.Request{Contract: contract, Payload: []byte(body),
+			ContentType: "application/json", RemoteKey: key, Fence: 1, Timeout: 2 * time.Second,
+			OnSent: func() {
+				// Block the sender here, as a paused process would, and watch the target.
+				deadline := time.Now().Add(2 * time.Second)
+				for time.Now().Before(deadline) {
+					if kt := sim.Snapshot().Keys[key.String()]; kt != nil && kt.Attempts == 1 {
+						arrived <- true
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+				arrived <- false
+			}})
+		require.True(t, <-arrived, "size %d: the target did not receive a request reported as sent", size)
+		require.Equal(t, target.Succeeded, res.Outcome)
+	}
 }

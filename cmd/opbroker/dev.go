@@ -3,12 +3,17 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/urfave/cli/v3"
 
 	"github.com/opbroker/opbroker/embeddedpg"
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/target"
 )
 
 func devCommand() *cli.Command {
@@ -55,20 +60,39 @@ func runDev(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 
-	b, err := startBroker(ctx, cmd, log, pg.URL())
+	sim := simtarget.New(simtarget.Config{})
+	defer sim.Close()
+	simLis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
+	simSrv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = simSrv.Serve(simLis) }()
+	defer simSrv.Close()
+	targets, err := target.New(simtarget.DemoContracts("http://" + simLis.Addr().String())...)
+	if err != nil {
+		return err
+	}
+
+	b, err := startBroker(ctx, cmd, log, pg.URL(), targets)
+	if err != nil {
+		return err
+	}
+	b.mux.Handle("GET /sim/truth", sim.TruthHandler())
 	fmt.Fprintf(os.Stderr, `
 opbroker dev is ready.
   gRPC (reflection on):  %s      try: grpcurl -plaintext %s list
   metrics:               http://%s/metrics
+  demo target:           %s  (demo.charge: idempotency key and lookup; demo.notify: neither)
+  demo ground truth:     http://%s/sim/truth
   PostgreSQL:            %s
   data folder:           %s (kept across restarts; delete it to start afresh)
 
   WARNING: dev mode has no authentication and no TLS. Never expose it beyond this machine.
   Stop with Ctrl-C.
 
-`, b.grpcLis.Addr(), b.grpcLis.Addr(), b.httpLis.Addr(), pg.URL(), dataDir)
+  A JSON payload may ask the demo target for a fault: {"amount": 100, "sim": {"fault": "commit_then_reset"}}
+
+`, b.grpcLis.Addr(), b.grpcLis.Addr(), b.httpLis.Addr(), simLis.Addr(), b.httpLis.Addr(), pg.URL(), dataDir)
 	return b.run(ctx)
 }

@@ -17,7 +17,18 @@ func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
 		&cli.DurationFlag{Name: "shutdown-grace", Value: 30 * time.Second, Usage: "how long calls in progress may finish after SIGTERM", Sources: cli.EnvVars("OPBROKER_SHUTDOWN_GRACE")},
 		&cli.StringFlag{Name: "log-format", Value: logFormat, Usage: "json or text", Sources: cli.EnvVars("OPBROKER_LOG_FORMAT")},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("OPBROKER_LOG_LEVEL")},
+		&cli.BoolFlag{Name: "dispatch", Value: true, Usage: "run the dispatcher in this replica (--dispatch=false serves the API only)", Sources: cli.EnvVars("OPBROKER_DISPATCH")},
+		&cli.IntFlag{Name: "dispatch-pool-size", Value: 32, Usage: "concurrent sends of this replica", Sources: cli.EnvVars("OPBROKER_DISPATCH_POOL_SIZE")},
+		&cli.IntFlag{Name: "dispatch-claim-batch", Value: 64, Usage: "operations claimed per statement", Sources: cli.EnvVars("OPBROKER_DISPATCH_CLAIM_BATCH")},
+		&cli.DurationFlag{Name: "dispatch-lease", Value: 30 * time.Second, Usage: "how long a claim is held before an expired one becomes UNKNOWN (extended during a call)", Sources: cli.EnvVars("OPBROKER_DISPATCH_LEASE")},
 	}
+}
+
+var targetsFlag = &cli.StringFlag{
+	Name:     "targets",
+	Usage:    "YAML file of recorded target contracts (docs/targets.md)",
+	Sources:  cli.EnvVars("OPBROKER_TARGETS"),
+	Required: true,
 }
 
 var databaseURLFlag = &cli.StringFlag{

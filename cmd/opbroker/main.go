@@ -34,6 +34,7 @@ func newApp() *cli.Command {
 			devCommand(),
 			serveCommand(),
 			migrateCommand(),
+			targetsCommand(),
 		},
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/storetest"
 )
 
@@ -58,7 +60,14 @@ var servingLine = regexp.MustCompile(`msg=serving grpc=(\S+)`)
 
 func start(t *testing.T, args ...string) *process {
 	t.Helper()
+	return startEnv(t, nil, args...)
+}
+
+// startEnv starts opbroker with extra environment variables (e.g. crash points).
+func startEnv(t *testing.T, env []string, args ...string) *process {
+	t.Helper()
 	p := &process{cmd: exec.Command(binary, args...), ready: make(chan string, 1), exited: make(chan error, 1)}
+	p.cmd.Env = append(os.Environ(), env...)
 	stderr, err := p.cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, p.cmd.Start())
@@ -149,7 +158,7 @@ func prepare(ctx context.Context, client opbrokerv1.OperationServiceClient, inte
 func TestServeRefusesUnmigratedSchemaUntilMigrated(t *testing.T) {
 	t.Parallel()
 	url := storetest.EmptySchema(t)
-	serveArgs := []string{"serve", "--database-url", url, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "text"}
+	serveArgs := serveArgs(url, targetsFile(t, simURL(t)))
 
 	start(t, serveArgs...).requireFails(t, "run `opbroker migrate`")
 
@@ -168,7 +177,7 @@ func TestServeRefusesUnmigratedSchemaUntilMigrated(t *testing.T) {
 func TestServeDrainsOnSIGTERM(t *testing.T) {
 	t.Parallel()
 	url := storetest.Schema(t)
-	p := start(t, "serve", "--database-url", url, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "text")
+	p := start(t, serveArgs(url, targetsFile(t, simURL(t)), "--dispatch=false")...)
 	client := opbrokerv1.NewOperationServiceClient(dial(t, p.waitReady(t)))
 
 	var acked sync.Map
@@ -206,6 +215,63 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 		return true
 	})
 	require.Zero(t, missing, "every acknowledged intent is in the ledger")
+}
+
+// simulated runs a simulated target for the test and returns it and its URL.
+func simulated(t *testing.T, cfg simtarget.Config) (*simtarget.Target, string) {
+	t.Helper()
+	sim := simtarget.New(cfg)
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	t.Cleanup(sim.Close)
+	return sim, srv.URL
+}
+
+// targetsFile writes the demo contracts of a simulated target at url as a targets file.
+func targetsFile(t *testing.T, url string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "targets.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(fmt.Sprintf(demoTargetsYAML, url, url, url)), 0o644))
+	return path
+}
+
+const demoTargetsYAML = `targets:
+  - name: demo-payments
+    documentation: {url: "https://github.com/opbroker/opbroker/blob/main/simtarget/simtarget.go", checked: 2026-11-29}
+    owner: {team: demo-oncall, escalation: "README.md#operations"}
+    data: {owner: demo, retention: 720h}
+    operation_types: [demo.charge]
+    endpoint: {method: POST, url: "%s/v1/charges", timeout: 3s}
+    idempotency: {header: Idempotency-Key, retention: 24h, scope: the API account, parameter_mismatch: rejects}
+    lookup:
+      method: GET
+      url: "%s/v1/charges?reference={remote_key}"
+      visibility_delay: 2s
+      found: {status: [200], remote_ref: /id}
+      not_found: [404]
+    responses:
+      success: [{status: [200, 201], remote_ref: /id}]
+      rejection: [{status: [402], documented: "a declined card creates no charge"}]
+      in_progress: [{status: [409]}]
+  - name: demo-notify
+    documentation: {url: "https://github.com/opbroker/opbroker/blob/main/simtarget/simtarget.go", checked: 2026-11-29}
+    owner: {team: demo-oncall, escalation: "README.md#operations"}
+    data: {owner: demo, retention: 720h}
+    operation_types: [demo.notify]
+    endpoint: {method: POST, url: "%s/v1/notifications", timeout: 3s, request_id_header: X-Request-Id}
+    responses:
+      success: [{status: [200], remote_ref: /id}]
+`
+
+func simURL(t *testing.T) string {
+	t.Helper()
+	_, url := simulated(t, simtarget.Config{})
+	return url
+}
+
+func serveArgs(databaseURL, targets string, extra ...string) []string {
+	return append([]string{"serve", "--database-url", databaseURL, "--targets", targets,
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "text"}, extra...)
 }
 
 var pgURLLine = regexp.MustCompile(`PostgreSQL:\s+(postgres://\S+)`)

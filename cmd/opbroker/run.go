@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,22 +18,29 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/opbroker/opbroker/dispatcher"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
 )
 
-// broker is one running broker process: its gRPC server and metrics endpoint over a
-// database pool.
+// broker is one running broker process: its gRPC server, dispatcher and metrics
+// endpoint over a database pool.
 type broker struct {
-	log      *slog.Logger
-	pool     *pgxpool.Pool
-	srv      *server.Server
-	grpcLis  net.Listener
-	httpSrv  *http.Server
-	httpLis  net.Listener
-	meters   *sdkmetric.MeterProvider
-	grace    time.Duration
-	grpcDone chan error
+	log        *slog.Logger
+	pool       *pgxpool.Pool
+	store      *store.Store
+	targets    *target.Targets
+	srv        *server.Server
+	dispatcher *dispatcher.Dispatcher // nil when this replica does not dispatch
+	notifier   *store.Notifier
+	grpcLis    net.Listener
+	httpSrv    *http.Server
+	httpLis    net.Listener
+	mux        *http.ServeMux
+	meters     *sdkmetric.MeterProvider
+	grace      time.Duration
+	grpcDone   chan error
 }
 
 func newLogger(cmd *cli.Command) (*slog.Logger, error) {
@@ -53,12 +61,12 @@ func newLogger(cmd *cli.Command) (*slog.Logger, error) {
 
 // startBroker connects to the database, checks its schema and starts listening. The
 // caller runs it with serve and stops it with shutdown.
-func startBroker(ctx context.Context, cmd *cli.Command, log *slog.Logger, databaseURL string) (*broker, error) {
+func startBroker(ctx context.Context, cmd *cli.Command, log *slog.Logger, databaseURL string, targets *target.Targets) (*broker, error) {
 	pool, err := pgxpool.New(ctx, databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
-	b := &broker{log: log, pool: pool, grace: cmd.Duration("shutdown-grace"), grpcDone: make(chan error, 1)}
+	b := &broker{log: log, pool: pool, targets: targets, grace: cmd.Duration("shutdown-grace"), grpcDone: make(chan error, 1)}
 	if err := b.start(ctx, cmd); err != nil {
 		b.close()
 		return nil, err
@@ -80,9 +88,12 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	b.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	b.store = store.New(b.pool)
+	b.notifier = b.store.NewNotifier(b.log, 10*time.Millisecond)
 
 	b.srv, err = server.New(server.Options{
-		Store:           store.New(b.pool),
+		Store:           b.store,
+		Targets:         b.targets,
 		Logger:          b.log,
 		MeterProvider:   b.meters,
 		MaxPayloadBytes: cmd.Int("max-payload-bytes"),
@@ -90,22 +101,42 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
+	if cmd.Bool("dispatch") {
+		b.dispatcher, err = dispatcher.New(dispatcher.Config{
+			Store: b.store, Targets: b.targets, Connector: target.NewConnector(),
+			Logger: b.log, MeterProvider: b.meters,
+			PoolSize: cmd.Int("dispatch-pool-size"), ClaimBatch: cmd.Int("dispatch-claim-batch"),
+			Lease: cmd.Duration("dispatch-lease"), ShutdownGrace: b.grace,
+		})
+		if err != nil {
+			return err
+		}
+	}
 	if b.grpcLis, err = net.Listen("tcp", cmd.String("grpc-addr")); err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
 	}
 	if b.httpLis, err = net.Listen("tcp", cmd.String("http-addr")); err != nil {
 		return fmt.Errorf("--http-addr: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
-	b.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	b.mux = http.NewServeMux()
+	b.mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	b.httpSrv = &http.Server{Handler: b.mux, ReadHeaderTimeout: 10 * time.Second}
 	return nil
 }
 
 // run serves until ctx is cancelled (SIGINT or SIGTERM) or the gRPC server fails, then
-// shuts down in order: health NOT_SERVING, calls in progress drained within the grace
-// period, metrics endpoint, database pool.
+// shuts down: health NOT_SERVING and the dispatcher stops claiming at once; gRPC calls
+// and sends in progress get the grace period (sends' outcomes are recorded); then the
+// notifier, the metrics endpoint and the database pool close.
 func (b *broker) run(ctx context.Context) error {
+	if err := b.notifier.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	if b.dispatcher != nil {
+		if err := b.dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
+	}
 	go func() { b.grpcDone <- b.srv.GRPC.Serve(b.grpcLis) }()
 	go func() {
 		if err := b.httpSrv.Serve(b.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -122,7 +153,12 @@ func (b *broker) run(ctx context.Context) error {
 	case err = <-b.grpcDone:
 		err = fmt.Errorf("grpc server: %w", err)
 	}
-	b.srv.Stop(b.grace)
+	var stopping sync.WaitGroup
+	stopping.Go(func() { b.srv.Stop(b.grace) })
+	if b.dispatcher != nil {
+		stopping.Go(b.dispatcher.Stop)
+	}
+	stopping.Wait()
 	b.close()
 	return err
 }
@@ -137,6 +173,9 @@ func (b *broker) close() {
 		if l != nil {
 			l.Close()
 		}
+	}
+	if b.notifier != nil {
+		b.notifier.Stop()
 	}
 	if b.meters != nil {
 		_ = b.meters.Shutdown(context.Background())

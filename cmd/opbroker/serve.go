@@ -8,19 +8,24 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
 )
 
 func serveCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "serve",
 		Usage: "run the broker against a PostgreSQL database migrated with `opbroker migrate`",
-		Flags: append([]cli.Flag{databaseURLFlag}, serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "json")...),
+		Flags: append([]cli.Flag{databaseURLFlag, targetsFlag}, serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "json")...),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			log, err := newLogger(cmd)
 			if err != nil {
 				return err
 			}
-			b, err := startBroker(ctx, cmd, log, cmd.String("database-url"))
+			targets, err := target.LoadFile(cmd.String("targets"))
+			if err != nil {
+				return err
+			}
+			b, err := startBroker(ctx, cmd, log, cmd.String("database-url"), targets)
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/crashpoint"
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/storetest"
+)
+
+// ledger reads the test's ledger directly.
+type ledger struct {
+	t    *testing.T
+	conn *pgx.Conn
+}
+
+func openLedger(t *testing.T, url string) *ledger {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return &ledger{t: t, conn: conn}
+}
+
+func (l *ledger) state(name string) string {
+	var state string
+	require.NoError(l.t, l.conn.QueryRow(context.Background(),
+		`SELECT state FROM operations WHERE 'tenants/' || tenant_id || '/operations/' || operation_id = $1`, name).Scan(&state))
+	return state
+}
+
+func (l *ledger) remoteKey(name string) string {
+	var key string
+	require.NoError(l.t, l.conn.QueryRow(context.Background(),
+		`SELECT remote_key::text FROM operations WHERE 'tenants/' || tenant_id || '/operations/' || operation_id = $1`, name).Scan(&key))
+	return key
+}
+
+func (l *ledger) waitState(name, want string) {
+	l.t.Helper()
+	require.Eventually(l.t, func() bool { return l.state(name) == want }, 30*time.Second, 20*time.Millisecond,
+		"operation %s never reached %s", name, want)
+}
+
+// TestWorkerKilledAfterSendEndsUnknown (seed fault-injection test 2): a real process is
+// killed after the target answered and before the answer was recorded, so the effect
+// certainly exists while the ledger says IN_FLIGHT. Another replica's sweeper moves the
+// operation to UNKNOWN when the lease expires; nobody re-sends it. (Killed right after
+// writing the request, the process's socket is reset and the target may never read it:
+// that is the reset-before-commit case, covered by the fault tests.)
+func TestWorkerKilledAfterSendEndsUnknown(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	sim, simAt := simulated(t, simtarget.Config{})
+	targets := targetsFile(t, simAt)
+
+	victim := startEnv(t, []string{crashpoint.EnvVar + "=" + crashpoint.DispatchAfterReply + "=kill"},
+		serveArgs(url, targets, "--dispatch-lease", "2s")...)
+	client := opbrokerv1.NewOperationServiceClient(dial(t, victim.waitReady(t)))
+	resp, err := prepare(context.Background(), client, "order-killed")
+	require.NoError(t, err)
+	name := resp.GetOperation().GetName()
+
+	select {
+	case err := <-victim.exited:
+		require.ErrorContains(t, err, "signal: killed")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the crash point did not kill the worker")
+	}
+	l := openLedger(t, url)
+	require.Equal(t, "IN_FLIGHT", l.state(name), "killed between send and record")
+
+	survivor := start(t, serveArgs(url, targets, "--dispatch-lease", "2s")...)
+	survivor.waitReady(t)
+	l.waitState(name, "UNKNOWN")
+	kt := sim.Snapshot().Keys[l.remoteKey(name)]
+	require.NotNil(t, kt, "the target received the request")
+	require.Equal(t, 1, kt.Attempts, "sent once, never re-sent")
+	require.Equal(t, 1, kt.Effects)
+	survivor.stop(t, syscall.SIGTERM)
+}
+
+// TestPausedWorkerCannotRecordOverNewState: a worker stopped (SIGSTOP) after sending,
+// past its lease, wakes (SIGCONT) to a fence it no longer holds: it writes no state and
+// its observation is kept as evidence.
+func TestPausedWorkerCannotRecordOverNewState(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	sim, simAt := simulated(t, simtarget.Config{})
+	targets := targetsFile(t, simAt)
+
+	paused := startEnv(t, []string{crashpoint.EnvVar + "=" + crashpoint.DispatchAfterSend + "=pause"},
+		serveArgs(url, targets, "--dispatch-lease", "2s")...)
+	client := opbrokerv1.NewOperationServiceClient(dial(t, paused.waitReady(t)))
+	resp, err := prepare(context.Background(), client, "order-paused")
+	require.NoError(t, err)
+	name := resp.GetOperation().GetName()
+	l := openLedger(t, url)
+	require.Eventually(t, func() bool { return sim.Snapshot().Keys[l.remoteKey(name)] != nil }, 30*time.Second, 10*time.Millisecond)
+
+	sweeper := start(t, serveArgs(url, targets, "--dispatch-lease", "2s", "--log-level", "debug")...)
+	sweeper.waitReady(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("sweeper:\n%s\npaused:\n%s", sweeper.Output(), paused.Output())
+		}
+	})
+	l.waitState(name, "UNKNOWN")
+
+	require.NoError(t, paused.cmd.Process.Signal(syscall.SIGCONT))
+	require.Eventually(t, func() bool {
+		var finished bool
+		require.NoError(t, l.conn.QueryRow(context.Background(), `SELECT finished_at IS NOT NULL FROM operation_attempts
+			WHERE 'tenants/' || tenant_id || '/operations/' || operation_id = $1`, name).Scan(&finished))
+		return finished
+	}, 30*time.Second, 20*time.Millisecond, "the woken worker records its observation")
+	var applied bool
+	var outcome string
+	require.NoError(t, l.conn.QueryRow(context.Background(), `SELECT applied, outcome FROM operation_attempts
+		WHERE 'tenants/' || tenant_id || '/operations/' || operation_id = $1`, name).Scan(&applied, &outcome))
+	require.False(t, applied, "the stale fence changed nothing")
+	// What it saw depends on how long it slept (a reply, or its own call timeout); it is
+	// kept either way.
+	require.Contains(t, []string{"VERIFIED_SUCCESS", "TIMEOUT"}, outcome, "its observation is kept as evidence")
+	require.Equal(t, "UNKNOWN", l.state(name), "the new state stands")
+	require.Equal(t, 1, sim.Snapshot().Keys[l.remoteKey(name)].Attempts)
+	paused.stop(t, syscall.SIGTERM)
+	sweeper.stop(t, syscall.SIGTERM)
+}
+
+// TestReplicasRaceSendOnce (seed fault-injection test 3, processes): several broker
+// processes dispatch the same ledger; every operation is sent exactly once.
+func TestReplicasRaceSendOnce(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	sim, simAt := simulated(t, simtarget.Config{})
+	targets := targetsFile(t, simAt)
+	var replicas []*process
+	for range 3 {
+		p := start(t, serveArgs(url, targets, "--dispatch-pool-size", "8", "--dispatch-claim-batch", "8")...)
+		p.waitReady(t)
+		replicas = append(replicas, p)
+	}
+	client := opbrokerv1.NewOperationServiceClient(dial(t, <-func() chan string {
+		ch := make(chan string, 1)
+		ch <- servingLine.FindStringSubmatch(replicas[0].Output())[1]
+		return ch
+	}()))
+	const n = 600
+	var wg sync.WaitGroup
+	for w := range 6 {
+		wg.Go(func() {
+			for i := w; i < n; i += 6 {
+				_, err := prepare(context.Background(), client, fmt.Sprintf("race-%d", i))
+				require.NoError(t, err)
+			}
+		})
+	}
+	wg.Wait()
+	l := openLedger(t, url)
+	require.Eventually(t, func() bool {
+		var done int
+		require.NoError(t, l.conn.QueryRow(context.Background(), `SELECT count(*) FROM operations WHERE state = 'SUCCEEDED'`).Scan(&done))
+		return done == n
+	}, 60*time.Second, 50*time.Millisecond)
+
+	var workers int
+	require.NoError(t, l.conn.QueryRow(context.Background(), `SELECT count(DISTINCT worker) FROM operation_attempts`).Scan(&workers))
+	require.Greater(t, workers, 1, "the replicas shared the work")
+	truth := sim.Snapshot()
+	require.Len(t, truth.Keys, n)
+	for key, kt := range truth.Keys {
+		require.Equal(t, 1, kt.Attempts, key)
+		require.Equal(t, 1, kt.Effects, key)
+	}
+	for _, p := range replicas {
+		p.stop(t, syscall.SIGTERM)
+	}
+}
