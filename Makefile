@@ -5,7 +5,7 @@
 BUF := go tool -modfile=tools/buf/go.mod buf
 GO_FILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: all build dev test test-race fuzz generate lint check-generated
+.PHONY: all build dev test test-race fuzz bench generate lint check-generated
 
 all: lint test
 
@@ -22,6 +22,11 @@ test:
 
 test-race:
 	go test -race ./...
+
+# Measures and prints; asserts nothing. Uses DATABASE_URL when set, else an embedded
+# PostgreSQL.
+bench:
+	go run ./cmd/opbench dispatch --ops 20000
 
 # A short run of each fuzz target (the seed corpora also run in `make test`).
 fuzz:

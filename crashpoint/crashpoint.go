@@ -49,16 +49,20 @@ var (
 )
 
 func load() {
-	rules = map[string]*rule{}
-	spec := strings.TrimSpace(os.Getenv(EnvVar))
+	rules, parseErr = parse(os.Getenv(EnvVar))
+}
+
+// parse reads a spec of EnvVar.
+func parse(spec string) (map[string]*rule, error) {
+	out := map[string]*rule{}
+	spec = strings.TrimSpace(spec)
 	if spec == "" {
-		return
+		return out, nil
 	}
 	for _, item := range strings.Split(spec, ",") {
 		name, action, ok := strings.Cut(strings.TrimSpace(item), "=")
 		if !ok {
-			parseErr = fmt.Errorf("%s: %q is not name=action", EnvVar, item)
-			return
+			return nil, fmt.Errorf("%s: %q is not name=action", EnvVar, item)
 		}
 		r := &rule{nth: 1}
 		action, count, hasCount := strings.Cut(action, "@")
@@ -68,17 +72,22 @@ func load() {
 			} else if n, err := strconv.Atoi(count); err == nil && n > 0 {
 				r.nth = n
 			} else {
-				parseErr = fmt.Errorf("%s: %q: @ takes a positive number or *", EnvVar, item)
-				return
+				return nil, fmt.Errorf("%s: %q: @ takes a positive number or *", EnvVar, item)
 			}
 		}
 		if action != "kill" && action != "pause" && action != "error" {
-			parseErr = fmt.Errorf("%s: %q: the action must be kill, pause or error", EnvVar, item)
-			return
+			return nil, fmt.Errorf("%s: %q: the action must be kill, pause or error", EnvVar, item)
 		}
 		r.action = action
-		rules[name] = r
+		out[name] = r
 	}
+	return out, nil
+}
+
+// hit counts a pass of the rule's point and reports whether it fires. The caller holds mu.
+func (r *rule) hit() bool {
+	r.hits++
+	return r.nth == 0 || r.hits == r.nth
 }
 
 // Hit passes the named point. It does nothing unless the point is enabled; then it
@@ -90,11 +99,7 @@ func Hit(name string) error {
 	}
 	mu.Lock()
 	r := rules[name]
-	fire := false
-	if r != nil {
-		r.hits++
-		fire = r.nth == 0 || r.hits == r.nth
-	}
+	fire := r != nil && r.hit()
 	mu.Unlock()
 	if !fire {
 		return nil

@@ -29,6 +29,7 @@ const (
 	ReasonCancelled                   = "CANCELLED"
 	ReasonDeadlineExceeded            = "DEADLINE_EXCEEDED"
 	ReasonInternal                    = "INTERNAL"
+	ReasonInjectedFailure             = "INJECTED_FAILURE" // only with crash points enabled
 )
 
 // invalidArgumentError carries field violations until toStatus renders them.

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc/codes"
 
+	"github.com/opbroker/opbroker/crashpoint"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/store"
@@ -51,6 +52,10 @@ func (s *operationService) PrepareOperation(ctx context.Context, req *opbrokerv1
 	s.prepares.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result)))
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
+	}
+	if err := crashpoint.Hit(crashpoint.PrepareAfterCommit); err != nil {
+		// The intent is durable; the client retries and finds it.
+		return nil, newStatus(codes.Unavailable, "injected failure after commit; retry", ReasonInjectedFailure, nil)
 	}
 	return &opbrokerv1.PrepareOperationResponse{Operation: operationToProto(op), Created: created}, nil
 }

@@ -186,3 +186,29 @@ func TestReplicasRaceSendOnce(t *testing.T) {
 		p.stop(t, syscall.SIGTERM)
 	}
 }
+
+// TestKilledAfterPrepareCommitLosesNothing: the broker dies after the intent is durable
+// and before the client hears of it. The client's retry, at another replica, finds the
+// same operation (no lost intent, no second one).
+func TestKilledAfterPrepareCommitLosesNothing(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	targets := targetsFile(t, simURL(t))
+	victim := startEnv(t, []string{crashpoint.EnvVar + "=" + crashpoint.PrepareAfterCommit + "=kill"},
+		serveArgs(url, targets, "--dispatch=false")...)
+	client := opbrokerv1.NewOperationServiceClient(dial(t, victim.waitReady(t)))
+	_, err := prepare(context.Background(), client, "order-ack-lost")
+	require.Error(t, err, "the reply was lost")
+	<-victim.exited
+
+	other := start(t, serveArgs(url, targets, "--dispatch=false")...)
+	client = opbrokerv1.NewOperationServiceClient(dial(t, other.waitReady(t)))
+	resp, err := prepare(context.Background(), client, "order-ack-lost")
+	require.NoError(t, err)
+	require.False(t, resp.GetCreated(), "the intent was already durable")
+	l := openLedger(t, url)
+	var n int
+	require.NoError(t, l.conn.QueryRow(context.Background(), `SELECT count(*) FROM operations WHERE intent_ref = 'order-ack-lost'`).Scan(&n))
+	require.Equal(t, 1, n)
+	other.stop(t, syscall.SIGTERM)
+}
