@@ -12,8 +12,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"runtime"
@@ -37,7 +35,14 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cmd := &cli.Command{
+	if err := newApp().Run(ctx, os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "opbench:", err)
+		os.Exit(1)
+	}
+}
+
+func newApp() *cli.Command {
+	return &cli.Command{
 		Name:  "opbench",
 		Usage: "measure opbroker; prints numbers, asserts nothing",
 		Commands: []*cli.Command{{
@@ -52,10 +57,6 @@ func main() {
 			},
 			Action: benchDispatch,
 		}},
-	}
-	if err := cmd.Run(ctx, os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "opbench:", err)
-		os.Exit(1)
 	}
 }
 
@@ -131,16 +132,12 @@ func benchDispatch(ctx context.Context, cmd *cli.Command) error {
 	defer cleanup()
 	st := store.New(pool)
 
-	sim := simtarget.New(simtarget.Config{})
-	defer sim.Close()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	sim, err := simtarget.Start(simtarget.Config{})
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Close()
-	targets, err := target.New(simtarget.DemoContracts("http://" + lis.Addr().String())...)
+	defer sim.Close()
+	targets, err := target.New(simtarget.DemoContracts(sim.URL)...)
 	if err != nil {
 		return err
 	}
@@ -202,10 +199,11 @@ func benchDispatch(ctx context.Context, cmd *cli.Command) error {
 
 	var version string
 	_ = pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&version)
-	fmt.Printf("dispatch burn-down: %d operations PREPARED -> SUCCEEDED in %s: %.0f operations/s\n", n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
-	fmt.Printf("  pool size %d, claim batch %d, %d tenants; simulated target in-process over loopback HTTP, no latency\n",
+	out := cmd.Root().Writer
+	fmt.Fprintf(out, "dispatch burn-down: %d operations PREPARED -> SUCCEEDED in %s: %.0f operations/s\n", n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
+	fmt.Fprintf(out, "  pool size %d, claim batch %d, %d tenants; simulated target in-process over loopback HTTP, no latency\n",
 		cmd.Int("pool-size"), cmd.Int("claim-batch"), tenants)
-	fmt.Printf("  every operation: claim + attempt record + 2 events + outcome, durable commits\n")
-	fmt.Printf("  machine: %d cores, %s/%s, PostgreSQL %s\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version)
+	fmt.Fprintf(out, "  every operation: claim + attempt record + 2 events + outcome, durable commits\n")
+	fmt.Fprintf(out, "  machine: %d cores, %s/%s, PostgreSQL %s\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version)
 	return nil
 }

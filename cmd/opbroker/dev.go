@@ -3,11 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/urfave/cli/v3"
 
@@ -60,16 +57,12 @@ func runDev(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 
-	sim := simtarget.New(simtarget.Config{})
-	defer sim.Close()
-	simLis, err := net.Listen("tcp", "127.0.0.1:0")
+	sim, err := simtarget.Start(simtarget.Config{})
 	if err != nil {
 		return err
 	}
-	simSrv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = simSrv.Serve(simLis) }()
-	defer simSrv.Close()
-	targets, err := target.New(simtarget.DemoContracts("http://" + simLis.Addr().String())...)
+	defer sim.Close()
+	targets, err := target.New(simtarget.DemoContracts(sim.URL)...)
 	if err != nil {
 		return err
 	}
@@ -93,6 +86,6 @@ opbroker dev is ready.
 
   A JSON payload may ask the demo target for a fault: {"amount": 100, "sim": {"fault": "commit_then_reset"}}
 
-`, b.grpcLis.Addr(), b.grpcLis.Addr(), b.httpLis.Addr(), simLis.Addr(), b.httpLis.Addr(), pg.URL(), dataDir)
+`, b.grpcLis.Addr(), b.grpcLis.Addr(), b.httpLis.Addr(), sim.URL, b.httpLis.Addr(), pg.URL(), dataDir)
 	return b.run(ctx)
 }

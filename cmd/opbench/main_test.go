@@ -1,0 +1,24 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/storetest"
+)
+
+func TestMain(m *testing.M) { storetest.Main(m) }
+
+// TestDispatchBenchRuns keeps the benchmark working; its numbers are not judged here.
+func TestDispatchBenchRuns(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	app := newApp()
+	app.Writer = &out
+	require.NoError(t, app.Run(context.Background(), []string{"opbench", "dispatch", "--database-url", storetest.URL(t), "--ops", "50"}))
+	require.Contains(t, out.String(), "dispatch burn-down: 50 operations PREPARED -> SUCCEEDED")
+	require.Contains(t, out.String(), "pool size 32, claim batch 64")
+}
