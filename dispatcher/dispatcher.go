@@ -41,7 +41,7 @@ type Config struct {
 	PerTenant          int
 	MaxTenantsPerClaim int
 	// Lease is how long a claim is held before the sweeper may take it (default 30s); it
-	// is extended while a call runs.
+	// is extended while a call runs, and a call is cut when it cannot be.
 	Lease time.Duration
 	// PollInterval is the fallback when no wake-up arrives (default 1s).
 	PollInterval time.Duration
@@ -272,20 +272,21 @@ func (d *Dispatcher) send(contract *target.Contract, op store.Claimed) {
 		log.Warn("abandoning the claim", "error", err) // the lease will expire: UNKNOWN
 		return
 	}
-	now := time.Now()
-	timeout := time.Until(op.LeaseExpiresAt)
+	// The call is bounded by the contract's timeout and the dispatch deadline here, and
+	// by the lease through extendLease, which cuts it when the lease cannot be kept.
+	var timeout time.Duration
 	if op.DispatchDeadline != nil {
-		if !now.Before(*op.DispatchDeadline) {
+		timeout = time.Until(*op.DispatchDeadline)
+		if timeout <= 0 {
 			d.record(log, contract, op, target.Result{Outcome: target.Rejected, Class: "DISPATCH_DEADLINE_PASSED",
 				Summary: "the dispatch deadline passed before the send; nothing was sent"})
 			return
 		}
-		timeout = min(timeout, op.DispatchDeadline.Sub(now))
 	}
 
 	callCtx, stopExtending := context.WithCancel(d.sendCtx)
 	extended := make(chan struct{})
-	go func() { defer close(extended); d.extendLease(callCtx, log, op) }()
+	go func() { defer close(extended); d.extendLease(callCtx, stopExtending, log, op) }()
 	var sentErr atomic.Pointer[error] // set on the transport's goroutine
 	res := d.cfg.Connector.Send(callCtx, target.Request{
 		Contract: contract, Payload: op.Payload, ContentType: op.ContentType,
@@ -313,23 +314,34 @@ func (d *Dispatcher) send(contract *target.Contract, op store.Claimed) {
 	_ = crashpoint.Hit(crashpoint.DispatchAfterRecord)
 }
 
-// extendLease keeps the claim's lease ahead of a long call until ctx ends or the fence
-// is lost.
-func (d *Dispatcher) extendLease(ctx context.Context, log *slog.Logger, op store.Claimed) {
+// extendLease keeps the claim's lease ahead of a long call until ctx ends. A call never
+// outlives the lease its sender holds: when the fence is lost, or the lease cannot be
+// renewed before it runs out, the call is cut (and recorded, as evidence, as a timeout).
+func (d *Dispatcher) extendLease(ctx context.Context, cutCall context.CancelFunc, log *slog.Logger, op store.Claimed) {
 	every := d.cfg.Lease / 3
+	expires := op.LeaseExpiresAt
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(every):
 		}
-		if _, err := d.cfg.Store.ExtendLease(ctx, op.TenantID, op.ID, op.FenceToken, d.cfg.Lease); err != nil {
-			if ctx.Err() == nil {
-				log.Warn("lease not extended", "error", err)
-			}
-			if errors.Is(err, store.ErrFenceLost) {
-				return
-			}
+		renewed, err := d.cfg.Store.ExtendLease(ctx, op.TenantID, op.ID, op.FenceToken, d.cfg.Lease)
+		switch {
+		case err == nil:
+			expires = renewed
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, store.ErrFenceLost):
+			log.Warn("fence lost during the call; cutting it")
+			cutCall()
+			return
+		case time.Until(expires) < every:
+			log.Warn("lease cannot be renewed before it expires; cutting the call", "error", err)
+			cutCall()
+			return
+		default:
+			log.Warn("lease not extended; retrying", "error", err)
 		}
 	}
 }

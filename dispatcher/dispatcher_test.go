@@ -30,7 +30,7 @@ type testBundle struct {
 	targets *target.Targets
 }
 
-func setup(t *testing.T, cfg simtarget.Config) *testBundle {
+func setup(t *testing.T, cfg simtarget.Config, adjust ...func(*target.Contract)) *testBundle {
 	t.Helper()
 	st, pool := storetest.NewStore(t)
 	sim := simtarget.New(cfg)
@@ -40,6 +40,9 @@ func setup(t *testing.T, cfg simtarget.Config) *testBundle {
 	contracts := simtarget.DemoContracts(srv.URL)
 	for _, c := range contracts {
 		c.Endpoint.Timeout = target.Duration(time.Second)
+		for _, f := range adjust {
+			f(c)
+		}
 	}
 	targets, err := target.New(contracts...)
 	require.NoError(t, err)
@@ -302,4 +305,30 @@ func TestPayloadIntegrityFailureIsNotSent(t *testing.T) {
 	require.Equal(t, store.StateFailedTerminal, got.State)
 	require.Equal(t, "PAYLOAD_INTEGRITY", got.LastObservation.Outcome)
 	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)])
+}
+
+// TestLongCallKeepsItsLease: a call longer than the lease is not swept while its sender
+// lives, because the sender extends the lease.
+func TestLongCallKeepsItsLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Latency: 900 * time.Millisecond}, func(c *target.Contract) {
+		c.Endpoint.Timeout = target.Duration(5 * time.Second)
+	})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "slow", `{"amount":1}`)
+	d := b.dispatcher(t, dispatcher.Config{Lease: 300 * time.Millisecond, SweepInterval: 20 * time.Millisecond})
+	drain(t, b, d)
+	got := b.get(t, op)
+	require.Equal(t, store.StateSucceeded, got.State, "%+v", got.LastObservation)
+}
+
+func TestPerTargetConcurrencyLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Latency: 20 * time.Millisecond}, func(c *target.Contract) { c.Concurrency = 2 })
+	for i := range 30 {
+		b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprintf("c-%d", i), fmt.Sprintf(`{"n":%d}`, i))
+	}
+	drain(t, b, b.dispatcher(t, dispatcher.Config{PoolSize: 16}))
+	truth := b.sim.Snapshot()
+	require.Len(t, truth.Keys, 30)
+	require.Equal(t, 2, truth.MaxConcurrent, "the contract allows 2 concurrent sends")
 }

@@ -109,6 +109,8 @@ type Truth struct {
 	Unkeyed  int                  `json:"unkeyed_effects"`
 	Faults   map[Fault]int        `json:"faults"`
 	Requests int                  `json:"requests"`
+	// MaxConcurrent is the most create requests ever in progress at once.
+	MaxConcurrent int `json:"max_concurrent"`
 }
 
 // saved is a response saved for an idempotency key.
@@ -130,6 +132,7 @@ type Target struct {
 	byKey map[string][]*Effect
 	truth Truth
 	seq   int
+	busy  int           // create requests in progress
 	hang  chan struct{} // closed by Close: releases hanging requests
 	once  sync.Once
 	mux   *http.ServeMux
@@ -172,7 +175,8 @@ func (t *Target) TruthHandler() http.Handler { return http.HandlerFunc(t.serveTr
 func (t *Target) Snapshot() Truth {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := Truth{Keys: map[string]*KeyTruth{}, Faults: map[Fault]int{}, Unkeyed: t.truth.Unkeyed, Requests: t.truth.Requests}
+	out := Truth{Keys: map[string]*KeyTruth{}, Faults: map[Fault]int{}, Unkeyed: t.truth.Unkeyed, Requests: t.truth.Requests,
+		MaxConcurrent: t.truth.MaxConcurrent}
 	for k, v := range t.truth.Keys {
 		c := *v
 		c.PayloadSHA256 = append([]string(nil), v.PayloadSHA256...)
@@ -235,7 +239,7 @@ func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad body", http.StatusBadRequest)
 		return
 	}
-	t.delay()
+	defer t.delay()()
 	key := r.Header.Get("Idempotency-Key")
 	hash := hashOf(body)
 	fault := t.chooseFault(body)
@@ -377,9 +381,20 @@ func (t *Target) chargeBodyLocked(key string) []byte {
 	return b
 }
 
-func (t *Target) delay() {
+// delay counts a create in progress and applies the configured latency; the returned
+// function ends it.
+func (t *Target) delay() func() {
+	t.mu.Lock()
+	t.busy++
+	t.truth.MaxConcurrent = max(t.truth.MaxConcurrent, t.busy)
+	t.mu.Unlock()
 	if t.cfg.Latency > 0 {
 		time.Sleep(t.cfg.Latency)
+	}
+	return func() {
+		t.mu.Lock()
+		t.busy--
+		t.mu.Unlock()
 	}
 }
 
@@ -434,7 +449,7 @@ func (t *Target) createNotification(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad body", http.StatusBadRequest)
 		return
 	}
-	t.delay()
+	defer t.delay()()
 	key := r.Header.Get("X-Request-Id")
 	hash := hashOf(body)
 	fault := t.chooseFault(body)

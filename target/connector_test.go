@@ -2,6 +2,8 @@ package target_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -137,4 +139,33 @@ func TestOnSentMeansTheTargetCanReadIt(t *testing.T) {
 		require.True(t, <-arrived, "size %d: the target did not receive a request reported as sent", size)
 		require.Equal(t, target.Succeeded, res.Outcome)
 	}
+}
+
+func TestSendHeaders(t *testing.T) {
+	t.Parallel()
+	got := make(chan http.Header, 1)
+	var body []byte
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ = io.ReadAll(r.Body)
+		got <- r.Header.Clone()
+		_, _ = w.Write([]byte(`{"id":"x_1"}`))
+	}))
+	defer srv.Close()
+	contracts := simtarget.DemoContracts(srv.URL)
+	contracts[0].Endpoint.FenceHeader = "X-Fence-Token"
+	contracts[0].Endpoint.RequestIDHeader = "X-Request-Id"
+	targets, err := target.New(contracts...)
+	require.NoError(t, err)
+	key := uuid.New()
+	payload := `{ "amount" : 1 }`
+	contract, _ := targets.ForType(simtarget.DemoCharge)
+	res := target.NewConnector().Send(context.Background(), target.Request{Contract: contract, Payload: []byte(payload),
+		ContentType: "application/json; charset=utf-8", RemoteKey: key, Fence: 7, Timeout: time.Second})
+	require.Equal(t, target.Succeeded, res.Outcome)
+	h := <-got
+	require.Equal(t, key.String(), h.Get("Idempotency-Key"))
+	require.Equal(t, key.String(), h.Get("X-Request-Id"))
+	require.Equal(t, "7", h.Get("X-Fence-Token"))
+	require.Equal(t, "application/json; charset=utf-8", h.Get("Content-Type"))
+	require.Equal(t, payload, string(body), "exactly the approved bytes")
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -360,4 +361,26 @@ func httpGet(t *testing.T, url string) string {
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(b)
+}
+
+func TestTargetsCheck(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(binary, "targets", "check", "--targets", "../../target/testdata/targets.yaml").CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.Contains(t, string(out), "PASS   7 verified acknowledgment")
+	require.Contains(t, string(out), "capabilities: D none")
+	require.Contains(t, string(out), "every control passes")
+
+	good, err := os.ReadFile("../../target/testdata/targets.yaml")
+	require.NoError(t, err)
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte(strings.Replace(string(good), "team: messaging", `team: ""`, 1)), 0o644))
+	out, err = exec.Command(binary, "targets", "check", "--targets", bad).CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "FAIL   9 escalation path                owner.team is missing")
+	require.Contains(t, string(out), "1 control(s) fail")
+
+	out, err = exec.Command(binary, "serve", "--database-url", "postgres://127.0.0.1:1/x", "--targets", bad).CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), `target "acme-mailer": go/no-go control 9 (escalation path) fails`, "serve refuses a failing target")
 }
