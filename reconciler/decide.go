@@ -1,0 +1,214 @@
+package reconciler
+
+import (
+	"fmt"
+	"time"
+)
+
+// EvidenceKind is what the reconciler has learned about an UNKNOWN operation's effect.
+type EvidenceKind int
+
+const (
+	// NoEvidence: only the sender's unclear observation (the target offers no lookup,
+	// or none has been made yet).
+	NoEvidence EvidenceKind = iota
+	// Found: a lookup found the effect by the operation's reference.
+	Found
+	// NotFound: a lookup found nothing. Weak evidence: the request may never have
+	// arrived, may still be executing, or may not be visible yet.
+	NotFound
+	// InProgress: the target says the request was accepted and is not finished (202,
+	// 409 for the key, a reference without completion).
+	InProgress
+	// LookupFailed: the lookup itself got no usable answer (timeout, 5xx).
+	LookupFailed
+	// Rejected: a same-key replay was answered with a rejection the target documents as
+	// having no side effect.
+	Rejected
+)
+
+// Evidence is one observation, checked before it reaches Decide.
+type Evidence struct {
+	Kind EvidenceKind
+	// RemoteRef is the target's reference, for Found.
+	RemoteRef string
+	// Matches reports, for Found, that the remote object carries the operation's
+	// reference and that its key fields agree with the approved payload.
+	Matches bool
+	// RetryAfter is how long the target asked the caller to wait, if it did.
+	RetryAfter time.Duration
+}
+
+// Input is everything Decide may use. It is plain data: the function is pure.
+type Input struct {
+	Evidence Evidence
+
+	// Capabilities of the target (seed 000): Replay is A, Lookup is B.
+	Replay bool
+	Lookup bool
+	// Retention is the target's key retention window, counted from the first send.
+	Retention time.Duration
+	// VisibilityDelay is how long a write may take to become visible to lookups.
+	VisibilityDelay time.Duration
+	// AbsenceFinalAfter, if set, is when after the first send the target documents that
+	// the request can no longer take effect.
+	AbsenceFinalAfter time.Duration
+
+	// SinceFirstSend is the time since the operation was first sent.
+	SinceFirstSend time.Duration
+	// BusinessDeadlinePassed: the business no longer wants the effect created (the
+	// dispatch deadline passed), so nothing may be sent that could create it.
+	BusinessDeadlinePassed bool
+	// ResolutionLeft is the time left before the operation must be resolved or handed
+	// to its owner.
+	ResolutionLeft time.Duration
+
+	// Replays and Looks made so far, and their budgets.
+	Replays, MaxReplays int
+	Looks, MaxLooks     int
+	// AcceptedBefore: some earlier answer said the target accepted the request without
+	// finishing it. No replay may follow.
+	AcceptedBefore bool
+
+	// Jitter in [0, 1) spreads waits; the caller draws it.
+	Jitter float64
+}
+
+// Action is what to do next.
+type Action int
+
+const (
+	// RecordSuccess: SUCCEEDED with the found reference.
+	RecordSuccess Action = iota + 1
+	// RecordFailure: FAILED_TERMINAL; nothing happened and nothing can.
+	RecordFailure
+	// Replay the original request with the same key and the same bytes.
+	Replay
+	// Wait, then look again.
+	Wait
+	// Escalate to the target's owner.
+	Escalate
+)
+
+func (a Action) String() string {
+	return [...]string{"", "RECORD_SUCCESS", "RECORD_FAILURE", "REPLAY", "WAIT", "ESCALATE"}[a]
+}
+
+// Decision is Decide's answer.
+type Decision struct {
+	Action Action
+	// After is how long to wait, for Wait (and before a Replay the target throttled).
+	After time.Duration
+	// RemoteRef, for RecordSuccess.
+	RemoteRef string
+	// Reason says why, in words an operator reads; for Escalate it names what is missing.
+	Reason string
+}
+
+// Backoff bounds.
+const (
+	minWait = time.Second
+	maxWait = 5 * time.Minute
+)
+
+// Decide chooses the next action for an UNKNOWN operation. It is conservative:
+//   - a found effect is a success only if it matches the approved payload, and is
+//     escalated otherwise, never accepted;
+//   - "not found" becomes a failure only when absence is provably final (seed 000's
+//     three conditions: visibility delay waited out, the target documents that the
+//     request can no longer take effect, and no same-key replay is possible);
+//   - a replay happens only with capability A, inside the retention window, before the
+//     business deadline, within its budget, and never after the target accepted the
+//     request without finishing it;
+//   - waiting never loops forever: when the look budget or the resolution deadline is
+//     spent, the operation is escalated.
+func Decide(in Input) Decision {
+	ev := in.Evidence
+	switch ev.Kind {
+	case Found:
+		if ev.Matches && ev.RemoteRef != "" {
+			return Decision{Action: RecordSuccess, RemoteRef: ev.RemoteRef, Reason: "the target has the effect, and it matches the approved payload"}
+		}
+		return Decision{Action: Escalate, Reason: "the target has an effect under this reference that does not match the approved payload"}
+	case Rejected:
+		return Decision{Action: RecordFailure, Reason: "a same-key replay was rejected in a way the target documents as having no side effect"}
+	}
+
+	budgetSpent := in.ResolutionLeft <= 0 || (in.MaxLooks > 0 && in.Looks >= in.MaxLooks)
+	replayable, whyNot := in.replayable()
+
+	switch ev.Kind {
+	case InProgress:
+		return in.waitOrEscalate(budgetSpent, ev.RetryAfter, "the target accepted the request and has not finished it; no replay, keep looking")
+	case NotFound:
+		if in.SinceFirstSend < in.VisibilityDelay {
+			return in.waitOrEscalate(budgetSpent, in.VisibilityDelay-in.SinceFirstSend, "not found, but a write may not be visible yet")
+		}
+		if in.absenceFinal(replayable) {
+			return Decision{Action: RecordFailure, Reason: "not found after the visibility delay, past the time the target documents a request can take effect, and no replay is possible"}
+		}
+		if replayable {
+			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "not found; a same-key replay is safe inside the retention window"}
+		}
+		return in.waitOrEscalate(budgetSpent, 0, "not found, and absence is not provably final: "+whyNot)
+	case LookupFailed:
+		if replayable {
+			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "the lookup failed; a same-key replay is safe inside the retention window"}
+		}
+		return in.waitOrEscalate(budgetSpent, ev.RetryAfter, "the lookup failed; look again")
+	default: // NoEvidence
+		if in.Lookup {
+			return in.waitOrEscalate(budgetSpent, 0, "look the operation up at the target")
+		}
+		if replayable {
+			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "no lookup; a same-key replay is safe inside the retention window"}
+		}
+		return Decision{Action: Escalate, Reason: "the outcome is unknown and the target offers no way to find out: " + whyNot}
+	}
+}
+
+// replayable reports whether a same-key replay is allowed now, and if not, why.
+func (in Input) replayable() (bool, string) {
+	switch {
+	case !in.Replay:
+		return false, "the target has no idempotency key to replay with"
+	case in.SinceFirstSend >= in.Retention:
+		return false, fmt.Sprintf("the key's retention window (%s) has passed", in.Retention)
+	case in.BusinessDeadlinePassed:
+		return false, "the business deadline passed: nothing that could create the effect may be sent"
+	case in.AcceptedBefore:
+		return false, "the target accepted the request earlier without finishing it"
+	case in.MaxReplays > 0 && in.Replays >= in.MaxReplays:
+		return false, "the replay budget is spent"
+	}
+	return true, ""
+}
+
+// absenceFinal applies seed 000's three conditions for turning "not found" into a
+// failure.
+func (in Input) absenceFinal(replayable bool) bool {
+	return in.Lookup &&
+		in.SinceFirstSend >= in.VisibilityDelay &&
+		in.AbsenceFinalAfter > 0 && in.SinceFirstSend >= in.AbsenceFinalAfter &&
+		!replayable
+}
+
+// waitOrEscalate waits (exponential backoff with jitter, at least atLeast) unless the
+// budget is spent or there is no way to look again.
+func (in Input) waitOrEscalate(budgetSpent bool, atLeast time.Duration, reason string) Decision {
+	if !in.Lookup {
+		return Decision{Action: Escalate, Reason: reason + "; the target offers no lookup"}
+	}
+	if budgetSpent {
+		return Decision{Action: Escalate, Reason: reason + "; the budget for looking is spent"}
+	}
+	wait := minWait << min(max(in.Looks, 0), 10)
+	wait = min(wait, maxWait)
+	// Jitter: +-20%, so that operations that went UNKNOWN together do not look together.
+	wait = time.Duration(float64(wait) * (0.8 + 0.4*in.Jitter))
+	wait = max(wait, atLeast, minWait)
+	if in.ResolutionLeft > 0 {
+		wait = min(wait, in.ResolutionLeft)
+	}
+	return Decision{Action: Wait, After: wait, Reason: reason}
+}

@@ -1,0 +1,160 @@
+package reconciler
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// stripeLike is a target with capabilities A and B: a 24h key window, lookups visible
+// after 5s, absence never final.
+func stripeLike() Input {
+	return Input{
+		Replay: true, Lookup: true, Retention: 24 * time.Hour, VisibilityDelay: 5 * time.Second,
+		SinceFirstSend: time.Minute, ResolutionLeft: 48 * time.Hour, MaxReplays: 3, MaxLooks: 20, Jitter: 0.5,
+	}
+}
+
+func TestDecideTable(t *testing.T) {
+	t.Parallel()
+	with := func(f func(*Input)) Input {
+		in := stripeLike()
+		f(&in)
+		return in
+	}
+	for name, tc := range map[string]struct {
+		in   Input
+		want Action
+	}{
+		"found and matching":                  {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, RemoteRef: "ch_1", Matches: true} }), RecordSuccess},
+		"found without reference":             {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, Matches: true} }), Escalate},
+		"found but mismatched":                {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, RemoteRef: "ch_1"} }), Escalate},
+		"replay rejected without side effect": {with(func(in *Input) { in.Evidence = Evidence{Kind: Rejected} }), RecordFailure},
+		"not found before visible":            {with(func(in *Input) { in.Evidence.Kind = NotFound; in.SinceFirstSend = time.Second }), Wait},
+		"not found inside the window":         {with(func(in *Input) { in.Evidence.Kind = NotFound }), Replay},
+		"not found after the window":          {with(func(in *Input) { in.Evidence.Kind = NotFound; in.SinceFirstSend = 25 * time.Hour }), Wait},
+		"not found after the business deadline": {with(func(in *Input) {
+			in.Evidence.Kind = NotFound
+			in.BusinessDeadlinePassed = true
+		}), Wait},
+		"not found, replays spent": {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replays = 3 }), Wait},
+		"not found, absence final": {with(func(in *Input) {
+			in.Evidence.Kind = NotFound
+			in.Replay = false
+			in.AbsenceFinalAfter = time.Hour
+			in.SinceFirstSend = 2 * time.Hour
+		}), RecordFailure},
+		"not found, absence final but replay still possible": {with(func(in *Input) {
+			in.Evidence.Kind = NotFound
+			in.AbsenceFinalAfter = time.Hour
+			in.SinceFirstSend = 2 * time.Hour
+		}), Replay},
+		"not found, absence not yet final": {with(func(in *Input) {
+			in.Evidence.Kind = NotFound
+			in.Replay = false
+			in.AbsenceFinalAfter = 3 * time.Hour
+			in.SinceFirstSend = 2 * time.Hour
+		}), Wait},
+		"not found, budget spent":   {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replay = false; in.Looks = 20 }), Escalate},
+		"not found, deadline spent": {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replay = false; in.ResolutionLeft = 0 }), Escalate},
+		"in progress":               {with(func(in *Input) { in.Evidence.Kind = InProgress }), Wait},
+		"in progress, no lookup":    {with(func(in *Input) { in.Evidence.Kind = InProgress; in.Lookup = false }), Escalate},
+		"accepted earlier, not found": {with(func(in *Input) {
+			in.Evidence.Kind = NotFound
+			in.AcceptedBefore = true
+		}), Wait},
+		"lookup failed, replayable":     {with(func(in *Input) { in.Evidence.Kind = LookupFailed }), Replay},
+		"lookup failed, not replayable": {with(func(in *Input) { in.Evidence.Kind = LookupFailed; in.Replay = false }), Wait},
+		"nothing yet, lookup":           {stripeLike(), Wait},
+		"nothing yet, only replay":      {with(func(in *Input) { in.Lookup = false }), Replay},
+		"nothing yet, only replay, after window": {with(func(in *Input) {
+			in.Lookup = false
+			in.SinceFirstSend = 25 * time.Hour
+		}), Escalate},
+		"capability D": {Input{ResolutionLeft: time.Hour}, Escalate},
+	} {
+		got := Decide(tc.in)
+		require.Equal(t, tc.want, got.Action, "%s: %s", name, got.Reason)
+		require.NotEmpty(t, got.Reason, name)
+	}
+}
+
+func TestWaitBacksOffWithJitterAndRespectsRetryAfter(t *testing.T) {
+	t.Parallel()
+	in := stripeLike()
+	in.Replay = false
+	in.Evidence.Kind = NotFound
+	var last time.Duration
+	for looks := range 8 {
+		in.Looks = looks
+		d := Decide(in)
+		require.Equal(t, Wait, d.Action)
+		require.Greater(t, d.After, last, "the wait grows")
+		last = d.After
+	}
+	in.Looks = 19
+	require.LessOrEqual(t, Decide(in).After, maxWait, "and is capped")
+
+	in.Looks, in.Jitter = 2, 0
+	low := Decide(in).After
+	in.Jitter = 0.999
+	require.Greater(t, Decide(in).After, low, "jitter spreads waits")
+
+	in.Evidence = Evidence{Kind: InProgress, RetryAfter: 90 * time.Second}
+	require.GreaterOrEqual(t, Decide(in).After, 90*time.Second, "Retry-After is honoured")
+	in.ResolutionLeft = 10 * time.Second
+	require.LessOrEqual(t, Decide(in).After, 10*time.Second, "a wait never passes the resolution deadline")
+}
+
+// FuzzDecide checks the properties the promise rests on, for any input.
+func FuzzDecide(f *testing.F) {
+	f.Add(uint8(NotFound), "ch_1", true, true, true, int64(time.Hour), int64(time.Second), int64(0), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5)
+	f.Add(uint8(Found), "", false, false, true, int64(0), int64(0), int64(time.Hour), int64(2*time.Hour), true, int64(0), 5, 3, 10, 10, true, 0.1)
+	f.Fuzz(func(t *testing.T, kind uint8, ref string, matches, replay, lookup bool, retention, visibility, absenceFinal, since int64,
+		deadlinePassed bool, resolutionLeft int64, replays, maxReplays, looks, maxLooks int, accepted bool, jitter float64) {
+		if jitter < 0 || jitter >= 1 || jitter != jitter {
+			jitter = 0.5
+		}
+		in := Input{
+			Evidence: Evidence{Kind: EvidenceKind(kind % 6), RemoteRef: ref, Matches: matches},
+			Replay:   replay, Lookup: lookup, Retention: time.Duration(retention), VisibilityDelay: time.Duration(visibility),
+			AbsenceFinalAfter: time.Duration(absenceFinal), SinceFirstSend: time.Duration(since),
+			BusinessDeadlinePassed: deadlinePassed, ResolutionLeft: time.Duration(resolutionLeft),
+			Replays: replays, MaxReplays: maxReplays, Looks: looks, MaxLooks: maxLooks, AcceptedBefore: accepted, Jitter: jitter,
+		}
+		d := Decide(in)
+		require.GreaterOrEqual(t, int(d.Action), int(RecordSuccess))
+		require.LessOrEqual(t, int(d.Action), int(Escalate))
+		require.NotEmpty(t, d.Reason)
+		switch d.Action {
+		case Replay:
+			require.True(t, in.Replay, "never replay without a key")
+			require.Less(t, in.SinceFirstSend, in.Retention, "never replay outside the window")
+			require.False(t, in.BusinessDeadlinePassed, "never replay after the business deadline")
+			require.False(t, in.AcceptedBefore, "never replay after the target accepted the request")
+			require.True(t, in.MaxReplays <= 0 || in.Replays < in.MaxReplays, "never beyond the replay budget")
+		case RecordSuccess:
+			require.Equal(t, Found, in.Evidence.Kind)
+			require.True(t, in.Evidence.Matches, "a mismatched effect is never accepted")
+			require.NotEmpty(t, d.RemoteRef)
+		case RecordFailure:
+			if in.Evidence.Kind != Rejected {
+				require.Equal(t, NotFound, in.Evidence.Kind)
+				require.True(t, in.Lookup && in.AbsenceFinalAfter > 0 && in.SinceFirstSend >= in.AbsenceFinalAfter &&
+					in.SinceFirstSend >= in.VisibilityDelay, "not found becomes a failure only when absence is provably final")
+				replayable, _ := in.replayable()
+				require.False(t, replayable)
+			}
+		case Wait:
+			require.True(t, in.Lookup, "waiting needs a way to look again")
+			require.Greater(t, in.ResolutionLeft, time.Duration(0), "waiting ends at the resolution deadline")
+			require.True(t, in.MaxLooks <= 0 || in.Looks < in.MaxLooks, "waiting ends when the look budget is spent")
+			require.Greater(t, d.After, time.Duration(0))
+			require.LessOrEqual(t, d.After, in.ResolutionLeft)
+		}
+		if in.Evidence.Kind == Found && !in.Evidence.Matches {
+			require.Equal(t, Escalate, d.Action)
+		}
+	})
+}
