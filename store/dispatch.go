@@ -44,6 +44,12 @@ var ErrFenceLost = errors.New("store: fence lost")
 // claimedColumns is what Claim returns, read by scanClaimed.
 const claimedColumns = operationColumns + `, payload, remote_key, lease_expires_at`
 
+func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
+	var c Claimed
+	err := row.Scan(append(operationDest(&c.Operation), &c.Payload, &c.RemoteKey, &c.LeaseExpiresAt)...)
+	return c, err
+}
+
 // Claim moves up to Limit PREPARED operations of the given types to IN_FLIGHT with one
 // statement: each gets fence + 1, attempt + 1, a lease, its first-send time, an event
 // and an attempt record. Rows locked by another claimer are skipped, so concurrent
@@ -87,11 +93,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 		)
 		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease, p.Target)
-	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Claimed, error) {
-		var c Claimed
-		err := row.Scan(append(operationDest(&c.Operation), &c.Payload, &c.RemoteKey, &c.LeaseExpiresAt)...)
-		return c, err
-	})
+	claimed, err := pgx.CollectRows(rows, scanClaimed)
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", translate(err))
 	}
@@ -127,7 +129,8 @@ func (s *Store) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, 
 		WITH upd AS (
 			UPDATE operations SET
 				state = $4, revision = revision + 1, remote_ref = coalesce($5, remote_ref),
-				last_observation = $6, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+				last_observation = $6, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+				next_check_at = CASE WHEN $4::operation_state = 'UNKNOWN' THEN now() END
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'IN_FLIGHT' AND fence_token = $3
 			RETURNING *
 		), ev AS (
@@ -239,6 +242,7 @@ func (s *Store) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) 
 		), upd AS (
 			UPDATE operations o SET state = $3, revision = o.revision + 1,
 				lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+				next_check_at = CASE WHEN $3::operation_state = 'UNKNOWN' THEN now() END,
 				last_observation = jsonb_build_object('observed_at', now(), 'source', $5::text, 'outcome', $6::text, 'summary', $7::text)
 			FROM due WHERE o.tenant_id = due.tenant_id AND o.operation_id = due.operation_id AND o.state = $4
 			RETURNING o.*

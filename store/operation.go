@@ -62,12 +62,27 @@ type Operation struct {
 	FirstSentAt      *time.Time
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
+
+	// Reconciliation of an UNKNOWN operation.
+	NextCheckAt        *time.Time
+	Checks             int32
+	Replays            int32
+	AcceptedUnfinished bool
+	Escalation         *Escalation
+}
+
+// Escalation records who an operation was handed to, and why.
+type Escalation struct {
+	Owner       string    `json:"owner"`
+	Reason      string    `json:"reason"`
+	EscalatedAt time.Time `json:"escalated_at"`
 }
 
 // operationColumns is the select list that scanOperation reads, in order.
 const operationColumns = `tenant_id, operation_id, operation_type, intent_ref, content_type,
 	payload_sha256, state, revision, fence_token, attempt_count, coalesce(remote_ref, ''),
-	last_observation, supersedes_id, labels, dispatch_deadline, first_sent_at, created_at, updated_at`
+	last_observation, supersedes_id, labels, dispatch_deadline, first_sent_at, created_at, updated_at,
+	next_check_at, checks, replays, accepted_unfinished, escalation`
 
 func scanOperation(row pgx.CollectableRow) (Operation, error) {
 	var op Operation
@@ -80,7 +95,7 @@ func operationDest(op *Operation) []any {
 	return []any{&op.TenantID, &op.ID, &op.OperationType, &op.IntentRef, &op.ContentType,
 		&op.PayloadSHA256, &op.State, &op.Revision, &op.FenceToken, &op.AttemptCount, &op.RemoteRef,
 		&op.LastObservation, &op.SupersedesID, &op.Labels, &op.DispatchDeadline, &op.FirstSentAt,
-		&op.CreatedAt, &op.UpdatedAt}
+		&op.CreatedAt, &op.UpdatedAt, &op.NextCheckAt, &op.Checks, &op.Replays, &op.AcceptedUnfinished, &op.Escalation}
 }
 
 // ErrNotFound means no operation has that id in that tenant.

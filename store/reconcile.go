@@ -1,0 +1,193 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// ClaimUnknownParams select what one reconciler claim takes: due UNKNOWN operations of
+// the given types, fairly across tenants (see ClaimParams).
+type ClaimUnknownParams struct {
+	OperationTypes []string
+	Worker         string
+	Lease          time.Duration
+	Limit          int
+	PerTenant      int
+	MaxTenants     int
+	AfterTenant    string
+}
+
+// ClaimUnknown takes due UNKNOWN operations for reconciliation: each gets a lease and
+// fence + 1 without a change of state, so two reconcilers never act on one operation at
+// once, and only the holder of the new fence can record what it finds.
+func (s *Store) ClaimUnknown(ctx context.Context, p ClaimUnknownParams) ([]Claimed, error) {
+	rows, _ := s.pool.Query(ctx, `
+		WITH RECURSIVE tenants (tenant_id, n) AS (
+			(SELECT tenant_id, 1 FROM operations
+			 WHERE state = 'UNKNOWN' AND tenant_id > $1
+			 ORDER BY tenant_id LIMIT 1)
+			UNION ALL
+			(SELECT next.tenant_id, t.n + 1 FROM tenants t, LATERAL (
+				SELECT tenant_id FROM operations
+				WHERE state = 'UNKNOWN' AND tenant_id > t.tenant_id
+				ORDER BY tenant_id LIMIT 1) next
+			 WHERE t.n < $2)
+		), picked AS (
+			SELECT p.tenant_id, p.operation_id FROM tenants t, LATERAL (
+				SELECT tenant_id, operation_id FROM operations
+				WHERE tenant_id = t.tenant_id AND state = 'UNKNOWN' AND operation_type = ANY ($3)
+				  AND next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())
+				ORDER BY next_check_at
+				LIMIT $4
+				FOR UPDATE SKIP LOCKED) p
+			LIMIT $5
+		), claimed AS (
+			UPDATE operations o SET fence_token = o.fence_token + 1, lease_owner = $6, lease_expires_at = now() + $7::interval
+			FROM picked
+			WHERE o.tenant_id = picked.tenant_id AND o.operation_id = picked.operation_id AND o.state = 'UNKNOWN'
+			RETURNING o.*
+		)
+		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
+		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease)
+	claimed, err := pgx.CollectRows(rows, scanClaimed)
+	if err != nil {
+		return nil, fmt.Errorf("store: claim unknown: %w", translate(err))
+	}
+	return claimed, nil
+}
+
+// CheckParams record a look at an UNKNOWN operation that resolved nothing.
+type CheckParams struct {
+	TenantID    string
+	ID          uuid.UUID
+	Fence       int64
+	Observation Observation
+	// NextCheckAt is when to look again.
+	NextCheckAt time.Time
+	// AcceptedUnfinished marks that the target accepted the request without finishing
+	// it (sticky: no replay may ever follow).
+	AcceptedUnfinished bool
+	Actor              string
+}
+
+// RecordCheck records the observation as an UNKNOWN → UNKNOWN event, schedules the next
+// look and releases the lease; only under the fence, else ErrFenceLost.
+func (s *Store) RecordCheck(ctx context.Context, p CheckParams) (Operation, error) {
+	rows, _ := s.pool.Query(ctx, `
+		WITH upd AS (
+			UPDATE operations SET revision = revision + 1, last_observation = $4, next_check_at = $5,
+				checks = checks + 1, accepted_unfinished = accepted_unfinished OR $6,
+				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
+			RETURNING *
+		), ev AS (
+			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
+			SELECT tenant_id, operation_id, revision, 'UNKNOWN', 'UNKNOWN', fence_token, $7, $8, last_observation, updated_at FROM upd
+		)
+		SELECT `+operationColumns+` FROM upd`,
+		p.TenantID, p.ID, p.Fence, p.Observation, p.NextCheckAt, p.AcceptedUnfinished, p.Actor, p.Observation.Outcome)
+	return collectFenced(rows, "record check")
+}
+
+// ResolveParams end an UNKNOWN operation: SUCCEEDED (with the found reference),
+// FAILED_TERMINAL, or ESCALATED (with its owner and reason).
+type ResolveParams struct {
+	TenantID    string
+	ID          uuid.UUID
+	Fence       int64
+	State       State
+	RemoteRef   string
+	Observation Observation
+	Escalation  *Escalation
+	Actor       string
+}
+
+// ResolveUnknown moves an UNKNOWN operation to its resolution with an event; only under
+// the fence, else ErrFenceLost.
+func (s *Store) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation, error) {
+	switch p.State {
+	case StateSucceeded, StateFailedTerminal:
+	case StateEscalated:
+		if p.Escalation == nil {
+			return Operation{}, errors.New("store: resolve unknown: an escalation needs its owner and reason")
+		}
+	default:
+		return Operation{}, fmt.Errorf("store: resolve unknown: %s is not a resolution", p.State)
+	}
+	var ref *string
+	if p.RemoteRef != "" {
+		ref = &p.RemoteRef
+	}
+	rows, _ := s.pool.Query(ctx, `
+		WITH upd AS (
+			UPDATE operations SET state = $4, revision = revision + 1, remote_ref = coalesce($5, remote_ref),
+				last_observation = $6, escalation = $7, next_check_at = NULL,
+				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
+			RETURNING *
+		), ev AS (
+			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
+			SELECT tenant_id, operation_id, revision, 'UNKNOWN', state, fence_token, $8, $9, last_observation, updated_at FROM upd
+		)
+		SELECT `+operationColumns+` FROM upd`,
+		p.TenantID, p.ID, p.Fence, p.State, ref, p.Observation, p.Escalation, p.Actor, p.Observation.Outcome)
+	return collectFenced(rows, "resolve unknown")
+}
+
+// BeginReplayParams start a same-key replay of an UNKNOWN operation.
+type BeginReplayParams struct {
+	TenantID string
+	ID       uuid.UUID
+	// Fence is the reconciler's claim; the replay gets a new one.
+	Fence  int64
+	Target string
+	Worker string
+	Lease  time.Duration
+}
+
+// BeginReplay moves an UNKNOWN operation to IN_FLIGHT for a same-key replay: fence + 1,
+// attempt + 1, a new attempt record and an event, only under the caller's fence. The
+// returned claim is sent and recorded like a dispatcher's.
+func (s *Store) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
+	rows, _ := s.pool.Query(ctx, `
+		WITH upd AS (
+			UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, fence_token = fence_token + 1,
+				attempt_count = attempt_count + 1, replays = replays + 1, next_check_at = NULL,
+				lease_owner = $5, lease_expires_at = now() + $6::interval, updated_at = now()
+			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
+			RETURNING *
+		), ev AS (
+			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, created_at)
+			SELECT tenant_id, operation_id, revision, 'UNKNOWN', 'IN_FLIGHT', fence_token, 'reconciler:' || $5, 'SAME_KEY_REPLAY', updated_at FROM upd
+		), att AS (
+			INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker, claimed_at)
+			SELECT tenant_id, operation_id, fence_token, $4, $5, updated_at FROM upd
+		)
+		SELECT `+claimedColumns+` FROM upd`,
+		p.TenantID, p.ID, p.Fence, p.Target, p.Worker, p.Lease)
+	c, err := pgx.CollectExactlyOneRow(rows, scanClaimed)
+	if err != nil {
+		if err = translate(err); errors.Is(err, ErrNotFound) {
+			return Claimed{}, ErrFenceLost
+		}
+		return Claimed{}, fmt.Errorf("store: begin replay: %w", err)
+	}
+	return c, nil
+}
+
+// collectFenced reads the one row of a fenced update; no row means the fence was lost.
+func collectFenced(rows pgx.Rows, what string) (Operation, error) {
+	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
+	if err != nil {
+		if err = translate(err); errors.Is(err, ErrNotFound) {
+			return Operation{}, ErrFenceLost
+		}
+		return Operation{}, fmt.Errorf("store: %s: %w", what, err)
+	}
+	return op, nil
+}

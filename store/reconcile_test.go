@@ -1,0 +1,127 @@
+package store_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
+)
+
+// unknownOp prepares, claims and records an operation as UNKNOWN, as a timeout would.
+func unknownOp(t *testing.T, b *testBundle, tenant, intent string) store.Operation {
+	t.Helper()
+	op, _, err := b.store.Prepare(b.ctx, prepareParams(tenant, intent, `{"amount":1}`))
+	require.NoError(t, err)
+	claimed, err := b.store.Claim(b.ctx, claimParams(100))
+	require.NoError(t, err)
+	for _, c := range claimed {
+		if c.ID == op.ID {
+			got, err := b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: tenant, ID: op.ID, Fence: c.FenceToken,
+				State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "test"})
+			require.NoError(t, err)
+			require.NotNil(t, got.NextCheckAt, "entering UNKNOWN schedules a check")
+			return got
+		}
+	}
+	t.Fatal("not claimed")
+	return store.Operation{}
+}
+
+func unknownParams() store.ClaimUnknownParams {
+	return store.ClaimUnknownParams{OperationTypes: []string{"demo.charge"}, Worker: "rec", Lease: time.Minute,
+		Limit: 10, PerTenant: 10, MaxTenants: 10}
+}
+
+func TestClaimUnknownIsExclusiveAndFenced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := unknownOp(t, b, "acme", "u-1")
+
+	first, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, first, 1)
+	require.Equal(t, op.FenceToken+1, first[0].FenceToken, "a reconciler's claim takes a new fence")
+	require.Equal(t, store.StateUnknown, first[0].State, "without a change of state")
+	require.Equal(t, op.Revision, first[0].Revision)
+
+	second, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Empty(t, second, "two reconcilers never hold one operation")
+
+	// The old fence (the dispatcher's) can no longer record.
+	_, err = b.store.RecordCheck(b.ctx, store.CheckParams{TenantID: "acme", ID: op.ID, Fence: op.FenceToken,
+		NextCheckAt: time.Now(), Actor: "stale"})
+	require.ErrorIs(t, err, store.ErrFenceLost)
+
+	next := time.Now().Add(time.Hour)
+	checked, err := b.store.RecordCheck(b.ctx, store.CheckParams{TenantID: "acme", ID: op.ID, Fence: first[0].FenceToken,
+		Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, NextCheckAt: next, AcceptedUnfinished: true, Actor: "rec"})
+	require.NoError(t, err)
+	require.Equal(t, store.StateUnknown, checked.State)
+	require.Equal(t, int32(1), checked.Checks)
+	require.True(t, checked.AcceptedUnfinished)
+	require.Equal(t, op.Revision+1, checked.Revision, "a check is an event")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE from_state = 'UNKNOWN' AND to_state = 'UNKNOWN' AND reason = 'NOT_FOUND'`))
+
+	notDue, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Empty(t, notDue, "not before the next check is due")
+}
+
+func TestResolveUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ok := unknownOp(t, b, "acme", "u-ok")
+	esc := unknownOp(t, b, "acme", "u-esc")
+	claimed, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, claimed, 2)
+	fence := map[string]int64{}
+	for _, c := range claimed {
+		fence[c.IntentRef] = c.FenceToken
+	}
+
+	done, err := b.store.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: ok.ID, Fence: fence["u-ok"],
+		State: store.StateSucceeded, RemoteRef: "ch_9", Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "rec"})
+	require.NoError(t, err)
+	require.Equal(t, store.StateSucceeded, done.State)
+	require.Equal(t, "ch_9", done.RemoteRef)
+
+	_, err = b.store.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: esc.ID, Fence: fence["u-esc"],
+		State: store.StateEscalated, Actor: "rec"})
+	require.Error(t, err, "an escalation needs an owner")
+	escalated, err := b.store.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: esc.ID, Fence: fence["u-esc"],
+		State: store.StateEscalated, Escalation: &store.Escalation{Owner: "payments-oncall", Reason: "no lookup", EscalatedAt: time.Now()},
+		Observation: store.Observation{Source: "BROKER", Outcome: "ESCALATED"}, Actor: "rec"})
+	require.NoError(t, err)
+	require.Equal(t, store.StateEscalated, escalated.State)
+	require.Equal(t, "payments-oncall", escalated.Escalation.Owner)
+
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET escalation = NULL WHERE operation_id = $1`, esc.ID)
+	require.Error(t, err, "an ESCALATED operation always names its owner")
+}
+
+func TestBeginReplayIsAFencedTransition(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := unknownOp(t, b, "acme", "u-replay")
+	claimed, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+
+	replay, err := b.store.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+		Target: "demo", Worker: "rec", Lease: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, store.StateInFlight, replay.State)
+	require.Equal(t, claimed[0].FenceToken+1, replay.FenceToken)
+	require.Equal(t, int32(2), replay.AttemptCount)
+	require.Equal(t, int32(1), replay.Replays)
+	require.NotEmpty(t, replay.Payload, "the same bytes are sent again")
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1`, op.ID))
+
+	_, err = b.store.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+		Target: "demo", Worker: "rec", Lease: time.Minute})
+	require.ErrorIs(t, err, store.ErrFenceLost, "a fence replays once")
+}
