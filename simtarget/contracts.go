@@ -27,7 +27,9 @@ func DemoContracts(baseURL string) []*target.Contract {
 				Scope: "the API account", ParameterMismatch: "rejects"},
 			Lookup: &target.Lookup{Method: "GET", URL: baseURL + "/v1/charges?reference={remote_key}",
 				VisibilityDelay: target.Duration(2 * time.Second),
-				Found:           target.ResponseClass{Status: []int{200}, RemoteRef: "/id"}, NotFound: []int{404}},
+				Found:           target.ResponseClass{Status: []int{200}, RemoteRef: "/id", Reference: "/reference"},
+				NotFound:        []int{404},
+				Match:           []target.FieldMatch{{Remote: "/request/amount", Payload: "/amount"}}},
 			Responses: target.Responses{
 				Success: []target.ResponseClass{{Status: []int{200, 201}, RemoteRef: "/id"}},
 				Rejection: []target.ResponseClass{{Status: []int{402},

@@ -93,6 +93,7 @@ type Effect struct {
 	PayloadSHA256 string    `json:"payload_sha256"`
 	At            time.Time `json:"at"`
 	visibleAt     time.Time
+	body          []byte // the request that made it, echoed by lookups
 }
 
 // KeyTruth is what really happened for one key.
@@ -272,7 +273,7 @@ func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
 	}
 	t.mu.Unlock()
 
-	status, resp := t.execute(w, fault, key, hash, now)
+	status, resp := t.execute(w, fault, key, body, now)
 	if key != "" {
 		t.mu.Lock()
 		if s := t.keys[key]; s != nil {
@@ -296,17 +297,17 @@ func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
 
 // execute applies the fault and, where the fault commits, the effect. It returns the
 // status and body it answered with (0 when it answered nothing).
-func (t *Target) execute(w http.ResponseWriter, fault Fault, key, hash string, now time.Time) (int, []byte) {
+func (t *Target) execute(w http.ResponseWriter, fault Fault, key string, body []byte, now time.Time) (int, []byte) {
 	switch fault {
 	case FaultResetBeforeCommit:
 		reset(w)
 		return 0, nil
 	case FaultCommitThenReset:
-		t.commit(key, hash, now, 0)
+		t.commit(key, body, now, 0)
 		reset(w)
 		return 0, nil
 	case FaultCommitThenHang:
-		t.commit(key, hash, now, 0)
+		t.commit(key, body, now, 0)
 		<-t.hang
 		reset(w)
 		return 0, nil
@@ -315,14 +316,14 @@ func (t *Target) execute(w http.ResponseWriter, fault Fault, key, hash string, n
 		case <-time.After(t.cfg.SlowDelay):
 		case <-t.hang:
 		}
-		t.commit(key, hash, t.cfg.Now(), 0)
-		body := t.chargeBody(key)
-		writeRaw(w, http.StatusOK, body)
-		return http.StatusOK, body
+		t.commit(key, body, t.cfg.Now(), 0)
+		resp := t.chargeBody(key)
+		writeRaw(w, http.StatusOK, resp)
+		return http.StatusOK, resp
 	case Fault5xxBeforeCommit:
 		return answer(w, http.StatusServiceUnavailable, map[string]string{"error": "unavailable"})
 	case Fault5xxAfterCommit:
-		t.commit(key, hash, now, 0)
+		t.commit(key, body, now, 0)
 		return answer(w, http.StatusInternalServerError, map[string]string{"error": "internal"})
 	case FaultInProgress:
 		return answer(w, http.StatusConflict, map[string]string{"error": "a request with this key is in progress"})
@@ -335,21 +336,21 @@ func (t *Target) execute(w http.ResponseWriter, fault Fault, key, hash string, n
 	case FaultDecline:
 		return answer(w, http.StatusPaymentRequired, map[string]string{"error": "card_declined", "note": "no charge was created"})
 	case FaultLookupLag:
-		t.commit(key, hash, now, max(t.cfg.LookupLag, 2*time.Second))
+		t.commit(key, body, now, max(t.cfg.LookupLag, 2*time.Second))
 	default:
-		t.commit(key, hash, now, 0)
+		t.commit(key, body, now, 0)
 	}
-	body := t.chargeBody(key)
-	writeRaw(w, http.StatusOK, body)
-	return http.StatusOK, body
+	resp := t.chargeBody(key)
+	writeRaw(w, http.StatusOK, resp)
+	return http.StatusOK, resp
 }
 
-func (t *Target) commit(key, hash string, now time.Time, extraLag time.Duration) {
+func (t *Target) commit(key string, body []byte, now time.Time, extraLag time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.seq++
-	e := &Effect{ID: fmt.Sprintf("ch_%06d", t.seq), Key: key, PayloadSHA256: hash, At: now,
-		visibleAt: now.Add(t.cfg.LookupLag + extraLag)}
+	e := &Effect{ID: fmt.Sprintf("ch_%06d", t.seq), Key: key, PayloadSHA256: hashOf(body), At: now,
+		visibleAt: now.Add(t.cfg.LookupLag + extraLag), body: body}
 	t.eff[e.ID] = e
 	if key == "" {
 		t.truth.Unkeyed++
@@ -438,7 +439,11 @@ func (t *Target) lookupCharge(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such charge"})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"id": found.ID, "object": "charge", "reference": key, "payload_sha256": found.PayloadSHA256})
+	resp := map[string]any{"id": found.ID, "object": "charge", "reference": key, "payload_sha256": found.PayloadSHA256}
+	if json.Valid(found.body) {
+		resp["request"] = json.RawMessage(found.body)
+	}
+	writeJSON(w, http.StatusOK, resp)
 }
 
 // createNotification has no idempotency: every request that arrives makes an effect.
@@ -456,7 +461,7 @@ func (t *Target) createNotification(w http.ResponseWriter, r *http.Request) {
 	t.mu.Lock()
 	t.countArrival(fault, key, hash)
 	t.mu.Unlock()
-	t.execute(w, fault, key, hash, t.cfg.Now())
+	t.execute(w, fault, key, body, t.cfg.Now())
 }
 
 func readBody(r *http.Request) ([]byte, error) {

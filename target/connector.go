@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -232,28 +233,9 @@ func retryAfter(v string) time.Duration {
 // jsonPointerString evaluates an RFC 6901 pointer in a JSON document and returns the
 // string (or number, as text) it names.
 func jsonPointerString(doc []byte, pointer string) (string, bool) {
-	var v any
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	dec.UseNumber()
-	if err := dec.Decode(&v); err != nil {
+	v, ok := jsonPointer(doc, pointer, true)
+	if !ok {
 		return "", false
-	}
-	if pointer != "" {
-		for _, token := range strings.Split(strings.TrimPrefix(pointer, "/"), "/") {
-			token = strings.ReplaceAll(strings.ReplaceAll(token, "~1", "/"), "~0", "~")
-			switch node := v.(type) {
-			case map[string]any:
-				v = node[token]
-			case []any:
-				i, err := strconv.Atoi(token)
-				if err != nil || i < 0 || i >= len(node) {
-					return "", false
-				}
-				v = node[i]
-			default:
-				return "", false
-			}
-		}
 	}
 	switch x := v.(type) {
 	case string:
@@ -262,6 +244,121 @@ func jsonPointerString(doc []byte, pointer string) (string, bool) {
 		return x.String(), true
 	}
 	return "", false
+}
+
+// jsonPointer evaluates an RFC 6901 pointer in a JSON document. Numbers are json.Number
+// with useNumber, float64 otherwise.
+func jsonPointer(doc []byte, pointer string, useNumber bool) (any, bool) {
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	if useNumber {
+		dec.UseNumber()
+	}
+	if err := dec.Decode(&v); err != nil {
+		return nil, false
+	}
+	if pointer == "" {
+		return v, true
+	}
+	for _, token := range strings.Split(strings.TrimPrefix(pointer, "/"), "/") {
+		token = strings.ReplaceAll(strings.ReplaceAll(token, "~1", "/"), "~0", "~")
+		switch node := v.(type) {
+		case map[string]any:
+			next, ok := node[token]
+			if !ok {
+				return nil, false
+			}
+			v = next
+		case []any:
+			i, err := strconv.Atoi(token)
+			if err != nil || i < 0 || i >= len(node) {
+				return nil, false
+			}
+			v = node[i]
+		default:
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+// LookupOutcome is what a lookup by reference found.
+type LookupOutcome int
+
+const (
+	// LookupFailed: no usable answer (timeout, connection error, an unlisted status).
+	LookupFailed LookupOutcome = iota
+	// LookupFound: the target has an object under the operation's reference.
+	LookupFound
+	// LookupNotFound: the target says it has none (weak evidence).
+	LookupNotFound
+)
+
+// LookupResult is one lookup's observation.
+type LookupResult struct {
+	Outcome LookupOutcome
+	// RemoteRef is the target's reference of the found object.
+	RemoteRef string
+	// Matches: the found object carries our key and agrees with the approved payload on
+	// every field the contract lists.
+	Matches    bool
+	HTTPStatus int
+	Summary    string
+}
+
+// Lookup asks the target for the effect of the operation with remoteKey (capability B)
+// and checks a found object against the approved payload.
+func (c *Connector) Lookup(ctx context.Context, contract *Contract, remoteKey uuid.UUID, approved []byte) LookupResult {
+	l := contract.Lookup
+	if l == nil {
+		return LookupResult{Summary: "the target offers no lookup"}
+	}
+	ctx, cancel := context.WithTimeout(ctx, contract.Endpoint.Timeout.D())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, l.Method, strings.ReplaceAll(l.URL, "{remote_key}", remoteKey.String()), nil)
+	if err != nil {
+		return LookupResult{Summary: "the lookup could not be built: " + err.Error()}
+	}
+	req.Header.Set("User-Agent", "opbroker")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return LookupResult{Summary: transportResult(ctx, err).Summary}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody))
+	res := LookupResult{HTTPStatus: resp.StatusCode}
+	switch {
+	case err != nil:
+		res.Summary = fmt.Sprintf("status %d, then the body could not be read", resp.StatusCode)
+	case slices.Contains(l.NotFound, resp.StatusCode):
+		res.Outcome, res.Summary = LookupNotFound, fmt.Sprintf("status %d: not found", resp.StatusCode)
+	case slices.Contains(l.Found.Status, resp.StatusCode):
+		res.Outcome = LookupFound
+		res.RemoteRef, _ = jsonPointerString(body, l.Found.RemoteRef)
+		res.Matches, res.Summary = l.matches(body, remoteKey, approved)
+	default:
+		res.Summary = fmt.Sprintf("status %d is not a lookup answer of the contract", resp.StatusCode)
+	}
+	return res
+}
+
+// matches checks a found object: it must carry our key and agree with the approved
+// payload on every listed field.
+func (l *Lookup) matches(object []byte, remoteKey uuid.UUID, approved []byte) (bool, string) {
+	if key, ok := jsonPointerString(object, l.Found.Reference); !ok || key != remoteKey.String() {
+		return false, "found an object that does not carry this operation's reference"
+	}
+	if _, ok := jsonPointerString(object, l.Found.RemoteRef); !ok {
+		return false, "found an object without the target's reference"
+	}
+	for _, m := range l.Match {
+		remote, ok1 := jsonPointer(object, m.Remote, false)
+		want, ok2 := jsonPointer(approved, m.Payload, false)
+		if !ok1 || !ok2 || !reflect.DeepEqual(remote, want) {
+			return false, fmt.Sprintf("found an object whose %s does not match the approved payload's %s", m.Remote, m.Payload)
+		}
+	}
+	return true, "found, carrying this operation's reference and matching the approved payload"
 }
 
 // sentConn tells when a request has really left. net/http reports WroteRequest while

@@ -169,3 +169,32 @@ func TestSendHeaders(t *testing.T) {
 	require.Equal(t, "application/json; charset=utf-8", h.Get("Content-Type"))
 	require.Equal(t, payload, string(body), "exactly the approved bytes")
 }
+
+func TestLookup(t *testing.T) {
+	t.Parallel()
+	sim, targets := demo(t, simtarget.Config{})
+	contract, _ := targets.ForType(simtarget.DemoCharge)
+	c := target.NewConnector()
+	key := uuid.New()
+	body := `{"amount":100,"currency":"EUR"}`
+	require.Equal(t, target.Succeeded, send(t, c, targets, simtarget.DemoCharge, key, body).Outcome)
+
+	found := c.Lookup(context.Background(), contract, key, []byte(body))
+	require.Equal(t, target.LookupFound, found.Outcome, found.Summary)
+	require.True(t, found.Matches, found.Summary)
+	require.Equal(t, sim.Snapshot().Keys[key.String()].IDs[0], found.RemoteRef)
+
+	respelled := c.Lookup(context.Background(), contract, key, []byte(`{"currency":"EUR","amount":1e2}`))
+	require.True(t, respelled.Matches, "fields are compared as JSON values")
+
+	other := c.Lookup(context.Background(), contract, key, []byte(`{"amount":40,"currency":"EUR"}`))
+	require.Equal(t, target.LookupFound, other.Outcome)
+	require.False(t, other.Matches, "an object that disagrees with the approved payload never matches")
+	require.Contains(t, other.Summary, "/request/amount")
+
+	missing := c.Lookup(context.Background(), contract, uuid.New(), []byte(body))
+	require.Equal(t, target.LookupNotFound, missing.Outcome)
+
+	notify, _ := targets.ForType(simtarget.DemoNotify)
+	require.Equal(t, target.LookupFailed, c.Lookup(context.Background(), notify, key, nil).Outcome, "no lookup, no answer")
+}

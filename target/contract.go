@@ -87,9 +87,21 @@ type Lookup struct {
 	// AbsenceFinalAfter, when set, is the time after the first send past which the
 	// target documents that a request can no longer take effect, so that absence is
 	// final. Unset: absence is never final.
-	AbsenceFinalAfter Duration      `yaml:"absence_final_after"`
-	Found             ResponseClass `yaml:"found"`
-	NotFound          []int         `yaml:"not_found"`
+	AbsenceFinalAfter Duration `yaml:"absence_final_after"`
+	// Found is the answer that means "found": its remote_ref is the target's reference,
+	// its reference the JSON pointer at which the object carries our remote key.
+	Found    ResponseClass `yaml:"found"`
+	NotFound []int         `yaml:"not_found"`
+	// Match lists the key fields a found object must share with the approved payload;
+	// an object that carries our key but disagrees is escalated, never accepted.
+	Match []FieldMatch `yaml:"match"`
+}
+
+// FieldMatch pairs a field of the remote object with a field of the approved payload,
+// both JSON pointers.
+type FieldMatch struct {
+	Remote  string `yaml:"remote"`
+	Payload string `yaml:"payload"`
 }
 
 // Conditional is the target's precondition mechanism (capability C).
@@ -112,6 +124,9 @@ type ResponseClass struct {
 	// Documented quotes or links the vendor's statement that makes this class mean what
 	// it does (required for rejections: no side effect).
 	Documented string `yaml:"documented"`
+	// Reference, for lookups, is the JSON pointer at which the object carries the
+	// operation's remote key.
+	Reference string `yaml:"reference"`
 }
 
 // Duration is a time.Duration written in YAML as "10s", "5m" or "24h"; a malformed one
@@ -368,8 +383,13 @@ func (l *Lookup) validate(bad func(field, format string, args ...any)) {
 	if l.AbsenceFinalAfter > 0 && l.AbsenceFinalAfter < l.VisibilityDelay {
 		bad("lookup.absence_final_after", "must not be shorter than visibility_delay")
 	}
-	if len(l.Found.Status) == 0 || l.Found.RemoteRef == "" {
-		bad("lookup.found", "needs status and remote_ref")
+	if len(l.Found.Status) == 0 || l.Found.RemoteRef == "" || l.Found.Reference == "" {
+		bad("lookup.found", "needs status, remote_ref and reference (where the object carries our key)")
+	}
+	for i, m := range l.Match {
+		if !strings.HasPrefix(m.Remote, "/") || !strings.HasPrefix(m.Payload, "/") {
+			bad(fmt.Sprintf("lookup.match[%d]", i), "remote and payload must be JSON pointers, e.g. /amount")
+		}
 	}
 	validateStatuses(bad, "lookup.found.status", l.Found.Status)
 	validateStatuses(bad, "lookup.not_found", l.NotFound)

@@ -248,8 +248,9 @@ const demoTargetsYAML = `targets:
       method: GET
       url: "%s/v1/charges?reference={remote_key}"
       visibility_delay: 2s
-      found: {status: [200], remote_ref: /id}
+      found: {status: [200], remote_ref: /id, reference: /reference}
       not_found: [404]
+      match: [{remote: /request/amount, payload: /amount}]
     responses:
       success: [{status: [200, 201], remote_ref: /id}]
       rejection: [{status: [402], documented: "a declined card creates no charge"}]
