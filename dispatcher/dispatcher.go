@@ -242,24 +242,28 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err e
 			d.global <- struct{}{}
 			d.slots[contract.Name] <- struct{}{}
 			d.inFlight.Add(1)
-			go d.send(contract, op)
+			go func() {
+				defer func() {
+					<-d.slots[contract.Name]
+					<-d.global
+					d.inFlight.Done()
+					select {
+					case d.freed <- struct{}{}:
+					default:
+					}
+				}()
+				d.Deliver(contract, op)
+			}()
 		}
 		claimed += len(ops)
 	}
 	return claimed, full, err
 }
 
-// send makes the one transmission of a claim and records its outcome.
-func (d *Dispatcher) send(contract *target.Contract, op store.Claimed) {
-	defer func() {
-		<-d.slots[contract.Name]
-		<-d.global
-		d.inFlight.Done()
-		select {
-		case d.freed <- struct{}{}:
-		default:
-		}
-	}()
+// Deliver makes the one transmission of a claim (the dispatcher's, or a reconciler's
+// same-key replay) and records its outcome under the claim's fence. It blocks until the
+// outcome is recorded. It works whether or not the dispatcher was started.
+func (d *Dispatcher) Deliver(contract *target.Contract, op store.Claimed) {
 	log := d.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.FenceToken, "target", contract.Name)
 
 	if digest, err := payload.Hash(op.ContentType, op.Payload); err != nil || !bytes.Equal(digest[:], op.PayloadSHA256) {

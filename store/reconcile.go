@@ -191,3 +191,18 @@ func collectFenced(rows pgx.Rows, what string) (Operation, error) {
 	}
 	return op, nil
 }
+
+// StaleSuccess returns the target's reference from a verified success that a worker
+// observed after losing its fence (kept as evidence on its attempt), if there is one.
+func (s *Store) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) (string, bool, error) {
+	var ref string
+	err := s.pool.QueryRow(ctx, `SELECT remote_ref FROM operation_attempts
+		WHERE tenant_id = $1 AND operation_id = $2 AND NOT applied AND outcome = 'VERIFIED_SUCCESS' AND remote_ref IS NOT NULL
+		ORDER BY fence_token DESC LIMIT 1`, tenantID, id).Scan(&ref)
+	if err = translate(err); errors.Is(err, ErrNotFound) {
+		return "", false, nil
+	} else if err != nil {
+		return "", false, fmt.Errorf("store: stale success: %w", err)
+	}
+	return ref, true, nil
+}

@@ -1,0 +1,305 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
+)
+
+// Deliverer sends a claim once and records its outcome (the dispatcher does).
+type Deliverer interface {
+	Deliver(contract *target.Contract, op store.Claimed)
+}
+
+// Config configures a reconciler. Zero values take the defaults noted.
+type Config struct {
+	Store         *store.Store
+	Targets       *target.Targets
+	Connector     *target.Connector
+	Deliverer     Deliverer
+	Logger        *slog.Logger
+	MeterProvider metric.MeterProvider
+
+	Worker string
+	// Batch caps one claim (default 32); PerTenant one tenant's share of it (default 8);
+	// MaxTenants the tenants one claim visits (default 64).
+	Batch, PerTenant, MaxTenants int
+	// Lease of a reconciler's claim (default 30s).
+	Lease time.Duration
+	// PollInterval between passes when nothing is due (default 1s).
+	PollInterval time.Duration
+	// MaxReplays (default 3) and MaxLooks (default 50) bound the effort per operation;
+	// ResolutionDeadline (default 72h after the first send) bounds its time. Past them
+	// the operation is escalated.
+	MaxReplays, MaxLooks int
+	ResolutionDeadline   time.Duration
+}
+
+func (c *Config) setDefaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.Batch, 32)
+	def(&c.PerTenant, 8)
+	def(&c.MaxTenants, 64)
+	def(&c.MaxReplays, 3)
+	def(&c.MaxLooks, 50)
+	if c.Lease <= 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Second
+	}
+	if c.ResolutionDeadline <= 0 {
+		c.ResolutionDeadline = 72 * time.Hour
+	}
+	if c.Worker == "" {
+		host, _ := os.Hostname()
+		c.Worker = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
+	}
+}
+
+// Reconciler resolves UNKNOWN operations. Start and Stop follow the project's lifecycle
+// contract.
+type Reconciler struct {
+	cfg     Config
+	log     *slog.Logger
+	types   []string
+	actions metric.Int64Counter
+
+	cursor string // the tenant the next claim starts after; owned by the loop
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New returns a stopped reconciler.
+func New(cfg Config) (*Reconciler, error) {
+	cfg.setDefaults()
+	r := &Reconciler{cfg: cfg, log: cfg.Logger.With("component", "reconciler", "worker", cfg.Worker)}
+	for _, c := range cfg.Targets.All() {
+		r.types = append(r.types, c.OperationTypes...)
+	}
+	var err error
+	r.actions, err = cfg.MeterProvider.Meter("github.com/opbroker/opbroker/reconciler").Int64Counter("opbroker.reconcile.actions",
+		metric.WithDescription("Reconciler decisions by action (RECORD_SUCCESS, RECORD_FAILURE, REPLAY, WAIT, ESCALATE)"), metric.WithUnit("{decision}"))
+	return r, err
+}
+
+// Start runs reconciliation passes until Stop, and returns at once.
+func (r *Reconciler) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cancel != nil {
+		return errors.New("reconciler: already started")
+	}
+	ctx, r.cancel = context.WithCancel(ctx)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for ctx.Err() == nil {
+			n, err := r.RunOnce(ctx)
+			if err != nil && ctx.Err() == nil {
+				r.log.Warn("reconcile pass failed", "error", err)
+			}
+			if n == r.cfg.Batch {
+				continue
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(r.cfg.PollInterval):
+			}
+		}
+	}()
+	return nil
+}
+
+// Stop ends the loop after the operation in hand. It is idempotent and safe without
+// Start.
+func (r *Reconciler) Stop() {
+	r.mu.Lock()
+	cancel := r.cancel
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	r.wg.Wait()
+}
+
+// RunOnce claims the due UNKNOWN operations (up to Batch) and decides each. It returns
+// how many it claimed.
+func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
+	if len(r.types) == 0 {
+		return 0, nil
+	}
+	ops, err := r.cfg.Store.ClaimUnknown(ctx, store.ClaimUnknownParams{
+		OperationTypes: r.types, Worker: r.cfg.Worker, Lease: r.cfg.Lease,
+		Limit: r.cfg.Batch, PerTenant: r.cfg.PerTenant, MaxTenants: r.cfg.MaxTenants, AfterTenant: r.cursor,
+	})
+	if err != nil {
+		return 0, err
+	}
+	r.cursor = ""
+	if len(ops) == r.cfg.Batch {
+		r.cursor = ops[len(ops)-1].TenantID
+	}
+	for _, op := range ops {
+		r.reconcile(context.WithoutCancel(ctx), op)
+	}
+	return len(ops), nil
+}
+
+// reconcile gathers evidence for one claimed operation, decides, and acts.
+func (r *Reconciler) reconcile(ctx context.Context, op store.Claimed) {
+	log := r.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.FenceToken)
+	contract, ok := r.cfg.Targets.ForType(op.OperationType)
+	if !ok {
+		r.escalate(ctx, log, op, nil, "no recorded contract serves this operation type any more")
+		return
+	}
+	now := time.Now()
+	evidence, obs := r.evidence(ctx, log, contract, op)
+	in := Input{
+		Evidence:       evidence,
+		Replay:         contract.Capabilities().Replay,
+		Lookup:         contract.Capabilities().Lookup,
+		Replays:        int(op.Replays),
+		MaxReplays:     r.cfg.MaxReplays,
+		Looks:          int(op.Checks),
+		MaxLooks:       r.cfg.MaxLooks,
+		AcceptedBefore: op.AcceptedUnfinished || evidence.Kind == InProgress,
+		Jitter:         rand.Float64(),
+	}
+	if contract.Idempotency != nil {
+		in.Retention = contract.Idempotency.Retention.D()
+	}
+	if contract.Lookup != nil {
+		in.VisibilityDelay = contract.Lookup.VisibilityDelay.D()
+		in.AbsenceFinalAfter = contract.Lookup.AbsenceFinalAfter.D()
+	}
+	firstSent := op.CreatedAt
+	if op.FirstSentAt != nil {
+		firstSent = *op.FirstSentAt
+	}
+	in.SinceFirstSend = now.Sub(firstSent)
+	in.ResolutionLeft = firstSent.Add(r.cfg.ResolutionDeadline).Sub(now)
+	in.BusinessDeadlinePassed = op.DispatchDeadline != nil && now.After(*op.DispatchDeadline)
+
+	d := Decide(in)
+	r.actions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", d.Action.String())))
+	log = log.With("action", d.Action.String(), "reason", d.Reason)
+	obs.Summary = d.Reason
+	var err error
+	switch d.Action {
+	case RecordSuccess:
+		_, err = r.cfg.Store.ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+			State: store.StateSucceeded, RemoteRef: d.RemoteRef, Observation: obs, Actor: r.actor()})
+	case RecordFailure:
+		_, err = r.cfg.Store.ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+			State: store.StateFailedTerminal, Observation: obs, Actor: r.actor()})
+	case Escalate:
+		r.escalate(ctx, log, op, contract, d.Reason)
+		return
+	case Replay:
+		if d.After > 0 { // the target asked to wait first
+			err = r.check(ctx, op, obs, now.Add(d.After), in.AcceptedBefore)
+			break
+		}
+		var claim store.Claimed
+		claim, err = r.cfg.Store.BeginReplay(ctx, store.BeginReplayParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+			Target: contract.Name, Worker: r.cfg.Worker, Lease: r.cfg.Lease})
+		if err == nil {
+			r.cfg.Deliverer.Deliver(contract, claim)
+		}
+	case Wait:
+		err = r.check(ctx, op, obs, now.Add(d.After), in.AcceptedBefore)
+	}
+	switch {
+	case errors.Is(err, store.ErrFenceLost):
+		log.Warn("fence lost; another actor moved the operation on")
+	case err != nil:
+		log.Error("decision not applied; the claim's lease will expire and it is decided again", "error", err)
+	default:
+		log.Info("reconciled")
+	}
+}
+
+// evidence looks the operation up (capability B) or falls back on what is known; a
+// stale worker's verified success counts, checked like any other observation.
+func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *target.Contract, op store.Claimed) (Evidence, store.Observation) {
+	obs := store.Observation{ObservedAt: time.Now(), Source: "LOOKUP"}
+	if contract.Lookup != nil {
+		res := r.cfg.Connector.Lookup(ctx, contract, op.RemoteKey, op.Payload)
+		obs.HTTPStatus = res.HTTPStatus
+		switch res.Outcome {
+		case target.LookupFound:
+			obs.Outcome = "FOUND"
+			if !res.Matches {
+				obs.Outcome = "FOUND_MISMATCH"
+			}
+			return Evidence{Kind: Found, RemoteRef: res.RemoteRef, Matches: res.Matches}, obs
+		case target.LookupNotFound:
+			obs.Outcome = "NOT_FOUND"
+			return Evidence{Kind: NotFound}, obs
+		default:
+			obs.Outcome = "LOOKUP_FAILED"
+			return Evidence{Kind: LookupFailed}, obs
+		}
+	}
+	obs.Source = "BROKER"
+	if ref, ok, err := r.cfg.Store.StaleSuccess(ctx, op.TenantID, op.ID); err != nil {
+		log.Warn("stale evidence not read", "error", err)
+	} else if ok {
+		// A verified answer of the target to this operation's own request, with its
+		// reference, that arrived after the sender lost its fence.
+		obs.Outcome = "STALE_VERIFIED_SUCCESS"
+		return Evidence{Kind: Found, RemoteRef: ref, Matches: true}, obs
+	}
+	if last := op.LastObservation; last != nil && (last.Outcome == target.ClassInProgress || last.Outcome == target.ClassAccepted) {
+		obs.Outcome = "ACCEPTED_UNFINISHED"
+		return Evidence{Kind: InProgress}, obs
+	}
+	obs.Outcome = "NO_EVIDENCE"
+	return Evidence{Kind: NoEvidence}, obs
+}
+
+func (r *Reconciler) check(ctx context.Context, op store.Claimed, obs store.Observation, next time.Time, accepted bool) error {
+	_, err := r.cfg.Store.RecordCheck(ctx, store.CheckParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+		Observation: obs, NextCheckAt: next, AcceptedUnfinished: accepted, Actor: r.actor()})
+	return err
+}
+
+func (r *Reconciler) escalate(ctx context.Context, log *slog.Logger, op store.Claimed, contract *target.Contract, reason string) {
+	owner := "unassigned: no contract"
+	if contract != nil {
+		owner = contract.Owner.Team
+		if contract.Owner.Escalation != "" {
+			owner += " (" + contract.Owner.Escalation + ")"
+		}
+	}
+	_, err := r.cfg.Store.ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+		State: store.StateEscalated, Observation: store.Observation{ObservedAt: time.Now(), Source: "BROKER", Outcome: "ESCALATED", Summary: reason},
+		Escalation: &store.Escalation{Owner: owner, Reason: reason, EscalatedAt: time.Now()}, Actor: r.actor()})
+	if err != nil {
+		log.Error("escalation not recorded; it is decided again when the lease expires", "error", err)
+		return
+	}
+	log.Warn("escalated", "owner", owner, "reason", reason)
+}
+
+func (r *Reconciler) actor() string { return "reconciler:" + r.cfg.Worker }

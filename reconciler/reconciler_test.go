@@ -1,0 +1,270 @@
+package reconciler_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/opbroker/opbroker/dispatcher"
+	"github.com/opbroker/opbroker/payload"
+	"github.com/opbroker/opbroker/reconciler"
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
+	"github.com/opbroker/opbroker/target"
+)
+
+type testBundle struct {
+	ctx        context.Context
+	store      *store.Store
+	pool       *pgxpool.Pool
+	sim        *simtarget.Target
+	targets    *target.Targets
+	dispatcher *dispatcher.Dispatcher
+}
+
+// setup runs a ledger, a simulated target whose demo contracts are adjusted for fast
+// tests (visibility delay 300ms, 1s timeout), and a dispatcher.
+func setup(t *testing.T, cfg simtarget.Config, adjust ...func(*target.Contract)) *testBundle {
+	t.Helper()
+	st, pool := storetest.NewStore(t)
+	sim := simtarget.New(cfg)
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	t.Cleanup(sim.Close)
+	contracts := simtarget.DemoContracts(srv.URL)
+	for _, c := range contracts {
+		c.Endpoint.Timeout = target.Duration(time.Second)
+		if c.Lookup != nil {
+			c.Lookup.VisibilityDelay = target.Duration(300 * time.Millisecond)
+		}
+		for _, f := range adjust {
+			f(c)
+		}
+	}
+	targets, err := target.New(contracts...)
+	require.NoError(t, err)
+	d, err := dispatcher.New(dispatcher.Config{Store: st, Targets: targets, Connector: target.NewConnector(),
+		Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider(), PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(d.Stop)
+	return &testBundle{ctx: context.Background(), store: st, pool: pool, sim: sim, targets: targets, dispatcher: d}
+}
+
+func (b *testBundle) reconciler(t *testing.T, worker string) *reconciler.Reconciler {
+	t.Helper()
+	r, err := reconciler.New(reconciler.Config{Store: b.store, Targets: b.targets, Connector: target.NewConnector(),
+		Deliverer: b.dispatcher, Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider(),
+		Worker: worker, PollInterval: 20 * time.Millisecond, MaxLooks: 6, Lease: 10 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(r.Stop)
+	return r
+}
+
+func (b *testBundle) prepare(t *testing.T, typ, intent, body string, supersedes ...uuid.UUID) store.Operation {
+	t.Helper()
+	digest, err := payload.Hash("application/json", []byte(body))
+	require.NoError(t, err)
+	p := store.PrepareParams{TenantID: "acme", OperationType: typ, IntentRef: intent, ContentType: "application/json",
+		Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test"}
+	if len(supersedes) > 0 {
+		p.SupersedesID = uuid.NullUUID{UUID: supersedes[0], Valid: true}
+	}
+	op, _, err := b.store.Prepare(b.ctx, p)
+	require.NoError(t, err)
+	return op
+}
+
+func (b *testBundle) get(t *testing.T, op store.Operation) store.Operation {
+	t.Helper()
+	got, err := b.store.Get(b.ctx, op.TenantID, op.ID)
+	require.NoError(t, err)
+	return got
+}
+
+func (b *testBundle) waitState(t *testing.T, op store.Operation, want store.State) store.Operation {
+	t.Helper()
+	require.Eventually(t, func() bool { return b.get(t, op).State == want }, 30*time.Second, 10*time.Millisecond,
+		"operation never reached %s: %+v", want, b.get(t, op).LastObservation)
+	return b.get(t, op)
+}
+
+func (b *testBundle) truth(t *testing.T, op store.Operation) *simtarget.KeyTruth {
+	t.Helper()
+	var key string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT remote_key::text FROM operations WHERE operation_id = $1`, op.ID).Scan(&key))
+	kt := b.sim.Snapshot().Keys[key]
+	if kt == nil {
+		return &simtarget.KeyTruth{}
+	}
+	return kt
+}
+
+func fault(f simtarget.Fault) string { return `{"amount":100,"sim":{"fault":"` + string(f) + `"}}` }
+
+// TestCommittedThenDroppedResolvesByLookup (seed fault-injection test 1): the server
+// commits and the response is dropped: UNKNOWN, then SUCCEEDED after reconciliation,
+// exactly one remote object, no second send.
+func TestCommittedThenDroppedResolvesByLookup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	op := b.prepare(t, simtarget.DemoCharge, "order-1", fault(simtarget.FaultCommitThenReset))
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	b.waitState(t, op, store.StateUnknown)
+
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	got := b.waitState(t, op, store.StateSucceeded)
+	kt := b.truth(t, op)
+	require.Equal(t, 1, kt.Effects)
+	require.Equal(t, 1, kt.Attempts, "resolved by asking, not by re-sending")
+	require.Equal(t, kt.IDs[0], got.RemoteRef)
+	require.Equal(t, "FOUND", got.LastObservation.Outcome)
+}
+
+// TestNotFoundWhileSlowStaysUnknown (seed fault-injection test 5): a lookup that finds
+// nothing while the target lags never makes the operation FAILED_TERMINAL.
+func TestNotFoundWhileSlowStaysUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{LookupLag: time.Hour}, func(c *target.Contract) {
+		if c.Idempotency != nil {
+			c.Idempotency.Retention = target.Duration(time.Millisecond) // no replay: only asking is left
+		}
+	})
+	op := b.prepare(t, simtarget.DemoCharge, "order-slow", fault(simtarget.FaultCommitThenReset))
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	b.waitState(t, op, store.StateUnknown)
+	r := b.reconciler(t, "r1")
+	require.NoError(t, r.Start(b.ctx))
+	require.Eventually(t, func() bool { return b.get(t, op).Checks >= 2 }, 30*time.Second, 10*time.Millisecond)
+	got := b.get(t, op)
+	require.Equal(t, store.StateUnknown, got.State, "absence is not final")
+	require.Equal(t, "NOT_FOUND", got.LastObservation.Outcome)
+	require.Equal(t, 1, b.truth(t, op).Effects)
+	require.Equal(t, 1, b.truth(t, op).Attempts)
+}
+
+// TestReplayInsideTheWindow: nothing arrived; a same-key replay inside the retention
+// window completes the intent with one effect.
+func TestReplayInsideTheWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	// The fault applies to the first request only: the replay carries the same bytes, so
+	// the target is configured to fail once through its random source instead.
+	op := b.prepare(t, simtarget.DemoCharge, "order-2", `{"amount":100}`)
+	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", OperationTypes: []string{simtarget.DemoCharge},
+		Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1})
+	require.NoError(t, err)
+	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "test"})
+	require.NoError(t, err, "a send that never left, recorded UNKNOWN")
+
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	got := b.waitState(t, op, store.StateSucceeded)
+	require.Equal(t, int32(1), got.Replays)
+	require.Equal(t, int32(2), got.AttemptCount)
+	kt := b.truth(t, op)
+	require.Equal(t, 1, kt.Effects)
+	require.Equal(t, 1, kt.Attempts, "the original never arrived; the replay did")
+}
+
+// TestNoReplayAfterTheWindow: outside the key's retention window a replay could make a
+// second effect, so the reconciler looks and finally escalates instead.
+func TestNoReplayAfterTheWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{}, func(c *target.Contract) {
+		if c.Idempotency != nil {
+			c.Idempotency.Retention = target.Duration(time.Millisecond)
+		}
+	})
+	op := b.prepare(t, simtarget.DemoCharge, "order-3", fault(simtarget.FaultResetBeforeCommit))
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	b.waitState(t, op, store.StateUnknown)
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	require.Eventually(t, func() bool { return b.get(t, op).Checks >= 2 }, 30*time.Second, 10*time.Millisecond)
+	got := b.get(t, op)
+	require.Contains(t, []store.State{store.StateUnknown, store.StateEscalated}, got.State)
+	require.Zero(t, got.Replays)
+	require.Equal(t, 1, b.truth(t, op).Attempts, "never replayed outside the window")
+}
+
+// TestProvidersThatCacheOrForgetErrors: a 5xx after commit is UNKNOWN; a lookup finds
+// the effect, so nothing is replayed, whether the provider replays saved errors (Stripe
+// v1) or re-executes after them (a replay would duplicate).
+func TestProvidersThatCacheOrForgetErrors(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]simtarget.Config{"replays saved 5xx": {}, "saves only successes": {SaveOnlySuccesses: true}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, cfg)
+			op := b.prepare(t, simtarget.DemoCharge, "order-5xx", fault(simtarget.Fault5xxAfterCommit))
+			require.NoError(t, b.dispatcher.Start(b.ctx))
+			b.waitState(t, op, store.StateUnknown)
+			require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+			b.waitState(t, op, store.StateSucceeded)
+			require.Equal(t, 1, b.truth(t, op).Effects, "exactly one effect")
+			require.Equal(t, 1, b.truth(t, op).Attempts)
+		})
+	}
+}
+
+// TestUnkeyedTargetEscalatesToItsOwner: capability D is never retried.
+func TestUnkeyedTargetEscalatesToItsOwner(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	op := b.prepare(t, simtarget.DemoNotify, "note-1", `{"to":"ops","sim":{"fault":"commit_then_reset"}}`)
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	b.waitState(t, op, store.StateUnknown)
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	got := b.waitState(t, op, store.StateEscalated)
+	require.Contains(t, got.Escalation.Owner, "demo-oncall")
+	require.Contains(t, got.Escalation.Reason, "no way to find out")
+	require.Equal(t, 1, b.truth(t, op).Attempts, "never re-sent")
+}
+
+// TestAmendmentWhileOriginalUnknown: the amendment is its own operation; the original is
+// resolved on its own evidence and never overwritten.
+func TestAmendmentWhileOriginalUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	orig := b.prepare(t, simtarget.DemoCharge, "credit-1", fault(simtarget.FaultCommitThenReset))
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	b.waitState(t, orig, store.StateUnknown)
+	amend := b.prepare(t, simtarget.DemoCharge, "credit-1-amended", `{"amount":40}`, orig.ID)
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	b.waitState(t, orig, store.StateSucceeded)
+	b.waitState(t, amend, store.StateSucceeded)
+	require.Equal(t, 1, b.truth(t, orig).Effects)
+	require.Equal(t, 1, b.truth(t, amend).Effects)
+	require.Len(t, b.truth(t, orig).PayloadSHA256, 1, "the original's key only ever carried its own payload")
+}
+
+// TestTwoReconcilersRace: every operation is resolved once, with no double replay.
+func TestTwoReconcilersRace(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	var ops []store.Operation
+	for i := range 40 {
+		ops = append(ops, b.prepare(t, simtarget.DemoCharge, fmt.Sprintf("race-%d", i), fmt.Sprintf(`{"amount":%d,"sim":{"fault":"commit_then_reset"}}`, i+1)))
+	}
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	for _, op := range ops {
+		b.waitState(t, op, store.StateUnknown)
+	}
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	require.NoError(t, b.reconciler(t, "r2").Start(b.ctx))
+	for _, op := range ops {
+		b.waitState(t, op, store.StateSucceeded)
+		require.Equal(t, 1, b.truth(t, op).Attempts)
+	}
+	var resolutions int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operation_events WHERE from_state = 'UNKNOWN' AND to_state = 'SUCCEEDED'`).Scan(&resolutions))
+	require.Equal(t, len(ops), resolutions, "each resolved exactly once")
+}
