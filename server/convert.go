@@ -36,6 +36,10 @@ func operationToProto(op store.Operation) *opbrokerv1.Operation {
 		CreateTime:       timestamppb.New(op.CreatedAt),
 		UpdateTime:       timestamppb.New(op.UpdatedAt),
 		FirstSendTime:    timestamp(op.FirstSentAt),
+		NextCheckTime:    timestamp(op.NextCheckAt),
+	}
+	if e := op.Escalation; e != nil {
+		out.Escalation = &opbrokerv1.Operation_Escalation{Owner: e.Owner, Reason: e.Reason, EscalateTime: timestamppb.New(e.EscalatedAt)}
 	}
 	if op.SupersedesID.Valid {
 		out.Supersedes = operationName(op.TenantID, op.SupersedesID.UUID)

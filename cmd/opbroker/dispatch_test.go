@@ -51,10 +51,11 @@ func (l *ledger) waitState(name, want string) {
 		"operation %s never reached %s", name, want)
 }
 
-// TestWorkerKilledAfterSendEndsUnknown (seed fault-injection test 2): a real process is
-// killed after the target answered and before the answer was recorded, so the effect
-// certainly exists while the ledger says IN_FLIGHT. Another replica's sweeper moves the
-// operation to UNKNOWN when the lease expires; nobody re-sends it. (Killed right after
+// TestWorkerKilledAfterSendEndsUnknown (seed fault-injection test 2, and the crash after
+// remote success before the local record): a real process is killed after the target
+// answered and before the answer was recorded, so the effect certainly exists while the
+// ledger says IN_FLIGHT. Another replica's sweeper moves the operation to UNKNOWN when
+// the lease expires; its reconciler finds the effect; nobody re-sends it. (Killed right after
 // writing the request, the process's socket is reset and the target may never read it:
 // that is the reset-before-commit case, covered by the fault tests.)
 func TestWorkerKilledAfterSendEndsUnknown(t *testing.T) {
@@ -79,9 +80,21 @@ func TestWorkerKilledAfterSendEndsUnknown(t *testing.T) {
 	l := openLedger(t, url)
 	require.Equal(t, "IN_FLIGHT", l.state(name), "killed between send and record")
 
+	// The survivor's sweeper makes it UNKNOWN when the lease expires (never PREPARED),
+	// and its reconciler asks the target and finds the effect.
 	survivor := start(t, serveArgs(url, targets, "--dispatch-lease", "2s")...)
 	survivor.waitReady(t)
-	l.waitState(name, "UNKNOWN")
+	l.waitState(name, "SUCCEEDED")
+	var path []string
+	rows, err := l.conn.Query(context.Background(), `SELECT coalesce(from_state::text, '') || '>' || to_state FROM operation_events
+		WHERE 'tenants/' || tenant_id || '/operations/' || operation_id = $1 ORDER BY revision`, name)
+	require.NoError(t, err)
+	for rows.Next() {
+		var step string
+		require.NoError(t, rows.Scan(&step))
+		path = append(path, step)
+	}
+	require.Equal(t, []string{">PREPARED", "PREPARED>IN_FLIGHT", "IN_FLIGHT>UNKNOWN", "UNKNOWN>SUCCEEDED"}, path)
 	kt := sim.Snapshot().Keys[l.remoteKey(name)]
 	require.NotNil(t, kt, "the target received the request")
 	require.Equal(t, 1, kt.Attempts, "sent once, never re-sent")
@@ -99,7 +112,7 @@ func TestPausedWorkerCannotRecordOverNewState(t *testing.T) {
 	targets := targetsFile(t, simAt)
 
 	paused := startEnv(t, []string{crashpoint.EnvVar + "=" + crashpoint.DispatchAfterSend + "=pause"},
-		serveArgs(url, targets, "--dispatch-lease", "2s")...)
+		serveArgs(url, targets, "--dispatch-lease", "2s", "--reconcile=false")...)
 	client := opbrokerv1.NewOperationServiceClient(dial(t, paused.waitReady(t)))
 	resp, err := prepare(context.Background(), client, "order-paused")
 	require.NoError(t, err)
@@ -107,7 +120,9 @@ func TestPausedWorkerCannotRecordOverNewState(t *testing.T) {
 	l := openLedger(t, url)
 	require.Eventually(t, func() bool { return sim.Snapshot().Keys[l.remoteKey(name)] != nil }, 30*time.Second, 10*time.Millisecond)
 
-	sweeper := start(t, serveArgs(url, targets, "--dispatch-lease", "2s", "--log-level", "debug")...)
+	// Neither replica reconciles: a reconciler (a legitimate actor with a new fence) would
+	// resolve the operation, and this test is about the stale write alone.
+	sweeper := start(t, serveArgs(url, targets, "--dispatch-lease", "2s", "--reconcile=false")...)
 	sweeper.waitReady(t)
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -20,6 +20,7 @@ func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
 		&cli.BoolFlag{Name: "dispatch", Value: true, Usage: "run the dispatcher in this replica (--dispatch=false serves the API only)", Sources: cli.EnvVars("OPBROKER_DISPATCH")},
 		&cli.IntFlag{Name: "dispatch-pool-size", Value: 32, Usage: "concurrent sends of this replica", Sources: cli.EnvVars("OPBROKER_DISPATCH_POOL_SIZE")},
 		&cli.IntFlag{Name: "dispatch-claim-batch", Value: 64, Usage: "operations claimed per statement", Sources: cli.EnvVars("OPBROKER_DISPATCH_CLAIM_BATCH")},
+		&cli.BoolFlag{Name: "reconcile", Value: true, Usage: "run the reconciler in this replica (resolves UNKNOWN operations)", Sources: cli.EnvVars("OPBROKER_RECONCILE")},
 		&cli.DurationFlag{Name: "dispatch-lease", Value: 30 * time.Second, Usage: "how long a claim is held before an expired one becomes UNKNOWN (extended during a call)", Sources: cli.EnvVars("OPBROKER_DISPATCH_LEASE")},
 	}
 }

@@ -19,6 +19,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/opbroker/opbroker/dispatcher"
+	"github.com/opbroker/opbroker/reconciler"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
@@ -32,7 +33,9 @@ type broker struct {
 	store      *store.Store
 	targets    *target.Targets
 	srv        *server.Server
-	dispatcher *dispatcher.Dispatcher // nil when this replica does not dispatch
+	dispatcher *dispatcher.Dispatcher // always built: the reconciler's replays go through it
+	dispatch   bool                   // whether this replica claims PREPARED operations
+	reconciler *reconciler.Reconciler // nil when this replica does not reconcile
 	notifier   *store.Notifier
 	grpcLis    net.Listener
 	httpSrv    *http.Server
@@ -101,12 +104,21 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	if cmd.Bool("dispatch") {
-		b.dispatcher, err = dispatcher.New(dispatcher.Config{
-			Store: b.store, Targets: b.targets, Connector: target.NewConnector(),
+	connector := target.NewConnector()
+	b.dispatch = cmd.Bool("dispatch")
+	b.dispatcher, err = dispatcher.New(dispatcher.Config{
+		Store: b.store, Targets: b.targets, Connector: connector,
+		Logger: b.log, MeterProvider: b.meters,
+		PoolSize: cmd.Int("dispatch-pool-size"), ClaimBatch: cmd.Int("dispatch-claim-batch"),
+		Lease: cmd.Duration("dispatch-lease"), ShutdownGrace: b.grace,
+	})
+	if err != nil {
+		return err
+	}
+	if cmd.Bool("reconcile") {
+		b.reconciler, err = reconciler.New(reconciler.Config{
+			Store: b.store, Targets: b.targets, Connector: connector, Deliverer: b.dispatcher,
 			Logger: b.log, MeterProvider: b.meters,
-			PoolSize: cmd.Int("dispatch-pool-size"), ClaimBatch: cmd.Int("dispatch-claim-batch"),
-			Lease: cmd.Duration("dispatch-lease"), ShutdownGrace: b.grace,
 		})
 		if err != nil {
 			return err
@@ -125,15 +137,20 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
 }
 
 // run serves until ctx is cancelled (SIGINT or SIGTERM) or the gRPC server fails, then
-// shuts down: health NOT_SERVING and the dispatcher stops claiming at once; gRPC calls
-// and sends in progress get the grace period (sends' outcomes are recorded); then the
-// notifier, the metrics endpoint and the database pool close.
+// shuts down: health NOT_SERVING, the reconciler and the dispatcher stop claiming at
+// once; gRPC calls and sends in progress get the grace period (sends' outcomes are
+// recorded); then the notifier, the metrics endpoint and the database pool close.
 func (b *broker) run(ctx context.Context) error {
 	if err := b.notifier.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	if b.dispatcher != nil {
+	if b.dispatch {
 		if err := b.dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
+	}
+	if b.reconciler != nil {
+		if err := b.reconciler.Start(context.WithoutCancel(ctx)); err != nil {
 			return err
 		}
 	}
@@ -155,9 +172,12 @@ func (b *broker) run(ctx context.Context) error {
 	}
 	var stopping sync.WaitGroup
 	stopping.Go(func() { b.srv.Stop(b.grace) })
-	if b.dispatcher != nil {
-		stopping.Go(b.dispatcher.Stop)
-	}
+	stopping.Go(func() {
+		if b.reconciler != nil {
+			b.reconciler.Stop() // its replays deliver through the dispatcher: stop it first
+		}
+		b.dispatcher.Stop()
+	})
 	stopping.Wait()
 	b.close()
 	return err

@@ -214,6 +214,10 @@ type Operation struct {
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	// When the first transmission started; the target's key retention window runs from it.
 	FirstSendTime *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=first_send_time,json=firstSendTime,proto3" json:"first_send_time,omitempty"`
+	// For STATE_ESCALATED: the owner and the reason.
+	Escalation *Operation_Escalation `protobuf:"bytes,19,opt,name=escalation,proto3" json:"escalation,omitempty"`
+	// For STATE_UNKNOWN: when the broker next asks the target.
+	NextCheckTime *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=next_check_time,json=nextCheckTime,proto3" json:"next_check_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -374,6 +378,20 @@ func (x *Operation) GetFirstSendTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Operation) GetEscalation() *Operation_Escalation {
+	if x != nil {
+		return x.Escalation
+	}
+	return nil
+}
+
+func (x *Operation) GetNextCheckTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextCheckTime
+	}
+	return nil
+}
+
 // The most recent thing the broker learned about the remote effect. It never holds
 // payload bytes.
 type Operation_Observation struct {
@@ -457,11 +475,75 @@ func (x *Operation_Observation) GetSummary() string {
 	return ""
 }
 
+// Who an operation that could not be resolved automatically was handed to.
+type Operation_Escalation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The owner from the target's contract, with where to find its runbook or queue.
+	Owner string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Why the broker could not resolve it.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When it was escalated.
+	EscalateTime  *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=escalate_time,json=escalateTime,proto3" json:"escalate_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Operation_Escalation) Reset() {
+	*x = Operation_Escalation{}
+	mi := &file_opbroker_v1_operation_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Operation_Escalation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Operation_Escalation) ProtoMessage() {}
+
+func (x *Operation_Escalation) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_operation_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Operation_Escalation.ProtoReflect.Descriptor instead.
+func (*Operation_Escalation) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_operation_proto_rawDescGZIP(), []int{0, 1}
+}
+
+func (x *Operation_Escalation) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *Operation_Escalation) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Operation_Escalation) GetEscalateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EscalateTime
+	}
+	return nil
+}
+
 var File_opbroker_v1_operation_proto protoreflect.FileDescriptor
 
 const file_opbroker_v1_operation_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopbroker/v1/operation.proto\x12\vopbroker.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xce\f\n" +
+	"\x1bopbroker/v1/operation.proto\x12\vopbroker.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdc\x0e\n" +
 	"\tOperation\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\bR\x04name\x12\x1b\n" +
 	"\x06tenant\x18\x02 \x01(\tB\x03\xe0A\x05R\x06tenant\x12*\n" +
@@ -488,14 +570,23 @@ const file_opbroker_v1_operation_proto_rawDesc = "" +
 	"createTime\x12@\n" +
 	"\vupdate_time\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\n" +
 	"updateTime\x12G\n" +
-	"\x0ffirst_send_time\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\rfirstSendTime\x1a\xd8\x01\n" +
+	"\x0ffirst_send_time\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\rfirstSendTime\x12F\n" +
+	"\n" +
+	"escalation\x18\x13 \x01(\v2!.opbroker.v1.Operation.EscalationB\x03\xe0A\x03R\n" +
+	"escalation\x12G\n" +
+	"\x0fnext_check_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\rnextCheckTime\x1a\xd8\x01\n" +
 	"\vObservation\x12=\n" +
 	"\fobserve_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vobserveTime\x125\n" +
 	"\x06source\x18\x02 \x01(\x0e2\x1d.opbroker.v1.Operation.SourceR\x06source\x12\x18\n" +
 	"\aoutcome\x18\x03 \x01(\tR\aoutcome\x12\x1f\n" +
 	"\vhttp_status\x18\x04 \x01(\x05R\n" +
 	"httpStatus\x12\x18\n" +
-	"\asummary\x18\x05 \x01(\tR\asummary\x1a9\n" +
+	"\asummary\x18\x05 \x01(\tR\asummary\x1a{\n" +
+	"\n" +
+	"Escalation\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12?\n" +
+	"\rescalate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fescalateTime\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb4\x01\n" +
@@ -533,30 +624,34 @@ func file_opbroker_v1_operation_proto_rawDescGZIP() []byte {
 }
 
 var file_opbroker_v1_operation_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opbroker_v1_operation_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_opbroker_v1_operation_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_opbroker_v1_operation_proto_goTypes = []any{
 	(Operation_State)(0),          // 0: opbroker.v1.Operation.State
 	(Operation_Source)(0),         // 1: opbroker.v1.Operation.Source
 	(*Operation)(nil),             // 2: opbroker.v1.Operation
 	(*Operation_Observation)(nil), // 3: opbroker.v1.Operation.Observation
-	nil,                           // 4: opbroker.v1.Operation.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*Operation_Escalation)(nil),  // 4: opbroker.v1.Operation.Escalation
+	nil,                           // 5: opbroker.v1.Operation.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
 }
 var file_opbroker_v1_operation_proto_depIdxs = []int32{
-	0, // 0: opbroker.v1.Operation.state:type_name -> opbroker.v1.Operation.State
-	3, // 1: opbroker.v1.Operation.last_observation:type_name -> opbroker.v1.Operation.Observation
-	4, // 2: opbroker.v1.Operation.labels:type_name -> opbroker.v1.Operation.LabelsEntry
-	5, // 3: opbroker.v1.Operation.dispatch_deadline:type_name -> google.protobuf.Timestamp
-	5, // 4: opbroker.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
-	5, // 5: opbroker.v1.Operation.update_time:type_name -> google.protobuf.Timestamp
-	5, // 6: opbroker.v1.Operation.first_send_time:type_name -> google.protobuf.Timestamp
-	5, // 7: opbroker.v1.Operation.Observation.observe_time:type_name -> google.protobuf.Timestamp
-	1, // 8: opbroker.v1.Operation.Observation.source:type_name -> opbroker.v1.Operation.Source
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	0,  // 0: opbroker.v1.Operation.state:type_name -> opbroker.v1.Operation.State
+	3,  // 1: opbroker.v1.Operation.last_observation:type_name -> opbroker.v1.Operation.Observation
+	5,  // 2: opbroker.v1.Operation.labels:type_name -> opbroker.v1.Operation.LabelsEntry
+	6,  // 3: opbroker.v1.Operation.dispatch_deadline:type_name -> google.protobuf.Timestamp
+	6,  // 4: opbroker.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
+	6,  // 5: opbroker.v1.Operation.update_time:type_name -> google.protobuf.Timestamp
+	6,  // 6: opbroker.v1.Operation.first_send_time:type_name -> google.protobuf.Timestamp
+	4,  // 7: opbroker.v1.Operation.escalation:type_name -> opbroker.v1.Operation.Escalation
+	6,  // 8: opbroker.v1.Operation.next_check_time:type_name -> google.protobuf.Timestamp
+	6,  // 9: opbroker.v1.Operation.Observation.observe_time:type_name -> google.protobuf.Timestamp
+	1,  // 10: opbroker.v1.Operation.Observation.source:type_name -> opbroker.v1.Operation.Source
+	6,  // 11: opbroker.v1.Operation.Escalation.escalate_time:type_name -> google.protobuf.Timestamp
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_operation_proto_init() }
@@ -570,7 +665,7 @@ func file_opbroker_v1_operation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opbroker_v1_operation_proto_rawDesc), len(file_opbroker_v1_operation_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
