@@ -5,11 +5,9 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
-	"net/http/httptest"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric/noop"
@@ -20,6 +18,7 @@ import (
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/storetest"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/targettest"
 )
 
 type testBundle struct {
@@ -33,19 +32,7 @@ type testBundle struct {
 func setup(t *testing.T, cfg simtarget.Config, adjust ...func(*target.Contract)) *testBundle {
 	t.Helper()
 	st, pool := storetest.NewStore(t)
-	sim := simtarget.New(cfg)
-	srv := httptest.NewServer(sim)
-	t.Cleanup(srv.Close)
-	t.Cleanup(sim.Close)
-	contracts := simtarget.DemoContracts(srv.URL)
-	for _, c := range contracts {
-		c.Endpoint.Timeout = target.Duration(time.Second)
-		for _, f := range adjust {
-			f(c)
-		}
-	}
-	targets, err := target.New(contracts...)
-	require.NoError(t, err)
+	sim, targets := targettest.Demo(t, cfg, adjust...)
 	return &testBundle{ctx: context.Background(), store: st, pool: pool, sim: sim, targets: targets}
 }
 
@@ -79,12 +66,7 @@ func drain(t *testing.T, b *testBundle, ds ...*dispatcher.Dispatcher) {
 
 func (b *testBundle) prepare(t *testing.T, tenant, typ, intent, body string) store.Operation {
 	t.Helper()
-	digest, err := payload.Hash("application/json", []byte(body))
-	require.NoError(t, err)
-	op, _, err := b.store.Prepare(b.ctx, store.PrepareParams{TenantID: tenant, OperationType: typ, IntentRef: intent,
-		ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test"})
-	require.NoError(t, err)
-	return op
+	return storetest.PrepareJSON(t, b.store, tenant, typ, intent, body)
 }
 
 func (b *testBundle) get(t *testing.T, op store.Operation) store.Operation {
@@ -96,9 +78,7 @@ func (b *testBundle) get(t *testing.T, op store.Operation) store.Operation {
 
 func (b *testBundle) remoteKey(t *testing.T, op store.Operation) string {
 	t.Helper()
-	var key uuid.UUID
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT remote_key FROM operations WHERE operation_id = $1`, op.ID).Scan(&key))
-	return key.String()
+	return storetest.RemoteKey(t, b.pool, op.ID)
 }
 
 func TestDispatchSucceedsWithOneEffect(t *testing.T) {

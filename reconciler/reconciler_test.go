@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/storetest"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/targettest"
 )
 
 type testBundle struct {
@@ -31,27 +31,11 @@ type testBundle struct {
 	dispatcher *dispatcher.Dispatcher
 }
 
-// setup runs a ledger, a simulated target whose demo contracts are adjusted for fast
-// tests (visibility delay 300ms, 1s timeout), and a dispatcher.
+// setup runs a ledger, a simulated target with its demo contracts, and a dispatcher.
 func setup(t *testing.T, cfg simtarget.Config, adjust ...func(*target.Contract)) *testBundle {
 	t.Helper()
 	st, pool := storetest.NewStore(t)
-	sim := simtarget.New(cfg)
-	srv := httptest.NewServer(sim)
-	t.Cleanup(srv.Close)
-	t.Cleanup(sim.Close)
-	contracts := simtarget.DemoContracts(srv.URL)
-	for _, c := range contracts {
-		c.Endpoint.Timeout = target.Duration(time.Second)
-		if c.Lookup != nil {
-			c.Lookup.VisibilityDelay = target.Duration(300 * time.Millisecond)
-		}
-		for _, f := range adjust {
-			f(c)
-		}
-	}
-	targets, err := target.New(contracts...)
-	require.NoError(t, err)
+	sim, targets := targettest.Demo(t, cfg, adjust...)
 	d, err := dispatcher.New(dispatcher.Config{Store: st, Targets: targets, Connector: target.NewConnector(),
 		Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider(), PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
@@ -71,14 +55,14 @@ func (b *testBundle) reconciler(t *testing.T, worker string) *reconciler.Reconci
 
 func (b *testBundle) prepare(t *testing.T, typ, intent, body string, supersedes ...uuid.UUID) store.Operation {
 	t.Helper()
+	if len(supersedes) == 0 {
+		return storetest.PrepareJSON(t, b.store, "acme", typ, intent, body)
+	}
 	digest, err := payload.Hash("application/json", []byte(body))
 	require.NoError(t, err)
-	p := store.PrepareParams{TenantID: "acme", OperationType: typ, IntentRef: intent, ContentType: "application/json",
-		Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test"}
-	if len(supersedes) > 0 {
-		p.SupersedesID = uuid.NullUUID{UUID: supersedes[0], Valid: true}
-	}
-	op, _, err := b.store.Prepare(b.ctx, p)
+	op, _, err := b.store.Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: typ, IntentRef: intent,
+		ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test",
+		SupersedesID: uuid.NullUUID{UUID: supersedes[0], Valid: true}})
 	require.NoError(t, err)
 	return op
 }
@@ -99,9 +83,7 @@ func (b *testBundle) waitState(t *testing.T, op store.Operation, want store.Stat
 
 func (b *testBundle) truth(t *testing.T, op store.Operation) *simtarget.KeyTruth {
 	t.Helper()
-	var key string
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT remote_key::text FROM operations WHERE operation_id = $1`, op.ID).Scan(&key))
-	kt := b.sim.Snapshot().Keys[key]
+	kt := b.sim.Snapshot().Keys[storetest.RemoteKey(t, b.pool, op.ID)]
 	if kt == nil {
 		return &simtarget.KeyTruth{}
 	}

@@ -41,6 +41,33 @@ type ClaimParams struct {
 // observed is only evidence.
 var ErrFenceLost = errors.New("store: fence lost")
 
+// fairPick returns the CTEs "tenants" and "picked" of a fair claim: up to $5 operations
+// in state, of the types $3, that are due, at most $4 per tenant, over at most $2
+// tenants after $1 (a rotating cursor), oldest first by order, locked and skipping rows
+// other claimers hold. Its arguments are constants of this package, never input.
+func fairPick(state, due, order string) string {
+	return `
+		WITH RECURSIVE tenants (tenant_id, n) AS (
+			(SELECT tenant_id, 1 FROM operations
+			 WHERE state = '` + state + `' AND tenant_id > $1
+			 ORDER BY tenant_id LIMIT 1)
+			UNION ALL
+			(SELECT next.tenant_id, t.n + 1 FROM tenants t, LATERAL (
+				SELECT tenant_id FROM operations
+				WHERE state = '` + state + `' AND tenant_id > t.tenant_id
+				ORDER BY tenant_id LIMIT 1) next
+			 WHERE t.n < $2)
+		), picked AS (
+			SELECT p.tenant_id, p.operation_id FROM tenants t, LATERAL (
+				SELECT tenant_id, operation_id FROM operations
+				WHERE tenant_id = t.tenant_id AND state = '` + state + `' AND operation_type = ANY ($3)
+				  AND ` + due + `
+				ORDER BY ` + order + `
+				LIMIT $4
+				FOR UPDATE SKIP LOCKED) p
+			LIMIT $5`
+}
+
 // claimedColumns is what Claim returns, read by scanClaimed.
 const claimedColumns = operationColumns + `, payload, remote_key, lease_expires_at`
 
@@ -56,26 +83,8 @@ func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
 // claimers never take the same operation. Operations whose dispatch deadline has passed
 // are left to ExpireDeadlines.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
-	rows, _ := s.pool.Query(ctx, `
-		WITH RECURSIVE tenants (tenant_id, n) AS (
-			(SELECT tenant_id, 1 FROM operations
-			 WHERE state = 'PREPARED' AND tenant_id > $1
-			 ORDER BY tenant_id LIMIT 1)
-			UNION ALL
-			(SELECT next.tenant_id, t.n + 1 FROM tenants t, LATERAL (
-				SELECT tenant_id FROM operations
-				WHERE state = 'PREPARED' AND tenant_id > t.tenant_id
-				ORDER BY tenant_id LIMIT 1) next
-			 WHERE t.n < $2)
-		), picked AS (
-			SELECT p.tenant_id, p.operation_id FROM tenants t, LATERAL (
-				SELECT tenant_id, operation_id FROM operations
-				WHERE tenant_id = t.tenant_id AND state = 'PREPARED' AND operation_type = ANY ($3)
-				  AND (dispatch_deadline IS NULL OR dispatch_deadline > now())
-				ORDER BY operation_id
-				LIMIT $4
-				FOR UPDATE SKIP LOCKED) p
-			LIMIT $5
+	rows, _ := s.pool.Query(ctx, fairPick("PREPARED",
+		"(dispatch_deadline IS NULL OR dispatch_deadline > now())", "operation_id")+`
 		), claimed AS (
 			UPDATE operations o SET
 				state = 'IN_FLIGHT', revision = o.revision + 1, fence_token = o.fence_token + 1,

@@ -26,26 +26,8 @@ type ClaimUnknownParams struct {
 // fence + 1 without a change of state, so two reconcilers never act on one operation at
 // once, and only the holder of the new fence can record what it finds.
 func (s *Store) ClaimUnknown(ctx context.Context, p ClaimUnknownParams) ([]Claimed, error) {
-	rows, _ := s.pool.Query(ctx, `
-		WITH RECURSIVE tenants (tenant_id, n) AS (
-			(SELECT tenant_id, 1 FROM operations
-			 WHERE state = 'UNKNOWN' AND tenant_id > $1
-			 ORDER BY tenant_id LIMIT 1)
-			UNION ALL
-			(SELECT next.tenant_id, t.n + 1 FROM tenants t, LATERAL (
-				SELECT tenant_id FROM operations
-				WHERE state = 'UNKNOWN' AND tenant_id > t.tenant_id
-				ORDER BY tenant_id LIMIT 1) next
-			 WHERE t.n < $2)
-		), picked AS (
-			SELECT p.tenant_id, p.operation_id FROM tenants t, LATERAL (
-				SELECT tenant_id, operation_id FROM operations
-				WHERE tenant_id = t.tenant_id AND state = 'UNKNOWN' AND operation_type = ANY ($3)
-				  AND next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())
-				ORDER BY next_check_at
-				LIMIT $4
-				FOR UPDATE SKIP LOCKED) p
-			LIMIT $5
+	rows, _ := s.pool.Query(ctx, fairPick("UNKNOWN",
+		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at")+`
 		), claimed AS (
 			UPDATE operations o SET fence_token = o.fence_token + 1, lease_owner = $6, lease_expires_at = now() + $7::interval
 			FROM picked

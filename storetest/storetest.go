@@ -15,11 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/opbroker/opbroker/embeddedpg"
+	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/store"
 )
 
@@ -160,4 +162,29 @@ func NewStore(t testing.TB) (*store.Store, *pgxpool.Pool) {
 	t.Helper()
 	pool := Pool(t, Schema(t))
 	return store.New(pool), pool
+}
+
+// PrepareJSON records an intent with a JSON payload, hashing it as the server would.
+func PrepareJSON(t testing.TB, st *store.Store, tenant, operationType, intent, body string) store.Operation {
+	t.Helper()
+	digest, err := payload.Hash("application/json", []byte(body))
+	if err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	op, _, err := st.Prepare(context.Background(), store.PrepareParams{TenantID: tenant, OperationType: operationType,
+		IntentRef: intent, ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test"})
+	if err != nil {
+		t.Fatalf("storetest: prepare: %v", err)
+	}
+	return op
+}
+
+// RemoteKey returns the key an operation is sent with, as the target sees it.
+func RemoteKey(t testing.TB, pool *pgxpool.Pool, id uuid.UUID) string {
+	t.Helper()
+	var key string
+	if err := pool.QueryRow(context.Background(), `SELECT remote_key::text FROM operations WHERE operation_id = $1`, id).Scan(&key); err != nil {
+		t.Fatalf("storetest: remote key: %v", err)
+	}
+	return key
 }

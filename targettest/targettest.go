@@ -1,0 +1,37 @@
+// Package targettest runs a simulated target with its demo contracts for tests.
+package targettest
+
+import (
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/target"
+)
+
+// Demo runs a simulated target with cfg for the test and returns it with its demo
+// contracts, tuned for fast tests (1s timeouts, lookups visible after 300ms) and then
+// changed by adjust. Both are closed at cleanup.
+func Demo(t testing.TB, cfg simtarget.Config, adjust ...func(*target.Contract)) (*simtarget.Target, *target.Targets) {
+	t.Helper()
+	sim := simtarget.New(cfg)
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	t.Cleanup(sim.Close)
+	contracts := simtarget.DemoContracts(srv.URL)
+	for _, c := range contracts {
+		c.Endpoint.Timeout = target.Duration(time.Second)
+		if c.Lookup != nil {
+			c.Lookup.VisibilityDelay = target.Duration(300 * time.Millisecond)
+		}
+		for _, f := range adjust {
+			f(c)
+		}
+	}
+	targets, err := target.New(contracts...)
+	require.NoError(t, err)
+	return sim, targets
+}
