@@ -26,6 +26,7 @@ import (
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/storetest"
 	"github.com/opbroker/opbroker/target"
 )
@@ -519,4 +520,18 @@ func TestPanicBecomesInternalWithErrorInfo(t *testing.T) {
 	st := requireStatus(t, err, codes.Internal, server.ReasonInternal)
 	require.Equal(t, "internal error", st.Message(), "the panic value is not sent to clients")
 	require.Contains(t, logs.String(), "panic in handler")
+}
+
+func TestDatabaseDownIsUnavailable(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
+	require.NoError(t, err, "the pool connects lazily")
+	t.Cleanup(pool.Close)
+	conn := serve(t, server.Options{Store: store.New(pool), Targets: demoTargets(t),
+		Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider()})
+	client := opbrokerv1.NewOperationServiceClient(conn)
+	_, err = client.GetOperation(context.Background(), &opbrokerv1.GetOperationRequest{Name: "tenants/acme/operations/0190a4a8-0000-7000-8000-000000000000"})
+	requireStatus(t, err, codes.Unavailable, server.ReasonDatabaseUnavailable)
+	_, err = client.PrepareOperation(context.Background(), prepareRequest("acme", "x", `{}`))
+	requireStatus(t, err, codes.Unavailable, server.ReasonDatabaseUnavailable)
 }
