@@ -93,10 +93,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 			FROM picked
 			WHERE o.tenant_id = picked.tenant_id AND o.operation_id = picked.operation_id AND o.state = 'PREPARED'
 			RETURNING o.*
-		), ev AS (
-			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, created_at)
-			SELECT tenant_id, operation_id, revision, 'PREPARED', 'IN_FLIGHT', fence_token, 'dispatcher:' || $6, updated_at FROM claimed
-		), att AS (
+		), ev AS (`+eventsFrom("claimed", "'PREPARED'", "'dispatcher:' || $6", "NULL", "NULL")+`), att AS (
 			INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker, claimed_at)
 			SELECT tenant_id, operation_id, fence_token, $8, $6, updated_at FROM claimed
 		)
@@ -142,10 +139,7 @@ func (s *Store) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, 
 				next_check_at = CASE WHEN $4::operation_state = 'UNKNOWN' THEN now() END
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'IN_FLIGHT' AND fence_token = $3
 			RETURNING *
-		), ev AS (
-			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
-			SELECT tenant_id, operation_id, revision, 'IN_FLIGHT', state, fence_token, $7, $8, last_observation, updated_at FROM upd
-		), att AS (
+		), ev AS (`+eventsFrom("upd", "'IN_FLIGHT'", "$7", "$8", "last_observation")+`), att AS (
 			UPDATE operation_attempts SET finished_at = now(), outcome = $8, http_status = $9, remote_ref = $5,
 				summary = $10, applied = EXISTS (SELECT 1 FROM upd)
 			WHERE tenant_id = $1 AND operation_id = $2 AND fence_token = $3 AND finished_at IS NULL
@@ -255,10 +249,7 @@ func (s *Store) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) 
 				last_observation = jsonb_build_object('observed_at', now(), 'source', $5::text, 'outcome', $6::text, 'summary', $7::text)
 			FROM due WHERE o.tenant_id = due.tenant_id AND o.operation_id = due.operation_id AND o.state = $4
 			RETURNING o.*
-		), ev AS (
-			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
-			SELECT tenant_id, operation_id, revision, $4, $3, fence_token, $8, $6, last_observation, updated_at FROM upd
-		)
+		), ev AS (`+eventsFrom("upd", "$4", "$8", "$6", "last_observation")+`)
 		SELECT count(*) FROM upd`, p.now(), p.Limit, w.to, w.from, w.source, w.outcome, w.summary, w.actor).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("store: sweep %s to %s: %w", w.from, w.to, translate(err))

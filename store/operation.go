@@ -98,6 +98,19 @@ func operationDest(op *Operation) []any {
 		&op.CreatedAt, &op.UpdatedAt, &op.NextCheckAt, &op.Checks, &op.Replays, &op.AcceptedUnfinished, &op.Escalation}
 }
 
+// eventsFrom returns the statement that appends one event for every row of the CTE
+// rows, which holds operations rows as they are after a change: the one place that says
+// what an event records. from, actor, reason and observation are SQL expressions; like
+// rows, they are constants of this package or parameters, never input.
+func eventsFrom(rows, from, actor, reason, observation string) string {
+	return `
+			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token,
+				actor, reason, observation, remote_ref, attempt_count, escalation, created_at)
+			SELECT tenant_id, operation_id, revision, ` + from + `::operation_state, state, fence_token,
+				` + actor + `, ` + reason + `, ` + observation + `, remote_ref, attempt_count, escalation, updated_at FROM ` + rows + `
+		`
+}
+
 // ErrNotFound means no operation has that id in that tenant.
 var ErrNotFound = errors.New("store: operation not found")
 

@@ -67,10 +67,7 @@ func (s *Store) RecordCheck(ctx context.Context, p CheckParams) (Operation, erro
 				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
 			RETURNING *
-		), ev AS (
-			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
-			SELECT tenant_id, operation_id, revision, 'UNKNOWN', 'UNKNOWN', fence_token, $7, $8, last_observation, updated_at FROM upd
-		)
+		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "$7", "$8", "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,
 		p.TenantID, p.ID, p.Fence, p.Observation, p.NextCheckAt, p.AcceptedUnfinished, p.Actor, p.Observation.Outcome)
 	return collectFenced(rows, "record check")
@@ -112,10 +109,7 @@ func (s *Store) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation,
 				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
 			RETURNING *
-		), ev AS (
-			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, observation, created_at)
-			SELECT tenant_id, operation_id, revision, 'UNKNOWN', state, fence_token, $8, $9, last_observation, updated_at FROM upd
-		)
+		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "$8", "$9", "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,
 		p.TenantID, p.ID, p.Fence, p.State, ref, p.Observation, p.Escalation, p.Actor, p.Observation.Outcome)
 	return collectFenced(rows, "resolve unknown")
@@ -143,10 +137,7 @@ func (s *Store) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, 
 				lease_owner = $5, lease_expires_at = now() + $6::interval, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
 			RETURNING *
-		), ev AS (
-			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, created_at)
-			SELECT tenant_id, operation_id, revision, 'UNKNOWN', 'IN_FLIGHT', fence_token, 'reconciler:' || $5, 'SAME_KEY_REPLAY', updated_at FROM upd
-		), att AS (
+		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "'reconciler:' || $5", "'SAME_KEY_REPLAY'", "NULL")+`), att AS (
 			INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker, claimed_at)
 			SELECT tenant_id, operation_id, fence_token, $4, $5, updated_at FROM upd
 		)

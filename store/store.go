@@ -76,10 +76,7 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 			ON CONFLICT ON CONSTRAINT operations_intent_key DO NOTHING
 			RETURNING *
-		), ev AS (
-			INSERT INTO operation_events (tenant_id, operation_id, revision, to_state, fence_token, actor, created_at)
-			SELECT tenant_id, operation_id, revision, state, fence_token, $11, created_at FROM ins
-		)
+		), ev AS (`+eventsFrom("ins", "NULL", "$11", "NULL", "NULL")+`)
 		SELECT `+operationColumns+` FROM ins`,
 		p.TenantID, id, p.OperationType, p.IntentRef, p.ContentType,
 		p.Payload, p.PayloadSHA256, p.SupersedesID, labels, p.DispatchDeadline, p.Actor)
@@ -178,10 +175,7 @@ func (s *Store) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
 			UPDATE operations SET state = 'CANCELLED', revision = revision + 1, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'PREPARED'
 			RETURNING *
-		), ev AS (
-			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, created_at)
-			SELECT tenant_id, operation_id, revision, 'PREPARED', state, fence_token, $3, updated_at FROM upd
-		)
+		), ev AS (`+eventsFrom("upd", "'PREPARED'", "$3", "NULL", "NULL")+`)
 		SELECT `+operationColumns+` FROM upd`, p.TenantID, p.ID, p.Actor)
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
 	if err == nil {
