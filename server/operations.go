@@ -17,6 +17,7 @@ import (
 	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/watch"
 )
 
 const (
@@ -36,6 +37,9 @@ type operationService struct {
 	maxPayload int
 	now        func() time.Time
 	prepares   metric.Int64Counter
+	hub        *watch.Hub
+	heartbeat  time.Duration
+	closing    <-chan struct{} // closed when the server stops: watches end
 }
 
 func (s *operationService) PrepareOperation(ctx context.Context, req *opbrokerv1.PrepareOperationRequest) (*opbrokerv1.PrepareOperationResponse, error) {
@@ -155,8 +159,4 @@ func (s *operationService) CancelOperation(ctx context.Context, req *opbrokerv1.
 		return nil, toStatus(ctx, s.log, err)
 	}
 	return &opbrokerv1.CancelOperationResponse{Operation: operationToProto(op)}, nil
-}
-
-func (s *operationService) WatchOperation(*opbrokerv1.WatchOperationRequest, opbrokerv1.OperationService_WatchOperationServer) error {
-	return newStatus(codes.Unimplemented, "WatchOperation arrives with the reconciler; poll GetOperation until then", "NOT_IMPLEMENTED", nil)
 }

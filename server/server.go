@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"buf.build/go/protovalidate"
@@ -23,6 +24,7 @@ import (
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/watch"
 )
 
 // DefaultMaxPayloadBytes is the payload cap when none is configured.
@@ -41,12 +43,19 @@ type Options struct {
 	MaxPayloadBytes int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Hub nudges watch streams; it is started and stopped by the caller.
+	Hub *watch.Hub
+	// WatchHeartbeat is how often an idle watch says it is alive; 0 means
+	// DefaultWatchHeartbeat.
+	WatchHeartbeat time.Duration
 }
 
 // Server is a gRPC server with the broker's services, health and reflection.
 type Server struct {
-	GRPC   *grpc.Server
-	Health *health.Server
+	GRPC    *grpc.Server
+	Health  *health.Server
+	closing chan struct{}
+	once    sync.Once
 }
 
 // New builds the server. Health reports NOT_SERVING until SetServing is called.
@@ -57,6 +66,10 @@ func New(opts Options) (*Server, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.WatchHeartbeat <= 0 {
+		opts.WatchHeartbeat = DefaultWatchHeartbeat
+	}
+	closing := make(chan struct{})
 	log := opts.Logger
 	validator, err := protovalidate.New()
 	if err != nil {
@@ -109,13 +122,16 @@ func New(opts Options) (*Server, error) {
 		maxPayload: opts.MaxPayloadBytes,
 		now:        opts.Now,
 		prepares:   prepares,
+		hub:        opts.Hub,
+		heartbeat:  opts.WatchHeartbeat,
+		closing:    closing,
 	})
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	hs.SetServingStatus(opbrokerv1.OperationService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(grpcServer, hs)
 	reflection.Register(grpcServer)
-	return &Server{GRPC: grpcServer, Health: hs}, nil
+	return &Server{GRPC: grpcServer, Health: hs, closing: closing}, nil
 }
 
 // SetServing marks every service SERVING.
@@ -124,10 +140,12 @@ func (s *Server) SetServing() {
 	s.Health.SetServingStatus(opbrokerv1.OperationService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 }
 
-// Stop drains the server: health goes NOT_SERVING at once, calls in progress get until
-// grace to finish, then the rest are cut.
+// Stop drains the server: health goes NOT_SERVING at once, watch streams end with
+// UNAVAILABLE (naming the revision to resume from), calls in progress get until grace to
+// finish, then the rest are cut.
 func (s *Server) Stop(grace time.Duration) {
 	s.Health.Shutdown()
+	s.once.Do(func() { close(s.closing) }) // watch streams never end on their own
 	done := make(chan struct{})
 	go func() {
 		s.GRPC.GracefulStop()

@@ -29,6 +29,7 @@ import (
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/storetest"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/watch"
 )
 
 type testBundle struct {
@@ -36,7 +37,9 @@ type testBundle struct {
 	client opbrokerv1.OperationServiceClient
 	conn   *grpc.ClientConn
 	pool   *pgxpool.Pool
+	store  *store.Store
 	logs   *syncBuffer
+	srv    *server.Server
 }
 
 type syncBuffer struct {
@@ -62,19 +65,32 @@ func setup(t *testing.T) *testBundle {
 	t.Helper()
 	st, pool := storetest.NewStore(t)
 	logs := &syncBuffer{}
-	conn := serve(t, server.Options{
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	hub := watch.New(st, log, 50*time.Millisecond)
+	require.NoError(t, hub.Start(context.Background()))
+	t.Cleanup(hub.Stop)
+	srv, conn := serveServer(t, server.Options{
 		Store:           st,
 		Targets:         demoTargets(t),
-		Logger:          slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:          log,
 		MeterProvider:   noop.NewMeterProvider(),
 		MaxPayloadBytes: testMaxPayload,
+		Hub:             hub,
+		WatchHeartbeat:  200 * time.Millisecond,
 	})
-	return &testBundle{ctx: context.Background(), client: opbrokerv1.NewOperationServiceClient(conn), conn: conn, pool: pool, logs: logs}
+	return &testBundle{ctx: context.Background(), client: opbrokerv1.NewOperationServiceClient(conn), conn: conn, pool: pool,
+		store: st, logs: logs, srv: srv}
 }
 
 // serve runs a server with opts over an in-memory listener and returns a client
 // connection to it; both are closed at cleanup.
 func serve(t *testing.T, opts server.Options) *grpc.ClientConn {
+	t.Helper()
+	_, conn := serveServer(t, opts)
+	return conn
+}
+
+func serveServer(t *testing.T, opts server.Options) (*server.Server, *grpc.ClientConn) {
 	t.Helper()
 	srv, err := server.New(opts)
 	require.NoError(t, err)
@@ -88,7 +104,7 @@ func serve(t *testing.T, opts server.Options) *grpc.ClientConn {
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
-	return conn
+	return srv, conn
 }
 
 // demoTargets serves demo.charge and demo.notify; nothing is sent in these tests.
@@ -484,17 +500,6 @@ func TestLogsNeverContainPayloadsOrIntentRefs(t *testing.T) {
 	logs := b.logs.String()
 	require.Contains(t, logs, "PrepareOperation", "calls are logged")
 	require.NotContains(t, logs, "SECRET")
-}
-
-func TestWatchIsNotYetImplemented(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	op, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "w", `{}`))
-	require.NoError(t, err)
-	stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: op.GetOperation().GetName()})
-	require.NoError(t, err)
-	_, err = stream.Recv()
-	requireStatus(t, err, codes.Unimplemented, "NOT_IMPLEMENTED")
 }
 
 func TestHealthServing(t *testing.T) {

@@ -103,6 +103,9 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", translate(err))
 	}
+	if len(claimed) > 0 {
+		s.events.signal()
+	}
 	return claimed, nil
 }
 
@@ -147,14 +150,7 @@ func (s *Store) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, 
 		SELECT `+operationColumns+` FROM upd`,
 		p.TenantID, p.ID, p.Fence, p.State, ref, p.Observation, p.Actor,
 		p.Observation.Outcome, nullIfZero(p.Observation.HTTPStatus), p.Observation.Summary)
-	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
-	if err != nil {
-		if err = translate(err); errors.Is(err, ErrNotFound) {
-			return Operation{}, ErrFenceLost
-		}
-		return Operation{}, fmt.Errorf("store: record outcome: %w", err)
-	}
-	return op, nil
+	return s.collectFenced(rows, "record outcome")
 }
 
 func nullIfZero(n int) *int {
@@ -253,6 +249,9 @@ func (s *Store) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) 
 		SELECT count(*) FROM upd`, p.now(), p.Limit, w.to, w.from, w.source, w.outcome, w.summary, w.actor).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("store: sweep %s to %s: %w", w.from, w.to, translate(err))
+	}
+	if n > 0 {
+		s.events.signal()
 	}
 	return n, nil
 }

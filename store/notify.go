@@ -7,21 +7,37 @@ import (
 	"time"
 )
 
-// workChannel is the PostgreSQL notification channel that tells replicas new work
-// arrived. Notifications only wake; the ledger is the truth, so a lost one costs a poll
-// interval, never an operation.
-const workChannel = "opbroker_work"
+// The PostgreSQL notification channels: new work (PREPARED operations) and new events
+// (any change, for watchers). Notifications only wake; the ledger is the truth, so a lost
+// one costs a poll interval, never an operation or an event.
+const (
+	workChannel   = "opbroker_work"
+	eventsChannel = "opbroker_events"
+)
 
-// wakeups fans work signals out to local subscribers without ever blocking.
+// wakeups fans one kind of signal out to local subscribers without ever blocking.
 type wakeups struct {
-	mu   sync.Mutex
-	subs map[chan struct{}]struct{}
+	channel string
+	mu      sync.Mutex
+	subs    map[chan struct{}]struct{}
 	// remote asks the notifier to tell other replicas; capacity 1 coalesces.
 	remote chan struct{}
 }
 
-func newWakeups() *wakeups {
-	return &wakeups{subs: map[chan struct{}]struct{}{}, remote: make(chan struct{}, 1)}
+func newWakeups(channel string) *wakeups {
+	return &wakeups{channel: channel, subs: map[chan struct{}]struct{}{}, remote: make(chan struct{}, 1)}
+}
+
+func (w *wakeups) subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	w.subs[ch] = struct{}{}
+	w.mu.Unlock()
+	return ch, func() {
+		w.mu.Lock()
+		delete(w.subs, ch)
+		w.mu.Unlock()
+	}
 }
 
 func (w *wakeups) wakeLocal() {
@@ -35,8 +51,8 @@ func (w *wakeups) wakeLocal() {
 	}
 }
 
-// workArrived wakes local subscribers now and other replicas soon.
-func (w *wakeups) workArrived() {
+// signal wakes local subscribers now and other replicas soon.
+func (w *wakeups) signal() {
 	w.wakeLocal()
 	select {
 	case w.remote <- struct{}{}:
@@ -46,23 +62,16 @@ func (w *wakeups) workArrived() {
 
 // Subscribe returns a channel that receives a value (coalesced) whenever work may have
 // arrived, here or at another replica, and a function that ends the subscription.
-func (s *Store) Subscribe() (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
-	s.wake.mu.Lock()
-	s.wake.subs[ch] = struct{}{}
-	s.wake.mu.Unlock()
-	return ch, func() {
-		s.wake.mu.Lock()
-		delete(s.wake.subs, ch)
-		s.wake.mu.Unlock()
-	}
-}
+func (s *Store) Subscribe() (<-chan struct{}, func()) { return s.wake.subscribe() }
 
-// Notifier carries work signals between replicas through LISTEN/NOTIFY: it sends at
-// most one notification per interval however many operations arrive (a NOTIFY in every
-// commit serialises commits cluster-wide), and wakes local subscribers when another
-// replica notifies or when its listening connection is re-established (notifications
-// sent meanwhile are lost).
+// SubscribeEvents is Subscribe for new events of any operation (for watchers).
+func (s *Store) SubscribeEvents() (<-chan struct{}, func()) { return s.events.subscribe() }
+
+// Notifier carries work and event signals between replicas through LISTEN/NOTIFY: it
+// sends at most one notification of each kind per interval however many changes happen
+// (a NOTIFY in every commit serialises commits cluster-wide), and wakes local subscribers
+// when another replica notifies or when its listening connection is re-established
+// (notifications sent meanwhile are lost).
 type Notifier struct {
 	store    *Store
 	log      *slog.Logger
@@ -86,9 +95,10 @@ func (n *Notifier) Start(ctx context.Context) error {
 		return nil
 	}
 	ctx, n.cancel = context.WithCancel(ctx)
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go func() { defer n.wg.Done(); n.listen(ctx) }()
-	go func() { defer n.wg.Done(); n.send(ctx) }()
+	go func() { defer n.wg.Done(); n.send(ctx, n.store.wake) }()
+	go func() { defer n.wg.Done(); n.send(ctx, n.store.events) }()
 	return nil
 }
 
@@ -103,14 +113,14 @@ func (n *Notifier) Stop() {
 	n.wg.Wait()
 }
 
-func (n *Notifier) send(ctx context.Context) {
+func (n *Notifier) send(ctx context.Context, w *wakeups) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-n.store.wake.remote:
+		case <-w.remote:
 		}
-		if _, err := n.store.pool.Exec(ctx, "SELECT pg_notify($1, '')", workChannel); err != nil && ctx.Err() == nil {
+		if _, err := n.store.pool.Exec(ctx, "SELECT pg_notify($1, '')", w.channel); err != nil && ctx.Err() == nil {
 			n.log.Warn("notify failed; other replicas will poll", "error", err)
 		}
 		select {
@@ -143,14 +153,21 @@ func (n *Notifier) listenOnce(ctx context.Context) error {
 	}
 	conn := pooled.Hijack() // a listening connection must never go back to the pool
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+workChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+workChannel+"; LISTEN "+eventsChannel); err != nil {
 		return err
 	}
-	n.store.wake.wakeLocal() // anything sent while we were not listening
+	// Anything sent while we were not listening.
+	n.store.wake.wakeLocal()
+	n.store.events.wakeLocal()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		note, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return err
 		}
-		n.store.wake.wakeLocal()
+		if note.Channel == eventsChannel {
+			n.store.events.wakeLocal()
+		} else {
+			n.store.wake.wakeLocal()
+		}
 	}
 }

@@ -70,7 +70,7 @@ func (s *Store) RecordCheck(ctx context.Context, p CheckParams) (Operation, erro
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "$7", "$8", "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,
 		p.TenantID, p.ID, p.Fence, p.Observation, p.NextCheckAt, p.AcceptedUnfinished, p.Actor, p.Observation.Outcome)
-	return collectFenced(rows, "record check")
+	return s.collectFenced(rows, "record check")
 }
 
 // ResolveParams end an UNKNOWN operation: SUCCEEDED (with the found reference),
@@ -112,7 +112,7 @@ func (s *Store) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation,
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "$8", "$9", "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,
 		p.TenantID, p.ID, p.Fence, p.State, ref, p.Observation, p.Escalation, p.Actor, p.Observation.Outcome)
-	return collectFenced(rows, "resolve unknown")
+	return s.collectFenced(rows, "resolve unknown")
 }
 
 // BeginReplayParams start a same-key replay of an UNKNOWN operation.
@@ -150,11 +150,13 @@ func (s *Store) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, 
 		}
 		return Claimed{}, fmt.Errorf("store: begin replay: %w", err)
 	}
+	s.events.signal()
 	return c, nil
 }
 
-// collectFenced reads the one row of a fenced update; no row means the fence was lost.
-func collectFenced(rows pgx.Rows, what string) (Operation, error) {
+// collectFenced reads the one row of a fenced update and signals its event; no row
+// means the fence was lost.
+func (s *Store) collectFenced(rows pgx.Rows, what string) (Operation, error) {
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
 	if err != nil {
 		if err = translate(err); errors.Is(err, ErrNotFound) {
@@ -162,6 +164,7 @@ func collectFenced(rows pgx.Rows, what string) (Operation, error) {
 		}
 		return Operation{}, fmt.Errorf("store: %s: %w", what, err)
 	}
+	s.events.signal()
 	return op, nil
 }
 

@@ -14,13 +14,14 @@ import (
 
 // Store reads and writes the ledger. It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
-	wake *wakeups
+	pool   *pgxpool.Pool
+	wake   *wakeups // new work
+	events *wakeups // new events
 }
 
 // New returns a Store over pool. The schema must be migrated (Migrate).
 func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool, wake: newWakeups()}
+	return &Store{pool: pool, wake: newWakeups(workChannel), events: newWakeups(eventsChannel)}
 }
 
 // PrepareParams describes an intent to record.
@@ -82,7 +83,8 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 		p.Payload, p.PayloadSHA256, p.SupersedesID, labels, p.DispatchDeadline, p.Actor)
 	op, err = pgx.CollectExactlyOneRow(rows, scanOperation)
 	if err == nil {
-		s.wake.workArrived()
+		s.wake.signal()
+		s.events.signal()
 		return op, true, nil
 	}
 	if err = translate(err); !errors.Is(err, ErrNotFound) {
@@ -179,6 +181,7 @@ func (s *Store) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
 		SELECT `+operationColumns+` FROM upd`, p.TenantID, p.ID, p.Actor)
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
 	if err == nil {
+		s.events.signal()
 		return op, nil
 	}
 	if err = translate(err); !errors.Is(err, ErrNotFound) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"sync"
 	"syscall"
 	"testing"
@@ -226,4 +227,38 @@ func TestKilledAfterPrepareCommitLosesNothing(t *testing.T) {
 	require.NoError(t, l.conn.QueryRow(context.Background(), `SELECT count(*) FROM operations WHERE intent_ref = 'order-ack-lost'`).Scan(&n))
 	require.Equal(t, 1, n)
 	other.stop(t, syscall.SIGTERM)
+}
+
+// TestWatchAcrossReplicas: a watcher connected to one broker process sees every change
+// another process makes, through LISTEN/NOTIFY (or the polling fallback).
+func TestWatchAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	targets := targetsFile(t, simURL(t))
+	api := start(t, serveArgs(url, targets, "--dispatch=false", "--reconcile=false")...)
+	client := opbrokerv1.NewOperationServiceClient(dial(t, api.waitReady(t)))
+	resp, err := prepare(context.Background(), client, "order-watched")
+	require.NoError(t, err)
+	stream, err := client.WatchOperation(context.Background(), &opbrokerv1.WatchOperationRequest{Name: resp.GetOperation().GetName()})
+	require.NoError(t, err)
+	first, err := stream.Recv()
+	require.NoError(t, err)
+	require.Equal(t, opbrokerv1.Operation_STATE_PREPARED, first.GetSnapshot().GetState())
+
+	worker := start(t, serveArgs(url, targets)...)
+	worker.waitReady(t)
+	var seen []opbrokerv1.Operation_State
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			require.ErrorIs(t, err, io.EOF, "the stream ends with OK after the terminal state")
+			break
+		}
+		if c := msg.GetChange(); c != nil {
+			seen = append(seen, c.GetState())
+		}
+	}
+	require.Equal(t, []opbrokerv1.Operation_State{opbrokerv1.Operation_STATE_IN_FLIGHT, opbrokerv1.Operation_STATE_SUCCEEDED}, seen)
+	api.stop(t, syscall.SIGTERM)
+	worker.stop(t, syscall.SIGTERM)
 }

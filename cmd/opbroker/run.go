@@ -23,6 +23,7 @@ import (
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/watch"
 )
 
 // broker is one running broker process: its gRPC server, dispatcher and metrics
@@ -37,6 +38,7 @@ type broker struct {
 	dispatch   bool                   // whether this replica claims PREPARED operations
 	reconciler *reconciler.Reconciler // nil when this replica does not reconcile
 	notifier   *store.Notifier
+	hub        *watch.Hub
 	grpcLis    net.Listener
 	httpSrv    *http.Server
 	httpLis    net.Listener
@@ -93,6 +95,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
 	b.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 	b.store = store.New(b.pool)
 	b.notifier = b.store.NewNotifier(b.log, 10*time.Millisecond)
+	b.hub = watch.New(b.store, b.log, time.Second)
 
 	b.srv, err = server.New(server.Options{
 		Store:           b.store,
@@ -100,6 +103,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
 		Logger:          b.log,
 		MeterProvider:   b.meters,
 		MaxPayloadBytes: cmd.Int("max-payload-bytes"),
+		Hub:             b.hub,
 	})
 	if err != nil {
 		return err
@@ -142,6 +146,9 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
 // recorded); then the notifier, the metrics endpoint and the database pool close.
 func (b *broker) run(ctx context.Context) error {
 	if err := b.notifier.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	if err := b.hub.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
 	if b.dispatch {
@@ -193,6 +200,9 @@ func (b *broker) close() {
 		if l != nil {
 			l.Close()
 		}
+	}
+	if b.hub != nil {
+		b.hub.Stop()
 	}
 	if b.notifier != nil {
 		b.notifier.Stop()

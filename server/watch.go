@@ -1,0 +1,113 @@
+package server
+
+import (
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/store"
+)
+
+// DefaultWatchHeartbeat is how often an idle watch stream says it is alive.
+const DefaultWatchHeartbeat = 15 * time.Second
+
+// eventsPerRead bounds one read of the event log while streaming.
+const eventsPerRead = 500
+
+// ReasonRevisionTooOld: the history after the requested revision is gone.
+const ReasonRevisionTooOld = "REVISION_TOO_OLD"
+
+// ReasonShuttingDown: the server is stopping; resume elsewhere.
+const ReasonShuttingDown = "SHUTTING_DOWN"
+
+// WatchOperation streams an operation's changes. It subscribes before it reads, so no
+// change is missed between the two; every message carries the full operation after the
+// change; the stream ends with OK after a terminal state.
+func (s *operationService) WatchOperation(req *opbrokerv1.WatchOperationRequest, stream opbrokerv1.OperationService_WatchOperationServer) error {
+	ctx := stream.Context()
+	tenant, id, err := parseOperationName("name", req.GetName())
+	if err != nil {
+		return toStatus(ctx, s.log, err)
+	}
+	sub := s.hub.Subscribe(store.OperationKey{TenantID: tenant, ID: id})
+	defer sub.Close()
+	op, err := s.store.Get(ctx, tenant, id)
+	if err != nil {
+		return toStatus(ctx, s.log, err)
+	}
+
+	last := req.GetStartAfterRevision()
+	if last == 0 || last >= op.Revision {
+		if err := stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Snapshot{Snapshot: operationToProto(op)}}); err != nil {
+			return err
+		}
+		last = op.Revision
+	} else if last, err = s.sendChanges(stream, op, last); err != nil {
+		return err
+	}
+	if op.Revision == last && op.State.Terminal() {
+		return nil
+	}
+
+	heartbeat := time.NewTicker(s.heartbeat)
+	defer heartbeat.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return toStatus(ctx, s.log, ctx.Err())
+		case <-s.closing:
+			return newStatus(codes.Unavailable, fmt.Sprintf("the server is shutting down; resume with start_after_revision %d", last),
+				ReasonShuttingDown, map[string]string{"revision": fmt.Sprint(last)})
+		case <-heartbeat.C:
+			if err := stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Heartbeat_{
+				Heartbeat: &opbrokerv1.WatchOperationResponse_Heartbeat{Revision: last}}}); err != nil {
+				return err
+			}
+		case <-sub.C:
+			if last, err = s.sendChanges(stream, op, last); err != nil {
+				return err
+			}
+			if terminal, err := s.isTerminalAt(stream, op, last); err != nil || terminal {
+				return err
+			}
+		}
+	}
+}
+
+// sendChanges sends every event of op after revision last, as the operation after each
+// change, and returns the last revision sent. History that is gone is an error that
+// tells the client to re-read.
+func (s *operationService) sendChanges(stream opbrokerv1.OperationService_WatchOperationServer, op store.Operation, last int64) (int64, error) {
+	ctx := stream.Context()
+	for {
+		events, err := s.store.Events(ctx, op.TenantID, op.ID, last, eventsPerRead)
+		if err != nil {
+			return last, toStatus(ctx, s.log, err)
+		}
+		if len(events) > 0 && events[0].Revision != last+1 {
+			return last, newStatus(codes.OutOfRange,
+				fmt.Sprintf("the history after revision %d is no longer kept; read the operation with GetOperation and watch from its revision", last),
+				ReasonRevisionTooOld, map[string]string{"revision": fmt.Sprint(last)})
+		}
+		for _, e := range events {
+			if err := stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Change{Change: operationToProto(e.Apply(op))}}); err != nil {
+				return last, err
+			}
+			last = e.Revision
+		}
+		if len(events) < eventsPerRead {
+			return last, nil
+		}
+	}
+}
+
+// isTerminalAt reports whether op's state at revision last is terminal.
+func (s *operationService) isTerminalAt(stream opbrokerv1.OperationService_WatchOperationServer, op store.Operation, last int64) (bool, error) {
+	current, err := s.store.Get(stream.Context(), op.TenantID, op.ID)
+	if err != nil {
+		return false, toStatus(stream.Context(), s.log, err)
+	}
+	return current.Revision == last && current.State.Terminal(), nil
+}

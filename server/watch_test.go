@@ -1,0 +1,190 @@
+package server_test
+
+import (
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/server"
+	"github.com/opbroker/opbroker/store"
+)
+
+// drive moves a prepared operation through IN_FLIGHT to UNKNOWN and then SUCCEEDED, as
+// the dispatcher and the reconciler would, with st (this process's store or another
+// replica's).
+func drive(t *testing.T, b *testBundle, st *store.Store, id uuid.UUID) {
+	t.Helper()
+	claimed, err := st.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", OperationTypes: []string{"demo.charge"},
+		Worker: "w", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, id, claimed[0].ID)
+	_, err = st.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
+		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "w"})
+	require.NoError(t, err)
+	unknown, err := st.ClaimUnknown(b.ctx, store.ClaimUnknownParams{OperationTypes: []string{"demo.charge"}, Worker: "r",
+		Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10})
+	require.NoError(t, err)
+	require.Len(t, unknown, 1)
+	_, err = st.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: id, Fence: unknown[0].FenceToken,
+		State: store.StateSucceeded, RemoteRef: "ch_1", Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "r"})
+	require.NoError(t, err)
+}
+
+// collect reads a watch stream to its end, skipping heartbeats.
+func collect(t *testing.T, stream opbrokerv1.OperationService_WatchOperationClient) ([]*opbrokerv1.WatchOperationResponse, error) {
+	t.Helper()
+	var got []*opbrokerv1.WatchOperationResponse
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return got, nil
+		}
+		if err != nil {
+			return got, err
+		}
+		if msg.GetHeartbeat() == nil {
+			got = append(got, msg)
+		}
+	}
+}
+
+func states(msgs []*opbrokerv1.WatchOperationResponse) []string {
+	var out []string
+	for _, m := range msgs {
+		op := m.GetSnapshot()
+		kind := "snapshot"
+		if op == nil {
+			op, kind = m.GetChange(), "change"
+		}
+		out = append(out, kind+":"+op.GetState().String())
+	}
+	return out
+}
+
+func TestWatchFollowsToTheEnd(t *testing.T) {
+	t.Parallel()
+	for name, otherReplica := range map[string]bool{"changes here": false, "changes at another replica": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "w-1", `{"amount":1}`))
+			require.NoError(t, err)
+			stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: resp.GetOperation().GetName()})
+			require.NoError(t, err)
+			first, err := stream.Recv()
+			require.NoError(t, err)
+			require.Equal(t, opbrokerv1.Operation_STATE_PREPARED, first.GetSnapshot().GetState())
+
+			st := b.store
+			if otherReplica { // another Store on the same database: no in-process wake-up
+				st = store.New(b.pool)
+			}
+			id := uuid.MustParse(resp.GetOperation().GetName()[len("tenants/acme/operations/"):])
+			drive(t, b, st, id)
+
+			rest, err := collect(t, stream)
+			require.NoError(t, err, "the stream ends with OK after a terminal state")
+			require.Equal(t, []string{"change:STATE_IN_FLIGHT", "change:STATE_UNKNOWN", "change:STATE_SUCCEEDED"}, states(rest))
+			var revs []int64
+			for _, m := range rest {
+				revs = append(revs, m.GetChange().GetRevision())
+			}
+			for i := range revs {
+				require.Equal(t, int64(i+2), revs[i], "every change, in order, none lost or repeated")
+			}
+			last := rest[len(rest)-1].GetChange()
+			require.Equal(t, "ch_1", last.GetRemoteRef())
+			require.Equal(t, "FOUND", last.GetLastObservation().GetOutcome())
+		})
+	}
+}
+
+// TestWatchResumesAtEveryRevision: resuming after any revision of a history replays
+// exactly what followed.
+func TestWatchResumesAtEveryRevision(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "w-2", `{"amount":1}`))
+	require.NoError(t, err)
+	name := resp.GetOperation().GetName()
+	drive(t, b, b.store, uuid.MustParse(name[len("tenants/acme/operations/"):]))
+	final, err := b.client.GetOperation(b.ctx, &opbrokerv1.GetOperationRequest{Name: name})
+	require.NoError(t, err)
+	total := final.GetOperation().GetRevision()
+
+	for after := int64(1); after < total; after++ {
+		stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: name, StartAfterRevision: after})
+		require.NoError(t, err)
+		msgs, err := collect(t, stream)
+		require.NoError(t, err)
+		require.Len(t, msgs, int(total-after), "after revision %d", after)
+		for i, m := range msgs {
+			require.Equal(t, after+int64(i)+1, m.GetChange().GetRevision())
+		}
+	}
+	stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: name, StartAfterRevision: total})
+	require.NoError(t, err)
+	msgs, err := collect(t, stream)
+	require.NoError(t, err)
+	require.Equal(t, []string{"snapshot:STATE_SUCCEEDED"}, states(msgs), "at the current revision: the state, then the end")
+}
+
+func TestWatchHeartbeatsWhileIdle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "w-3", `{}`))
+	require.NoError(t, err)
+	stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: resp.GetOperation().GetName()})
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	require.NoError(t, err)
+	msg, err := stream.Recv()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), msg.GetHeartbeat().GetRevision())
+}
+
+func TestWatchErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "w-4", `{}`))
+	require.NoError(t, err)
+	name := resp.GetOperation().GetName()
+	id := uuid.MustParse(name[len("tenants/acme/operations/"):])
+	drive(t, b, b.store, id)
+
+	other := "tenants/globex/operations/" + id.String()
+	stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: other})
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	requireStatus(t, err, codes.NotFound, server.ReasonOperationNotFound)
+
+	_, err = b.pool.Exec(b.ctx, `DELETE FROM operation_events WHERE operation_id = $1 AND revision = 2`, id)
+	require.NoError(t, err)
+	stream, err = b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: name, StartAfterRevision: 1})
+	require.NoError(t, err)
+	_, err = collect(t, stream)
+	st := requireStatus(t, err, codes.OutOfRange, server.ReasonRevisionTooOld)
+	require.Contains(t, st.Message(), "GetOperation")
+}
+
+func TestWatchEndsUnavailableOnShutdown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "w-5", `{}`))
+	require.NoError(t, err)
+	stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: resp.GetOperation().GetName()})
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	require.NoError(t, err)
+	go b.srv.Stop(5 * time.Second)
+	_, err = collect(t, stream)
+	st := requireStatus(t, err, codes.Unavailable, server.ReasonShuttingDown)
+	require.Contains(t, st.Message(), "start_after_revision 1")
+}
