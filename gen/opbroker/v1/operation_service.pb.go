@@ -646,8 +646,8 @@ type isWatchOperationResponse_Event interface {
 }
 
 type WatchOperationResponse_Snapshot struct {
-	// The full current state: the first message when starting at revision 0, and a
-	// resynchronisation when history cannot be replayed.
+	// The full current state: the first message when starting at revision 0, or at (or
+	// past) the current revision.
 	Snapshot *Operation `protobuf:"bytes,1,opt,name=snapshot,proto3,oneof"`
 }
 

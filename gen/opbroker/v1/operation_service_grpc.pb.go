@@ -49,7 +49,9 @@ type OperationServiceClient interface {
 	CancelOperation(ctx context.Context, in *CancelOperationRequest, opts ...grpc.CallOption) (*CancelOperationResponse, error)
 	// Streams an operation's changes: a snapshot first when start_after_revision is 0,
 	// otherwise every change after that revision, then live changes, with heartbeats while
-	// idle. The stream ends with OK after a terminal state.
+	// idle. The stream ends with OK after a terminal state. A revision whose history is no
+	// longer kept is OUT_OF_RANGE (re-read and watch from the current revision); a stopping
+	// server ends the stream with UNAVAILABLE.
 	WatchOperation(ctx context.Context, in *WatchOperationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchOperationResponse], error)
 }
 
@@ -143,7 +145,9 @@ type OperationServiceServer interface {
 	CancelOperation(context.Context, *CancelOperationRequest) (*CancelOperationResponse, error)
 	// Streams an operation's changes: a snapshot first when start_after_revision is 0,
 	// otherwise every change after that revision, then live changes, with heartbeats while
-	// idle. The stream ends with OK after a terminal state.
+	// idle. The stream ends with OK after a terminal state. A revision whose history is no
+	// longer kept is OUT_OF_RANGE (re-read and watch from the current revision); a stopping
+	// server ends the stream with UNAVAILABLE.
 	WatchOperation(*WatchOperationRequest, grpc.ServerStreamingServer[WatchOperationResponse]) error
 	mustEmbedUnimplementedOperationServiceServer()
 }
