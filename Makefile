@@ -3,6 +3,7 @@
 # protoc plugins are tool entries of go.mod.
 
 BUF := go tool -modfile=tools/buf/go.mod buf
+STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GO_FILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
 .PHONY: all build dev test test-race fuzz bench generate lint check-generated
@@ -40,6 +41,7 @@ generate:
 lint:
 	@test -z "$$(gofmt -l $(GO_FILES))" || { gofmt -l $(GO_FILES); echo 'gofmt: the files above need formatting'; exit 1; }
 	go vet ./...
+	$(STATICCHECK) ./...
 	$(BUF) format --diff --exit-code
 	$(BUF) lint
 
