@@ -219,8 +219,7 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err e
 		if free <= 0 {
 			continue
 		}
-		ops, claimErr := d.cfg.Store.Claim(ctx, store.ClaimParams{
-			Target:         contract.Name,
+		ops, claimErr := d.cfg.Store.Claim(ctx, store.ClaimParams{Target: contract.Name, FairClaim: store.FairClaim{
 			OperationTypes: contract.OperationTypes,
 			Worker:         d.cfg.Worker,
 			Lease:          d.cfg.Lease,
@@ -228,7 +227,7 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err e
 			PerTenant:      min(d.cfg.PerTenant, free),
 			MaxTenants:     d.cfg.MaxTenantsPerClaim,
 			AfterTenant:    d.cursors[contract.Name],
-		})
+		}})
 		if claimErr != nil {
 			err = errors.Join(err, claimErr)
 			continue

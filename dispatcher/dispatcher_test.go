@@ -233,8 +233,8 @@ func TestExpiredLeaseBecomesUnknownAndStaleOutcomeIsEvidence(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "stalled", `{"amount":1}`)
-	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", OperationTypes: []string{simtarget.DemoCharge},
-		Worker: "stalled-worker", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1})
+	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "stalled-worker", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 

@@ -147,7 +147,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	if len(r.types) == 0 {
 		return 0, nil
 	}
-	ops, err := r.cfg.Store.ClaimUnknown(ctx, store.ClaimUnknownParams{
+	ops, err := r.cfg.Store.ClaimUnknown(ctx, store.FairClaim{
 		OperationTypes: r.types, Worker: r.cfg.Worker, Lease: r.cfg.Lease,
 		Limit: r.cfg.Batch, PerTenant: r.cfg.PerTenant, MaxTenants: r.cfg.MaxTenants, AfterTenant: r.cursor,
 	})

@@ -141,8 +141,8 @@ func TestReplayInsideTheWindow(t *testing.T) {
 	// The fault applies to the first request only: the replay carries the same bytes, so
 	// the target is configured to fail once through its random source instead.
 	op := b.prepare(t, simtarget.DemoCharge, "order-2", `{"amount":100}`)
-	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", OperationTypes: []string{simtarget.DemoCharge},
-		Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1})
+	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 	require.NoError(t, err)
 	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
 		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "test"})

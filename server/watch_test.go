@@ -20,15 +20,15 @@ import (
 // replica's).
 func drive(t *testing.T, b *testBundle, st *store.Store, id uuid.UUID) {
 	t.Helper()
-	claimed, err := st.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", OperationTypes: []string{"demo.charge"},
-		Worker: "w", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10})
+	claimed, err := st.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+		OperationTypes: []string{"demo.charge"}, Worker: "w", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	require.Equal(t, id, claimed[0].ID)
 	_, err = st.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
 		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "w"})
 	require.NoError(t, err)
-	unknown, err := st.ClaimUnknown(b.ctx, store.ClaimUnknownParams{OperationTypes: []string{"demo.charge"}, Worker: "r",
+	unknown, err := st.ClaimUnknown(b.ctx, store.FairClaim{OperationTypes: []string{"demo.charge"}, Worker: "r",
 		Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10})
 	require.NoError(t, err)
 	require.Len(t, unknown, 1)

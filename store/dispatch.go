@@ -18,22 +18,26 @@ type Claimed struct {
 	LeaseExpiresAt time.Time
 }
 
-// ClaimParams select what one claim takes.
-type ClaimParams struct {
-	// Target is recorded on the attempts; OperationTypes are the types it serves.
-	Target         string
+// FairClaim selects what one claim takes, fairly across tenants: up to Limit operations
+// of OperationTypes, at most PerTenant of one tenant, visiting at most MaxTenants tenants
+// starting after AfterTenant (a rotating cursor: each claim continues where the last one
+// stopped, so every tenant with work is reached within a bounded number of claims whatever
+// the others' backlogs). Worker names the claimer (the lease owner), Lease how long it
+// holds what it takes.
+type FairClaim struct {
 	OperationTypes []string
-	// Worker identifies the claimer (lease owner), e.g. host/pid/pool.
-	Worker string
-	Lease  time.Duration
-	// Limit caps the batch; PerTenant caps what one tenant gets in it; MaxTenants caps
-	// how many tenants one claim visits, starting after AfterTenant (a rotating cursor:
-	// each claim continues where the last one stopped, so every tenant with work is
-	// reached within a bounded number of claims whatever the others' backlogs).
-	Limit       int
-	PerTenant   int
-	MaxTenants  int
-	AfterTenant string
+	Worker         string
+	Lease          time.Duration
+	Limit          int
+	PerTenant      int
+	MaxTenants     int
+	AfterTenant    string
+}
+
+// ClaimParams select what a dispatcher's claim takes; Target is recorded on the attempts.
+type ClaimParams struct {
+	FairClaim
+	Target string
 }
 
 // ErrFenceLost means the caller's fence is no longer current: another claim, the

@@ -13,10 +13,10 @@ import (
 )
 
 func claimParams(limit int) store.ClaimParams {
-	return store.ClaimParams{
-		Target: "demo", OperationTypes: []string{"demo.charge"}, Worker: "test-worker",
+	return store.ClaimParams{Target: "demo", FairClaim: store.FairClaim{
+		OperationTypes: []string{"demo.charge"}, Worker: "test-worker",
 		Lease: time.Minute, Limit: limit, PerTenant: limit, MaxTenants: 100,
-	}
+	}}
 }
 
 func (b *testBundle) prepareN(t *testing.T, tenant string, n int) []uuid.UUID {

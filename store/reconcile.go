@@ -10,22 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ClaimUnknownParams select what one reconciler claim takes: due UNKNOWN operations of
-// the given types, fairly across tenants (see ClaimParams).
-type ClaimUnknownParams struct {
-	OperationTypes []string
-	Worker         string
-	Lease          time.Duration
-	Limit          int
-	PerTenant      int
-	MaxTenants     int
-	AfterTenant    string
-}
-
 // ClaimUnknown takes due UNKNOWN operations for reconciliation: each gets a lease and
 // fence + 1 without a change of state, so two reconcilers never act on one operation at
 // once, and only the holder of the new fence can record what it finds.
-func (s *Store) ClaimUnknown(ctx context.Context, p ClaimUnknownParams) ([]Claimed, error) {
+func (s *Store) ClaimUnknown(ctx context.Context, p FairClaim) ([]Claimed, error) {
 	rows, _ := s.pool.Query(ctx, fairPick("UNKNOWN",
 		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at")+`
 		), claimed AS (

@@ -29,8 +29,8 @@ func unknownOp(t *testing.T, b *testBundle, tenant, intent string) store.Operati
 	return store.Operation{}
 }
 
-func unknownParams() store.ClaimUnknownParams {
-	return store.ClaimUnknownParams{OperationTypes: []string{"demo.charge"}, Worker: "rec", Lease: time.Minute,
+func unknownParams() store.FairClaim {
+	return store.FairClaim{OperationTypes: []string{"demo.charge"}, Worker: "rec", Lease: time.Minute,
 		Limit: 10, PerTenant: 10, MaxTenants: 10}
 }
 
