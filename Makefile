@@ -28,6 +28,7 @@ test-race:
 # PostgreSQL.
 bench:
 	go run ./cmd/opbench dispatch --ops 20000
+	go run ./cmd/opbench watch --watchers 10000
 
 # A short run of each fuzz target (the seed corpora also run in `make test`).
 fuzz:

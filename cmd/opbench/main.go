@@ -56,6 +56,14 @@ func newApp() *cli.Command {
 				&cli.IntFlag{Name: "claim-batch", Value: 64, Usage: "operations per claim statement"},
 			},
 			Action: benchDispatch,
+		}, {
+			Name:  "watch",
+			Usage: "memory per idle WatchOperation stream (server and client in this process: an upper bound)",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
+				&cli.IntFlag{Name: "watchers", Value: 10000},
+			},
+			Action: benchWatch,
 		}},
 	}
 }
@@ -121,6 +129,17 @@ func database(ctx context.Context, url string) (*pgxpool.Pool, func(), error) {
 		return nil, nil, err
 	}
 	return pool, done, nil
+}
+
+// prepareOne records one demo.charge intent for a benchmark.
+func prepareOne(ctx context.Context, st *store.Store, intent, body string) (store.Operation, error) {
+	digest, err := payload.Hash("application/json", []byte(body))
+	if err != nil {
+		return store.Operation{}, err
+	}
+	op, _, err := st.Prepare(ctx, store.PrepareParams{TenantID: "tenant-0", OperationType: simtarget.DemoCharge,
+		IntentRef: intent, ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "opbench"})
+	return op, err
 }
 
 func benchDispatch(ctx context.Context, cmd *cli.Command) error {

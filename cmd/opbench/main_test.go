@@ -22,3 +22,12 @@ func TestDispatchBenchRuns(t *testing.T) {
 	require.Contains(t, out.String(), "dispatch burn-down: 50 operations PREPARED -> SUCCEEDED")
 	require.Contains(t, out.String(), "pool size 32, claim batch 64")
 }
+
+func TestWatchBenchRuns(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	app := newApp()
+	app.Writer = &out
+	require.NoError(t, app.Run(context.Background(), []string{"opbench", "watch", "--database-url", storetest.URL(t), "--watchers", "20"}))
+	require.Contains(t, out.String(), "watch: 20 idle WatchOperation streams")
+}
