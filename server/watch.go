@@ -38,16 +38,16 @@ func (s *operationService) WatchOperation(req *opbrokerv1.WatchOperationRequest,
 		return toStatus(ctx, s.log, err)
 	}
 
-	last := req.GetStartAfterRevision()
+	last, state := req.GetStartAfterRevision(), op.State
 	if last == 0 || last >= op.Revision {
 		if err := stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Snapshot{Snapshot: operationToProto(op)}}); err != nil {
 			return err
 		}
 		last = op.Revision
-	} else if last, err = s.sendChanges(stream, op, last); err != nil {
+	} else if last, state, err = s.sendChanges(stream, op, last, state); err != nil {
 		return err
 	}
-	if op.Revision == last && op.State.Terminal() {
+	if state.Terminal() {
 		return nil
 	}
 
@@ -66,48 +66,39 @@ func (s *operationService) WatchOperation(req *opbrokerv1.WatchOperationRequest,
 				return err
 			}
 		case <-sub.C:
-			if last, err = s.sendChanges(stream, op, last); err != nil {
+			if last, state, err = s.sendChanges(stream, op, last, state); err != nil {
 				return err
 			}
-			if terminal, err := s.isTerminalAt(stream, op, last); err != nil || terminal {
-				return err
+			if state.Terminal() {
+				return nil
 			}
 		}
 	}
 }
 
 // sendChanges sends every event of op after revision last, as the operation after each
-// change, and returns the last revision sent. History that is gone is an error that
-// tells the client to re-read.
-func (s *operationService) sendChanges(stream opbrokerv1.OperationService_WatchOperationServer, op store.Operation, last int64) (int64, error) {
+// change, and returns the last revision sent with its state (state, unchanged, when
+// nothing was sent). History that is gone is an error that tells the client to re-read.
+func (s *operationService) sendChanges(stream opbrokerv1.OperationService_WatchOperationServer, op store.Operation, last int64, state store.State) (int64, store.State, error) {
 	ctx := stream.Context()
 	for {
 		events, err := s.store.Events(ctx, op.TenantID, op.ID, last, eventsPerRead)
 		if err != nil {
-			return last, toStatus(ctx, s.log, err)
+			return last, state, toStatus(ctx, s.log, err)
 		}
 		if len(events) > 0 && events[0].Revision != last+1 {
-			return last, newStatus(codes.OutOfRange,
+			return last, state, newStatus(codes.OutOfRange,
 				fmt.Sprintf("the history after revision %d is no longer kept; read the operation with GetOperation and watch from its revision", last),
 				ReasonRevisionTooOld, map[string]string{"revision": fmt.Sprint(last)})
 		}
 		for _, e := range events {
 			if err := stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Change{Change: operationToProto(e.Apply(op))}}); err != nil {
-				return last, err
+				return last, state, err
 			}
-			last = e.Revision
+			last, state = e.Revision, e.State
 		}
 		if len(events) < eventsPerRead {
-			return last, nil
+			return last, state, nil
 		}
 	}
-}
-
-// isTerminalAt reports whether op's state at revision last is terminal.
-func (s *operationService) isTerminalAt(stream opbrokerv1.OperationService_WatchOperationServer, op store.Operation, last int64) (bool, error) {
-	current, err := s.store.Get(stream.Context(), op.TenantID, op.ID)
-	if err != nil {
-		return false, toStatus(stream.Context(), s.log, err)
-	}
-	return current.Revision == last && current.State.Terminal(), nil
 }
