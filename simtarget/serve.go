@@ -4,6 +4,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/opbroker/opbroker/target"
 )
 
 // Server is a Target listening on a loopback port.
@@ -30,4 +32,9 @@ func Start(cfg Config) (*Server, error) {
 func (s *Server) Close() {
 	s.Target.Close()
 	s.srv.Close()
+}
+
+// Targets returns the demo contracts of this server (DemoContracts at its URL).
+func (s *Server) Targets() (*target.Targets, error) {
+	return target.New(DemoContracts(s.URL)...)
 }

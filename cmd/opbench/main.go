@@ -156,7 +156,7 @@ func benchDispatch(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	defer sim.Close()
-	targets, err := target.New(simtarget.DemoContracts(sim.URL)...)
+	targets, err := sim.Targets()
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/opbroker/opbroker/embeddedpg"
 	"github.com/opbroker/opbroker/simtarget"
-	"github.com/opbroker/opbroker/target"
 )
 
 func devCommand() *cli.Command {
@@ -62,7 +61,7 @@ func runDev(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	defer sim.Close()
-	targets, err := target.New(simtarget.DemoContracts(sim.URL)...)
+	targets, err := sim.Targets()
 	if err != nil {
 		return err
 	}
