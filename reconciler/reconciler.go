@@ -174,10 +174,11 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.Claimed) {
 	}
 	now := time.Now()
 	evidence, obs := r.evidence(ctx, log, contract, op)
+	caps := contract.Capabilities()
 	in := Input{
 		Evidence:       evidence,
-		Replay:         contract.Capabilities().Replay,
-		Lookup:         contract.Capabilities().Lookup,
+		Replay:         caps.Replay,
+		Lookup:         caps.Lookup,
 		Replays:        int(op.Replays),
 		MaxReplays:     r.cfg.MaxReplays,
 		Looks:          int(op.Checks),
