@@ -44,17 +44,25 @@ type OperationKey struct {
 	ID       uuid.UUID
 }
 
+// eventColumns is the select list of operation_events e that eventDest reads, in order.
+const eventColumns = `e.tenant_id, e.operation_id, e.revision, e.from_state, e.to_state, e.fence_token, e.actor,
+	coalesce(e.reason, ''), e.observation, coalesce(e.remote_ref, ''), coalesce(e.attempt_count, 0), e.escalation,
+	e.created_at`
+
+// eventDest returns the scan destinations of eventColumns.
+func eventDest(e *Event) []any {
+	return []any{&e.TenantID, &e.ID, &e.Revision, &e.From, &e.State, &e.FenceToken, &e.Actor, &e.Reason,
+		&e.Observation, &e.RemoteRef, &e.AttemptCount, &e.Escalation, &e.At}
+}
+
 // Events returns an operation's events after a revision, in order, at most limit.
 func (s *Store) Events(ctx context.Context, tenantID string, id uuid.UUID, afterRevision int64, limit int) ([]Event, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT tenant_id, operation_id, revision, from_state, to_state, fence_token, actor,
-			coalesce(reason, ''), observation, coalesce(remote_ref, ''), coalesce(attempt_count, 0), escalation, created_at
-		FROM operation_events
-		WHERE tenant_id = $1 AND operation_id = $2 AND revision > $3
-		ORDER BY revision LIMIT $4`, tenantID, id, afterRevision, limit)
+	rows, _ := s.pool.Query(ctx, `SELECT `+eventColumns+` FROM operation_events e
+		WHERE e.tenant_id = $1 AND e.operation_id = $2 AND e.revision > $3
+		ORDER BY e.revision LIMIT $4`, tenantID, id, afterRevision, limit)
 	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
 		var e Event
-		err := row.Scan(&e.TenantID, &e.ID, &e.Revision, &e.From, &e.State, &e.FenceToken, &e.Actor, &e.Reason,
-			&e.Observation, &e.RemoteRef, &e.AttemptCount, &e.Escalation, &e.At)
+		err := row.Scan(eventDest(&e)...)
 		return e, err
 	})
 	if err != nil {
