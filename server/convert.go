@@ -18,6 +18,14 @@ func stateFromProto(s opbrokerv1.Operation_State) store.State {
 	return store.State(s.String()[len("STATE_"):])
 }
 
+func statesFromProto(states []opbrokerv1.Operation_State) []store.State {
+	out := make([]store.State, len(states))
+	for i, st := range states {
+		out[i] = stateFromProto(st)
+	}
+	return out
+}
+
 func operationToProto(op store.Operation) *opbrokerv1.Operation {
 	out := &opbrokerv1.Operation{
 		Name:             operationName(op.TenantID, op.ID),

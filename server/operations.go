@@ -120,10 +120,7 @@ func (s *operationService) GetOperation(ctx context.Context, req *opbrokerv1.Get
 }
 
 func (s *operationService) ListOperations(ctx context.Context, req *opbrokerv1.ListOperationsRequest) (*opbrokerv1.ListOperationsResponse, error) {
-	states := make([]store.State, len(req.GetStates()))
-	for i, st := range req.GetStates() {
-		states[i] = stateFromProto(st)
-	}
+	states := statesFromProto(req.GetStates())
 	before, err := decodePageToken(req.GetPageToken(), req.GetTenant(), states)
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
@@ -144,7 +141,7 @@ func (s *operationService) ListOperations(ctx context.Context, req *opbrokerv1.L
 		resp.Operations[i] = operationToProto(op)
 	}
 	if more {
-		resp.NextPageToken = encodePageToken(pageToken{Tenant: req.GetTenant(), Filter: filterKey(states), After: ops[len(ops)-1].ID})
+		resp.NextPageToken = encodeToken(pageToken{tokenScope: newScope(req.GetTenant(), states), After: ops[len(ops)-1].ID})
 	}
 	return resp, nil
 }

@@ -22,6 +22,13 @@ const ReasonRevisionTooOld = "REVISION_TOO_OLD"
 // ReasonShuttingDown: the server is stopping; resume elsewhere.
 const ReasonShuttingDown = "SHUTTING_DOWN"
 
+// A tenant-wide watch whose feed has changes held back by an older transaction reads
+// again after this, doubling up to maxFeedRetry while they stay held.
+const (
+	minFeedRetry = 10 * time.Millisecond
+	maxFeedRetry = time.Second
+)
+
 // WatchOperation streams an operation's changes. It subscribes before it reads, so no
 // change is missed between the two; every message carries the full operation after the
 // change; the stream ends with OK after a terminal state.
@@ -99,6 +106,81 @@ func (s *operationService) sendChanges(stream opbrokerv1.OperationService_WatchO
 		}
 		if len(events) < eventsPerRead {
 			return last, state, nil
+		}
+	}
+}
+
+// WatchOperations streams a tenant's feed: each change once, each operation's in
+// revision order, every message with the token to resume after it.
+func (s *operationService) WatchOperations(req *opbrokerv1.WatchOperationsRequest, stream opbrokerv1.OperationService_WatchOperationsServer) error {
+	ctx := stream.Context()
+	states := statesFromProto(req.GetStates())
+	scope := newScope(req.GetTenant(), states)
+	sub := s.hub.SubscribeAll()
+	defer sub.Close()
+	var cursor store.FeedCursor
+	var err error
+	if req.GetResumeToken() == "" {
+		cursor, err = s.store.FeedHead(ctx)
+	} else {
+		cursor, err = decodeResumeToken(req.GetResumeToken(), scope)
+	}
+	if err != nil {
+		return toStatus(ctx, s.log, err)
+	}
+	heartbeat := func() error {
+		return stream.Send(&opbrokerv1.WatchOperationsResponse{
+			Event:       &opbrokerv1.WatchOperationsResponse_Heartbeat_{Heartbeat: &opbrokerv1.WatchOperationsResponse_Heartbeat{}},
+			ResumeToken: encodeResumeToken(scope, cursor)})
+	}
+	if err := heartbeat(); err != nil {
+		return err
+	}
+
+	beat := time.NewTicker(s.heartbeat)
+	defer beat.Stop()
+	params := store.FeedParams{TenantID: req.GetTenant(), States: states, Limit: eventsPerRead}
+	retry := minFeedRetry
+	for {
+		batch, err := s.store.ReadFeed(ctx, params, cursor)
+		if err != nil {
+			return toStatus(ctx, s.log, err)
+		}
+		for _, e := range batch.Events {
+			if err := stream.Send(&opbrokerv1.WatchOperationsResponse{
+				Event:       &opbrokerv1.WatchOperationsResponse_Change{Change: operationToProto(e.Operation)},
+				ResumeToken: encodeResumeToken(scope, e.Cursor)}); err != nil {
+				return err
+			}
+		}
+		cursor = batch.Cursor
+		if batch.More {
+			continue
+		}
+		var again <-chan time.Time
+		if batch.Pending {
+			again, retry = time.After(retry), min(2*retry, maxFeedRetry)
+		} else {
+			retry = minFeedRetry
+		}
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return toStatus(ctx, s.log, ctx.Err())
+			case <-s.closing:
+				token := encodeResumeToken(scope, cursor)
+				return newStatus(codes.Unavailable, "the server is shutting down; resume with the last resume_token",
+					ReasonShuttingDown, map[string]string{"resumeToken": token})
+			case <-beat.C:
+				if err := heartbeat(); err != nil {
+					return err
+				}
+			case <-sub.C:
+				break wait
+			case <-again:
+				break wait
+			}
 		}
 	}
 }

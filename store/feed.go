@@ -119,7 +119,7 @@ func feedSelect(where string) string {
 // feedRow is one row of feedSelect.
 type feedRow struct {
 	event FeedEvent
-	at  FeedPosition
+	at    FeedPosition
 	// inverted: an earlier change of the operation has a later position.
 	inverted bool
 }

@@ -4,7 +4,8 @@
 // event, when another replica notifies (LISTEN/NOTIFY, coalesced), and on a polling
 // interval (a notification can be lost). On each wake it asks the ledger, in one query,
 // for the current revision of every watched operation, and nudges the watchers of those
-// that moved. A watcher then reads its own missing events from the log. A nudge is a
+// that moved; it nudges every tenant-wide watcher, which reads its tenant's feed. A
+// watcher then reads its own missing events from the log. A nudge is a
 // latest-value mailbox (capacity one): a slow watcher never slows the hub or others, and
 // loses nothing, because it reads everything after the last revision it sent.
 package watch
@@ -25,9 +26,10 @@ type Hub struct {
 	log   *slog.Logger
 	poll  time.Duration
 
-	mu    sync.Mutex
-	subs  map[store.OperationKey]map[*Subscription]struct{}
-	known map[store.OperationKey]int64 // the latest revision the hub has seen
+	mu      sync.Mutex
+	subs    map[store.OperationKey]map[*Subscription]struct{}
+	known   map[store.OperationKey]int64 // the latest revision the hub has seen
+	tenants map[*Subscription]struct{}   // tenant-wide watchers
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -39,15 +41,24 @@ func New(st *store.Store, log *slog.Logger, poll time.Duration) *Hub {
 		poll = time.Second
 	}
 	return &Hub{store: st, log: log.With("component", "watch"), poll: poll,
-		subs: map[store.OperationKey]map[*Subscription]struct{}{}, known: map[store.OperationKey]int64{}}
+		subs: map[store.OperationKey]map[*Subscription]struct{}{}, known: map[store.OperationKey]int64{},
+		tenants: map[*Subscription]struct{}{}}
 }
 
-// Subscription receives a nudge on C whenever its operation may have changed.
+// Subscription receives a nudge on C whenever what it watches may have changed.
 type Subscription struct {
 	C   <-chan struct{}
 	c   chan struct{}
-	key store.OperationKey
+	key store.OperationKey // the operation; the zero key for a tenant-wide watcher
 	hub *Hub
+}
+
+// nudge leaves a nudge in the mailbox unless one is waiting.
+func (s *Subscription) nudge() {
+	select {
+	case s.c <- struct{}{}:
+	default:
+	}
 }
 
 // Subscribe watches one operation until Close. Subscribe before reading the operation, so
@@ -64,11 +75,23 @@ func (h *Hub) Subscribe(key store.OperationKey) *Subscription {
 	return s
 }
 
+// SubscribeAll is nudged on every wake until Close, for a tenant-wide watcher: a
+// notification does not say which tenant changed.
+func (h *Hub) SubscribeAll() *Subscription {
+	c := make(chan struct{}, 1)
+	s := &Subscription{C: c, c: c, hub: h}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.tenants[s] = struct{}{}
+	return s
+}
+
 // Close ends the subscription. It is idempotent.
 func (s *Subscription) Close() {
 	h := s.hub
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	delete(h.tenants, s)
 	delete(h.subs[s.key], s)
 	if len(h.subs[s.key]) == 0 {
 		delete(h.subs, s.key)
@@ -117,10 +140,13 @@ func (h *Hub) Stop() {
 	h.wg.Wait()
 }
 
-// RunOnce reads the revisions of every watched operation and nudges the watchers of
-// those that moved since the hub last looked.
+// RunOnce nudges the tenant-wide watchers, reads the revisions of every watched
+// operation and nudges the watchers of those that moved since the hub last looked.
 func (h *Hub) RunOnce(ctx context.Context) error {
 	h.mu.Lock()
+	for s := range h.tenants {
+		s.nudge()
+	}
 	keys := make([]store.OperationKey, 0, len(h.subs))
 	for k := range h.subs {
 		keys = append(keys, k)
@@ -144,10 +170,7 @@ func (h *Hub) RunOnce(ctx context.Context) error {
 		}
 		h.known[k] = rev
 		for s := range h.subs[k] {
-			select {
-			case s.c <- struct{}{}:
-			default: // a nudge is already waiting
-			}
+			s.nudge()
 		}
 	}
 	return nil

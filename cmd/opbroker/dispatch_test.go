@@ -229,14 +229,19 @@ func TestKilledAfterPrepareCommitLosesNothing(t *testing.T) {
 	other.stop(t, syscall.SIGTERM)
 }
 
-// TestWatchAcrossReplicas: a watcher connected to one broker process sees every change
-// another process makes, through LISTEN/NOTIFY (or the polling fallback).
+// TestWatchAcrossReplicas: watchers connected to one broker process, of one operation
+// and of its whole tenant, see every change another process makes, through
+// LISTEN/NOTIFY (or the polling fallback).
 func TestWatchAcrossReplicas(t *testing.T) {
 	t.Parallel()
 	url := storetest.Schema(t)
 	targets := targetsFile(t, simURL(t))
 	api := start(t, serveArgs(url, targets, "--dispatch=false", "--reconcile=false")...)
 	client := opbrokerv1.NewOperationServiceClient(dial(t, api.waitReady(t)))
+	tenant, err := client.WatchOperations(context.Background(), &opbrokerv1.WatchOperationsRequest{Tenant: "acme"})
+	require.NoError(t, err)
+	_, err = tenant.Recv() // the stream's start
+	require.NoError(t, err)
 	resp, err := prepare(context.Background(), client, "order-watched")
 	require.NoError(t, err)
 	stream, err := client.WatchOperation(context.Background(), &opbrokerv1.WatchOperationRequest{Name: resp.GetOperation().GetName()})
@@ -259,6 +264,18 @@ func TestWatchAcrossReplicas(t *testing.T) {
 		}
 	}
 	require.Equal(t, []opbrokerv1.Operation_State{opbrokerv1.Operation_STATE_IN_FLIGHT, opbrokerv1.Operation_STATE_SUCCEEDED}, seen)
+
+	seen = nil
+	for len(seen) < 3 {
+		msg, err := tenant.Recv()
+		require.NoError(t, err)
+		if c := msg.GetChange(); c != nil {
+			require.Equal(t, resp.GetOperation().GetName(), c.GetName())
+			seen = append(seen, c.GetState())
+		}
+	}
+	require.Equal(t, []opbrokerv1.Operation_State{opbrokerv1.Operation_STATE_PREPARED,
+		opbrokerv1.Operation_STATE_IN_FLIGHT, opbrokerv1.Operation_STATE_SUCCEEDED}, seen)
 	api.stop(t, syscall.SIGTERM)
 	worker.stop(t, syscall.SIGTERM)
 }

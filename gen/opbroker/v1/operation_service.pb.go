@@ -667,6 +667,167 @@ func (*WatchOperationResponse_Change) isWatchOperationResponse_Event() {}
 
 func (*WatchOperationResponse_Heartbeat_) isWatchOperationResponse_Event() {}
 
+// The request for WatchOperations.
+type WatchOperationsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant whose operations to watch.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only changes into one of these states; empty means every change.
+	States []Operation_State `protobuf:"varint,2,rep,packed,name=states,proto3,enum=opbroker.v1.Operation_State" json:"states,omitempty"`
+	// The resume_token of the last message received from a stream with the same tenant
+	// and filter, to continue after it; empty to start now.
+	ResumeToken   string `protobuf:"bytes,3,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchOperationsRequest) Reset() {
+	*x = WatchOperationsRequest{}
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchOperationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchOperationsRequest) ProtoMessage() {}
+
+func (x *WatchOperationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchOperationsRequest.ProtoReflect.Descriptor instead.
+func (*WatchOperationsRequest) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_operation_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WatchOperationsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *WatchOperationsRequest) GetStates() []Operation_State {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *WatchOperationsRequest) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
+}
+
+// One message of a WatchOperations stream.
+type WatchOperationsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What happened.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*WatchOperationsResponse_Change
+	//	*WatchOperationsResponse_Heartbeat_
+	Event isWatchOperationsResponse_Event `protobuf_oneof:"event"`
+	// Pass to WatchOperations to continue after this message.
+	ResumeToken   string `protobuf:"bytes,3,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchOperationsResponse) Reset() {
+	*x = WatchOperationsResponse{}
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchOperationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchOperationsResponse) ProtoMessage() {}
+
+func (x *WatchOperationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchOperationsResponse.ProtoReflect.Descriptor instead.
+func (*WatchOperationsResponse) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_operation_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WatchOperationsResponse) GetEvent() isWatchOperationsResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchOperationsResponse) GetChange() *Operation {
+	if x != nil {
+		if x, ok := x.Event.(*WatchOperationsResponse_Change); ok {
+			return x.Change
+		}
+	}
+	return nil
+}
+
+func (x *WatchOperationsResponse) GetHeartbeat() *WatchOperationsResponse_Heartbeat {
+	if x != nil {
+		if x, ok := x.Event.(*WatchOperationsResponse_Heartbeat_); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *WatchOperationsResponse) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
+}
+
+type isWatchOperationsResponse_Event interface {
+	isWatchOperationsResponse_Event()
+}
+
+type WatchOperationsResponse_Change struct {
+	// An operation after one change.
+	Change *Operation `protobuf:"bytes,1,opt,name=change,proto3,oneof"`
+}
+
+type WatchOperationsResponse_Heartbeat_ struct {
+	// Nothing changed.
+	Heartbeat *WatchOperationsResponse_Heartbeat `protobuf:"bytes,2,opt,name=heartbeat,proto3,oneof"`
+}
+
+func (*WatchOperationsResponse_Change) isWatchOperationsResponse_Event() {}
+
+func (*WatchOperationsResponse_Heartbeat_) isWatchOperationsResponse_Event() {}
+
 // Sent while the stream is idle.
 type WatchOperationResponse_Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -678,7 +839,7 @@ type WatchOperationResponse_Heartbeat struct {
 
 func (x *WatchOperationResponse_Heartbeat) Reset() {
 	*x = WatchOperationResponse_Heartbeat{}
-	mi := &file_opbroker_v1_operation_service_proto_msgTypes[11]
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +851,7 @@ func (x *WatchOperationResponse_Heartbeat) String() string {
 func (*WatchOperationResponse_Heartbeat) ProtoMessage() {}
 
 func (x *WatchOperationResponse_Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_operation_service_proto_msgTypes[11]
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,6 +872,43 @@ func (x *WatchOperationResponse_Heartbeat) GetRevision() int64 {
 		return x.Revision
 	}
 	return 0
+}
+
+// Sent first and while the stream is idle.
+type WatchOperationsResponse_Heartbeat struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchOperationsResponse_Heartbeat) Reset() {
+	*x = WatchOperationsResponse_Heartbeat{}
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchOperationsResponse_Heartbeat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchOperationsResponse_Heartbeat) ProtoMessage() {}
+
+func (x *WatchOperationsResponse_Heartbeat) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchOperationsResponse_Heartbeat.ProtoReflect.Descriptor instead.
+func (*WatchOperationsResponse_Heartbeat) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_operation_service_proto_rawDescGZIP(), []int{11, 0}
 }
 
 var File_opbroker_v1_operation_service_proto protoreflect.FileDescriptor
@@ -771,13 +969,24 @@ const file_opbroker_v1_operation_service_proto_rawDesc = "" +
 	"\theartbeat\x18\x03 \x01(\v2-.opbroker.v1.WatchOperationResponse.HeartbeatH\x00R\theartbeat\x1a'\n" +
 	"\tHeartbeat\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevisionB\a\n" +
-	"\x05event2\xf7\x03\n" +
+	"\x05event\"\xdb\x01\n" +
+	"\x16WatchOperationsRequest\x12C\n" +
+	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\x12L\n" +
+	"\x06states\x18\x02 \x03(\x0e2\x1c.opbroker.v1.Operation.StateB\x16\xe0A\x01\xbaH\x10\x92\x01\r\x10\a\x18\x01\"\a\x82\x01\x04\x10\x01 \x00R\x06states\x12.\n" +
+	"\fresume_token\x18\x03 \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\x80@R\vresumeToken\"\xd4\x01\n" +
+	"\x17WatchOperationsResponse\x120\n" +
+	"\x06change\x18\x01 \x01(\v2\x16.opbroker.v1.OperationH\x00R\x06change\x12N\n" +
+	"\theartbeat\x18\x02 \x01(\v2..opbroker.v1.WatchOperationsResponse.HeartbeatH\x00R\theartbeat\x12!\n" +
+	"\fresume_token\x18\x03 \x01(\tR\vresumeToken\x1a\v\n" +
+	"\tHeartbeatB\a\n" +
+	"\x05event2\xdc\x04\n" +
 	"\x10OperationService\x12d\n" +
 	"\x10PrepareOperation\x12$.opbroker.v1.PrepareOperationRequest\x1a%.opbroker.v1.PrepareOperationResponse\"\x03\x90\x02\x02\x12X\n" +
 	"\fGetOperation\x12 .opbroker.v1.GetOperationRequest\x1a!.opbroker.v1.GetOperationResponse\"\x03\x90\x02\x01\x12^\n" +
 	"\x0eListOperations\x12\".opbroker.v1.ListOperationsRequest\x1a#.opbroker.v1.ListOperationsResponse\"\x03\x90\x02\x01\x12a\n" +
 	"\x0fCancelOperation\x12#.opbroker.v1.CancelOperationRequest\x1a$.opbroker.v1.CancelOperationResponse\"\x03\x90\x02\x02\x12`\n" +
-	"\x0eWatchOperation\x12\".opbroker.v1.WatchOperationRequest\x1a#.opbroker.v1.WatchOperationResponse\"\x03\x90\x02\x010\x01B\xae\x01\n" +
+	"\x0eWatchOperation\x12\".opbroker.v1.WatchOperationRequest\x1a#.opbroker.v1.WatchOperationResponse\"\x03\x90\x02\x010\x01\x12c\n" +
+	"\x0fWatchOperations\x12#.opbroker.v1.WatchOperationsRequest\x1a$.opbroker.v1.WatchOperationsResponse\"\x03\x90\x02\x010\x01B\xae\x01\n" +
 	"\x0fcom.opbroker.v1B\x15OperationServiceProtoP\x01Z7github.com/opbroker/opbroker/gen/opbroker/v1;opbrokerv1\xa2\x02\x03OXX\xaa\x02\vOpbroker.V1\xca\x02\vOpbroker\\V1\xe2\x02\x17Opbroker\\V1\\GPBMetadata\xea\x02\fOpbroker::V1b\x06proto3"
 
 var (
@@ -792,50 +1001,58 @@ func file_opbroker_v1_operation_service_proto_rawDescGZIP() []byte {
 	return file_opbroker_v1_operation_service_proto_rawDescData
 }
 
-var file_opbroker_v1_operation_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_opbroker_v1_operation_service_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_opbroker_v1_operation_service_proto_goTypes = []any{
-	(*PrepareOperationRequest)(nil),          // 0: opbroker.v1.PrepareOperationRequest
-	(*PrepareOperationResponse)(nil),         // 1: opbroker.v1.PrepareOperationResponse
-	(*GetOperationRequest)(nil),              // 2: opbroker.v1.GetOperationRequest
-	(*GetOperationResponse)(nil),             // 3: opbroker.v1.GetOperationResponse
-	(*ListOperationsRequest)(nil),            // 4: opbroker.v1.ListOperationsRequest
-	(*ListOperationsResponse)(nil),           // 5: opbroker.v1.ListOperationsResponse
-	(*CancelOperationRequest)(nil),           // 6: opbroker.v1.CancelOperationRequest
-	(*CancelOperationResponse)(nil),          // 7: opbroker.v1.CancelOperationResponse
-	(*WatchOperationRequest)(nil),            // 8: opbroker.v1.WatchOperationRequest
-	(*WatchOperationResponse)(nil),           // 9: opbroker.v1.WatchOperationResponse
-	nil,                                      // 10: opbroker.v1.PrepareOperationRequest.LabelsEntry
-	(*WatchOperationResponse_Heartbeat)(nil), // 11: opbroker.v1.WatchOperationResponse.Heartbeat
-	(*timestamppb.Timestamp)(nil),            // 12: google.protobuf.Timestamp
-	(*Operation)(nil),                        // 13: opbroker.v1.Operation
-	(Operation_State)(0),                     // 14: opbroker.v1.Operation.State
+	(*PrepareOperationRequest)(nil),           // 0: opbroker.v1.PrepareOperationRequest
+	(*PrepareOperationResponse)(nil),          // 1: opbroker.v1.PrepareOperationResponse
+	(*GetOperationRequest)(nil),               // 2: opbroker.v1.GetOperationRequest
+	(*GetOperationResponse)(nil),              // 3: opbroker.v1.GetOperationResponse
+	(*ListOperationsRequest)(nil),             // 4: opbroker.v1.ListOperationsRequest
+	(*ListOperationsResponse)(nil),            // 5: opbroker.v1.ListOperationsResponse
+	(*CancelOperationRequest)(nil),            // 6: opbroker.v1.CancelOperationRequest
+	(*CancelOperationResponse)(nil),           // 7: opbroker.v1.CancelOperationResponse
+	(*WatchOperationRequest)(nil),             // 8: opbroker.v1.WatchOperationRequest
+	(*WatchOperationResponse)(nil),            // 9: opbroker.v1.WatchOperationResponse
+	(*WatchOperationsRequest)(nil),            // 10: opbroker.v1.WatchOperationsRequest
+	(*WatchOperationsResponse)(nil),           // 11: opbroker.v1.WatchOperationsResponse
+	nil,                                       // 12: opbroker.v1.PrepareOperationRequest.LabelsEntry
+	(*WatchOperationResponse_Heartbeat)(nil),  // 13: opbroker.v1.WatchOperationResponse.Heartbeat
+	(*WatchOperationsResponse_Heartbeat)(nil), // 14: opbroker.v1.WatchOperationsResponse.Heartbeat
+	(*timestamppb.Timestamp)(nil),             // 15: google.protobuf.Timestamp
+	(*Operation)(nil),                         // 16: opbroker.v1.Operation
+	(Operation_State)(0),                      // 17: opbroker.v1.Operation.State
 }
 var file_opbroker_v1_operation_service_proto_depIdxs = []int32{
-	12, // 0: opbroker.v1.PrepareOperationRequest.dispatch_deadline:type_name -> google.protobuf.Timestamp
-	10, // 1: opbroker.v1.PrepareOperationRequest.labels:type_name -> opbroker.v1.PrepareOperationRequest.LabelsEntry
-	13, // 2: opbroker.v1.PrepareOperationResponse.operation:type_name -> opbroker.v1.Operation
-	13, // 3: opbroker.v1.GetOperationResponse.operation:type_name -> opbroker.v1.Operation
-	14, // 4: opbroker.v1.ListOperationsRequest.states:type_name -> opbroker.v1.Operation.State
-	13, // 5: opbroker.v1.ListOperationsResponse.operations:type_name -> opbroker.v1.Operation
-	13, // 6: opbroker.v1.CancelOperationResponse.operation:type_name -> opbroker.v1.Operation
-	13, // 7: opbroker.v1.WatchOperationResponse.snapshot:type_name -> opbroker.v1.Operation
-	13, // 8: opbroker.v1.WatchOperationResponse.change:type_name -> opbroker.v1.Operation
-	11, // 9: opbroker.v1.WatchOperationResponse.heartbeat:type_name -> opbroker.v1.WatchOperationResponse.Heartbeat
-	0,  // 10: opbroker.v1.OperationService.PrepareOperation:input_type -> opbroker.v1.PrepareOperationRequest
-	2,  // 11: opbroker.v1.OperationService.GetOperation:input_type -> opbroker.v1.GetOperationRequest
-	4,  // 12: opbroker.v1.OperationService.ListOperations:input_type -> opbroker.v1.ListOperationsRequest
-	6,  // 13: opbroker.v1.OperationService.CancelOperation:input_type -> opbroker.v1.CancelOperationRequest
-	8,  // 14: opbroker.v1.OperationService.WatchOperation:input_type -> opbroker.v1.WatchOperationRequest
-	1,  // 15: opbroker.v1.OperationService.PrepareOperation:output_type -> opbroker.v1.PrepareOperationResponse
-	3,  // 16: opbroker.v1.OperationService.GetOperation:output_type -> opbroker.v1.GetOperationResponse
-	5,  // 17: opbroker.v1.OperationService.ListOperations:output_type -> opbroker.v1.ListOperationsResponse
-	7,  // 18: opbroker.v1.OperationService.CancelOperation:output_type -> opbroker.v1.CancelOperationResponse
-	9,  // 19: opbroker.v1.OperationService.WatchOperation:output_type -> opbroker.v1.WatchOperationResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	15, // 0: opbroker.v1.PrepareOperationRequest.dispatch_deadline:type_name -> google.protobuf.Timestamp
+	12, // 1: opbroker.v1.PrepareOperationRequest.labels:type_name -> opbroker.v1.PrepareOperationRequest.LabelsEntry
+	16, // 2: opbroker.v1.PrepareOperationResponse.operation:type_name -> opbroker.v1.Operation
+	16, // 3: opbroker.v1.GetOperationResponse.operation:type_name -> opbroker.v1.Operation
+	17, // 4: opbroker.v1.ListOperationsRequest.states:type_name -> opbroker.v1.Operation.State
+	16, // 5: opbroker.v1.ListOperationsResponse.operations:type_name -> opbroker.v1.Operation
+	16, // 6: opbroker.v1.CancelOperationResponse.operation:type_name -> opbroker.v1.Operation
+	16, // 7: opbroker.v1.WatchOperationResponse.snapshot:type_name -> opbroker.v1.Operation
+	16, // 8: opbroker.v1.WatchOperationResponse.change:type_name -> opbroker.v1.Operation
+	13, // 9: opbroker.v1.WatchOperationResponse.heartbeat:type_name -> opbroker.v1.WatchOperationResponse.Heartbeat
+	17, // 10: opbroker.v1.WatchOperationsRequest.states:type_name -> opbroker.v1.Operation.State
+	16, // 11: opbroker.v1.WatchOperationsResponse.change:type_name -> opbroker.v1.Operation
+	14, // 12: opbroker.v1.WatchOperationsResponse.heartbeat:type_name -> opbroker.v1.WatchOperationsResponse.Heartbeat
+	0,  // 13: opbroker.v1.OperationService.PrepareOperation:input_type -> opbroker.v1.PrepareOperationRequest
+	2,  // 14: opbroker.v1.OperationService.GetOperation:input_type -> opbroker.v1.GetOperationRequest
+	4,  // 15: opbroker.v1.OperationService.ListOperations:input_type -> opbroker.v1.ListOperationsRequest
+	6,  // 16: opbroker.v1.OperationService.CancelOperation:input_type -> opbroker.v1.CancelOperationRequest
+	8,  // 17: opbroker.v1.OperationService.WatchOperation:input_type -> opbroker.v1.WatchOperationRequest
+	10, // 18: opbroker.v1.OperationService.WatchOperations:input_type -> opbroker.v1.WatchOperationsRequest
+	1,  // 19: opbroker.v1.OperationService.PrepareOperation:output_type -> opbroker.v1.PrepareOperationResponse
+	3,  // 20: opbroker.v1.OperationService.GetOperation:output_type -> opbroker.v1.GetOperationResponse
+	5,  // 21: opbroker.v1.OperationService.ListOperations:output_type -> opbroker.v1.ListOperationsResponse
+	7,  // 22: opbroker.v1.OperationService.CancelOperation:output_type -> opbroker.v1.CancelOperationResponse
+	9,  // 23: opbroker.v1.OperationService.WatchOperation:output_type -> opbroker.v1.WatchOperationResponse
+	11, // 24: opbroker.v1.OperationService.WatchOperations:output_type -> opbroker.v1.WatchOperationsResponse
+	19, // [19:25] is the sub-list for method output_type
+	13, // [13:19] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_operation_service_proto_init() }
@@ -849,13 +1066,17 @@ func file_opbroker_v1_operation_service_proto_init() {
 		(*WatchOperationResponse_Change)(nil),
 		(*WatchOperationResponse_Heartbeat_)(nil),
 	}
+	file_opbroker_v1_operation_service_proto_msgTypes[11].OneofWrappers = []any{
+		(*WatchOperationsResponse_Change)(nil),
+		(*WatchOperationsResponse_Heartbeat_)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opbroker_v1_operation_service_proto_rawDesc), len(file_opbroker_v1_operation_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

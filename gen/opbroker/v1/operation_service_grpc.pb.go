@@ -24,6 +24,7 @@ const (
 	OperationService_ListOperations_FullMethodName   = "/opbroker.v1.OperationService/ListOperations"
 	OperationService_CancelOperation_FullMethodName  = "/opbroker.v1.OperationService/CancelOperation"
 	OperationService_WatchOperation_FullMethodName   = "/opbroker.v1.OperationService/WatchOperation"
+	OperationService_WatchOperations_FullMethodName  = "/opbroker.v1.OperationService/WatchOperations"
 )
 
 // OperationServiceClient is the client API for OperationService service.
@@ -53,6 +54,13 @@ type OperationServiceClient interface {
 	// longer kept is OUT_OF_RANGE (re-read and watch from the current revision); a stopping
 	// server ends the stream with UNAVAILABLE.
 	WatchOperation(ctx context.Context, in *WatchOperationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchOperationResponse], error)
+	// Streams every change of a tenant's operations, each operation's changes in revision
+	// order, optionally only changes into some states. Every message carries the
+	// resume_token to continue after it; the first is a heartbeat with the token of the
+	// start. Resuming with a token loses and repeats nothing. Without a token the stream
+	// starts with the changes committed from now on. A token of another tenant or filter
+	// is INVALID_ARGUMENT; a stopping server ends the stream with UNAVAILABLE.
+	WatchOperations(ctx context.Context, in *WatchOperationsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchOperationsResponse], error)
 }
 
 type operationServiceClient struct {
@@ -122,6 +130,25 @@ func (c *operationServiceClient) WatchOperation(ctx context.Context, in *WatchOp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type OperationService_WatchOperationClient = grpc.ServerStreamingClient[WatchOperationResponse]
 
+func (c *operationServiceClient) WatchOperations(ctx context.Context, in *WatchOperationsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchOperationsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &OperationService_ServiceDesc.Streams[1], OperationService_WatchOperations_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchOperationsRequest, WatchOperationsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type OperationService_WatchOperationsClient = grpc.ServerStreamingClient[WatchOperationsResponse]
+
 // OperationServiceServer is the server API for OperationService service.
 // All implementations must embed UnimplementedOperationServiceServer
 // for forward compatibility.
@@ -149,6 +176,13 @@ type OperationServiceServer interface {
 	// longer kept is OUT_OF_RANGE (re-read and watch from the current revision); a stopping
 	// server ends the stream with UNAVAILABLE.
 	WatchOperation(*WatchOperationRequest, grpc.ServerStreamingServer[WatchOperationResponse]) error
+	// Streams every change of a tenant's operations, each operation's changes in revision
+	// order, optionally only changes into some states. Every message carries the
+	// resume_token to continue after it; the first is a heartbeat with the token of the
+	// start. Resuming with a token loses and repeats nothing. Without a token the stream
+	// starts with the changes committed from now on. A token of another tenant or filter
+	// is INVALID_ARGUMENT; a stopping server ends the stream with UNAVAILABLE.
+	WatchOperations(*WatchOperationsRequest, grpc.ServerStreamingServer[WatchOperationsResponse]) error
 	mustEmbedUnimplementedOperationServiceServer()
 }
 
@@ -173,6 +207,9 @@ func (UnimplementedOperationServiceServer) CancelOperation(context.Context, *Can
 }
 func (UnimplementedOperationServiceServer) WatchOperation(*WatchOperationRequest, grpc.ServerStreamingServer[WatchOperationResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchOperation not implemented")
+}
+func (UnimplementedOperationServiceServer) WatchOperations(*WatchOperationsRequest, grpc.ServerStreamingServer[WatchOperationsResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchOperations not implemented")
 }
 func (UnimplementedOperationServiceServer) mustEmbedUnimplementedOperationServiceServer() {}
 func (UnimplementedOperationServiceServer) testEmbeddedByValue()                          {}
@@ -278,6 +315,17 @@ func _OperationService_WatchOperation_Handler(srv interface{}, stream grpc.Serve
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type OperationService_WatchOperationServer = grpc.ServerStreamingServer[WatchOperationResponse]
 
+func _OperationService_WatchOperations_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchOperationsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(OperationServiceServer).WatchOperations(m, &grpc.GenericServerStream[WatchOperationsRequest, WatchOperationsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type OperationService_WatchOperationsServer = grpc.ServerStreamingServer[WatchOperationsResponse]
+
 // OperationService_ServiceDesc is the grpc.ServiceDesc for OperationService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -306,6 +354,11 @@ var OperationService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchOperation",
 			Handler:       _OperationService_WatchOperation_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchOperations",
+			Handler:       _OperationService_WatchOperations_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -1,0 +1,124 @@
+package server
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"slices"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/opbroker/opbroker/store"
+)
+
+// Page and resume tokens are opaque to clients (base64url JSON) and bound to the tenant
+// and the filter of the request that produced them: a token presented with another
+// tenant or filter is rejected, so it can never be turned into a read of another tenant.
+
+// tokenScope is what a token is bound to.
+type tokenScope struct {
+	Version int    `json:"v"`
+	Tenant  string `json:"t"`
+	Filter  string `json:"f"`
+}
+
+func (s tokenScope) scope() tokenScope { return s }
+
+const tokenVersion = 1
+
+func newScope(tenant string, states []store.State) tokenScope {
+	return tokenScope{Version: tokenVersion, Tenant: tenant, Filter: filterKey(states)}
+}
+
+// filterKey is a canonical spelling of a state filter.
+func filterKey(states []store.State) string {
+	names := make([]string, len(states))
+	for i, s := range states {
+		names[i] = string(s)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ",")
+}
+
+func encodeToken(tok any) string {
+	b, _ := json.Marshal(tok) // cannot fail for the token types
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// decodeToken reads the token in the request field into tok and checks that it is
+// well-formed and bound to want. Errors are INVALID_ARGUMENT with the reason
+// <FIELD>_INVALID, or <FIELD>_MISMATCH for a token of another tenant or filter.
+func decodeToken(field, token string, want tokenScope, tok interface {
+	scope() tokenScope
+	valid() bool
+}) error {
+	reason := strings.ToUpper(field)
+	b, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || json.Unmarshal(b, tok) != nil || tok.scope().Version != tokenVersion || !tok.valid() {
+		return invalidArgument(violation(field, "is not a token of this call; start again without one", reason+"_INVALID"))
+	}
+	if tok.scope() != want {
+		return invalidArgument(violation(field, "belongs to another tenant or filter; start again without one", reason+"_MISMATCH"))
+	}
+	return nil
+}
+
+// pageToken continues a listing after an operation.
+type pageToken struct {
+	tokenScope
+	After uuid.UUID `json:"a"`
+}
+
+func (t *pageToken) valid() bool { return t.After != uuid.Nil }
+
+// decodePageToken returns the position a page token continues from. The empty token
+// starts at the beginning.
+func decodePageToken(token, tenant string, states []store.State) (uuid.NullUUID, error) {
+	if token == "" {
+		return uuid.NullUUID{}, nil
+	}
+	var tok pageToken
+	if err := decodeToken("page_token", token, newScope(tenant, states), &tok); err != nil {
+		return uuid.NullUUID{}, err
+	}
+	return uuid.NullUUID{UUID: tok.After, Valid: true}, nil
+}
+
+// resumeToken continues a tenant's watch after a cursor of its feed.
+type resumeToken struct {
+	tokenScope
+	After [2]int64   `json:"a"`
+	Ahead [][2]int64 `json:"h,omitempty"`
+}
+
+func (t *resumeToken) valid() bool {
+	if t.After[0] < 0 || t.After[1] < 0 {
+		return false
+	}
+	for _, a := range t.Ahead {
+		if a[0] < t.After[0] || a[0] == t.After[0] && a[1] <= t.After[1] {
+			return false
+		}
+	}
+	return true
+}
+
+func encodeResumeToken(scope tokenScope, c store.FeedCursor) string {
+	tok := resumeToken{tokenScope: scope, After: [2]int64{c.After.Xact, c.After.Seq}}
+	for _, a := range c.Ahead {
+		tok.Ahead = append(tok.Ahead, [2]int64{a.Xact, a.Seq})
+	}
+	return encodeToken(tok)
+}
+
+func decodeResumeToken(token string, scope tokenScope) (store.FeedCursor, error) {
+	var tok resumeToken
+	if err := decodeToken("resume_token", token, scope, &tok); err != nil {
+		return store.FeedCursor{}, err
+	}
+	c := store.FeedCursor{After: store.FeedPosition{Xact: tok.After[0], Seq: tok.After[1]}}
+	for _, a := range tok.Ahead {
+		c.Ahead = append(c.Ahead, store.FeedPosition{Xact: a[0], Seq: a[1]})
+	}
+	return c, nil
+}
