@@ -52,6 +52,9 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// RecordTimeout bounds writing one outcome, retries included (default 15s).
 	RecordTimeout time.Duration
+	// PayloadRetention is how long a terminal operation keeps its payload bytes before
+	// the sweeper purges them (the hash and the events stay); 0 keeps them.
+	PayloadRetention time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -94,6 +97,7 @@ type Dispatcher struct {
 	sends   metric.Int64Counter
 	swept   metric.Int64Counter
 	expired metric.Int64Counter
+	purged  metric.Int64Counter
 
 	mu          sync.Mutex
 	stopLoops   context.CancelFunc // stops claiming and sweeping
@@ -137,7 +141,11 @@ func New(cfg Config) (*Dispatcher, error) {
 		metric.WithDescription("PREPARED operations failed because their dispatch deadline passed before any send"), metric.WithUnit("{operation}")); err != nil {
 		return nil, err
 	}
-	d.sendCtx, d.cancelSends = context.WithCancel(context.Background())
+	if d.purged, err = meter.Int64Counter("opbroker.payloads.purged",
+		metric.WithDescription("Payloads whose bytes were removed after the retention (hash and events kept)"), metric.WithUnit("{operation}")); err != nil {
+		return nil, err
+	}
+	d.sendCtx, d.cancelSends = context.WithCancel(store.WithAllTenants(context.Background()))
 	return d, nil
 }
 
@@ -148,7 +156,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if d.stopLoops != nil {
 		return errors.New("dispatcher: already started")
 	}
-	loopCtx, cancel := context.WithCancel(ctx)
+	loopCtx, cancel := context.WithCancel(store.WithAllTenants(ctx))
 	d.stopLoops = cancel
 	d.stopped = make(chan struct{})
 	wake, unsubscribe := d.cfg.Store.Subscribe()
@@ -405,28 +413,39 @@ func (d *Dispatcher) sweepLoop(ctx context.Context) {
 	}
 }
 
-// Sweep moves every IN_FLIGHT operation whose lease expired before now to UNKNOWN and
-// fails every PREPARED one whose dispatch deadline passed; a zero now means the
-// database's clock.
+// Sweep moves every IN_FLIGHT operation whose lease expired before now to UNKNOWN,
+// fails every PREPARED one whose dispatch deadline passed (a zero now means the
+// database's clock), and purges the payload bytes of operations terminal for longer
+// than the payload retention.
 func (d *Dispatcher) Sweep(ctx context.Context, now time.Time) error {
-	for {
-		n, err := d.cfg.Store.SweepExpiredLeases(ctx, store.SweepParams{Now: now, Limit: sweepBatch})
-		if err != nil {
-			return err
-		}
-		d.swept.Add(ctx, int64(n))
-		if n < sweepBatch {
-			break
+	type step struct {
+		run     func() (int, error)
+		counter metric.Int64Counter
+	}
+	steps := []step{
+		{func() (int, error) {
+			return d.cfg.Store.SweepExpiredLeases(ctx, store.SweepParams{Now: now, Limit: sweepBatch})
+		}, d.swept},
+		{func() (int, error) {
+			return d.cfg.Store.ExpireDeadlines(ctx, store.SweepParams{Now: now, Limit: sweepBatch})
+		}, d.expired},
+	}
+	if d.cfg.PayloadRetention > 0 {
+		steps = append(steps, step{func() (int, error) {
+			return d.cfg.Store.PurgePayloads(ctx, store.PurgeParams{Retention: d.cfg.PayloadRetention, Limit: sweepBatch})
+		}, d.purged})
+	}
+	for _, step := range steps {
+		for {
+			n, err := step.run()
+			if err != nil {
+				return err
+			}
+			step.counter.Add(ctx, int64(n))
+			if n < sweepBatch {
+				break
+			}
 		}
 	}
-	for {
-		n, err := d.cfg.Store.ExpireDeadlines(ctx, store.SweepParams{Now: now, Limit: sweepBatch})
-		if err != nil {
-			return err
-		}
-		d.expired.Add(ctx, int64(n))
-		if n < sweepBatch {
-			return nil
-		}
-	}
+	return nil
 }

@@ -33,7 +33,7 @@ func setup(t *testing.T, cfg simtarget.Config, adjust ...func(*target.Contract))
 	t.Helper()
 	st, pool := storetest.NewStore(t)
 	sim, targets := targettest.Demo(t, cfg, adjust...)
-	return &testBundle{ctx: context.Background(), store: st, pool: pool, sim: sim, targets: targets}
+	return &testBundle{ctx: store.WithAllTenants(context.Background()), store: st, pool: pool, sim: sim, targets: targets}
 }
 
 func (b *testBundle) dispatcher(t *testing.T, cfg dispatcher.Config) *dispatcher.Dispatcher {
@@ -311,4 +311,27 @@ func TestPerTargetConcurrencyLimit(t *testing.T) {
 	truth := b.sim.Snapshot()
 	require.Len(t, truth.Keys, 30)
 	require.Equal(t, 2, truth.MaxConcurrent, "the contract allows 2 concurrent sends")
+}
+
+// TestSweepPurgesPayloadsAfterRetention: with a payload retention, the sweeper removes
+// the bytes of operations terminal for longer; without one, it keeps them.
+func TestSweepPurgesPayloadsAfterRetention(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "done", `{"amount":1}`)
+	_, err := b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET updated_at = now() - interval '2 hours'`)
+	require.NoError(t, err)
+	kept := func() (kept bool) {
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT payload IS NOT NULL FROM operations`).Scan(&kept))
+		return kept
+	}
+
+	require.NoError(t, b.dispatcher(t, dispatcher.Config{}).Sweep(b.ctx, time.Time{}))
+	require.True(t, kept(), "no retention: payloads are kept")
+	require.NoError(t, b.dispatcher(t, dispatcher.Config{PayloadRetention: 3 * time.Hour}).Sweep(b.ctx, time.Time{}))
+	require.True(t, kept(), "within the retention")
+	require.NoError(t, b.dispatcher(t, dispatcher.Config{PayloadRetention: time.Hour}).Sweep(b.ctx, time.Time{}))
+	require.False(t, kept(), "past the retention")
 }

@@ -108,7 +108,7 @@ func (r *Reconciler) Start(ctx context.Context) error {
 	if r.cancel != nil {
 		return errors.New("reconciler: already started")
 	}
-	ctx, r.cancel = context.WithCancel(ctx)
+	ctx, r.cancel = context.WithCancel(store.WithAllTenants(ctx))
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()

@@ -40,7 +40,7 @@ func setup(t *testing.T, cfg simtarget.Config, adjust ...func(*target.Contract))
 		Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider(), PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(d.Stop)
-	return &testBundle{ctx: context.Background(), store: st, pool: pool, sim: sim, targets: targets, dispatcher: d}
+	return &testBundle{ctx: store.WithAllTenants(context.Background()), store: st, pool: pool, sim: sim, targets: targets, dispatcher: d}
 }
 
 func (b *testBundle) reconciler(t *testing.T, worker string) *reconciler.Reconciler {

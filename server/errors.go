@@ -30,6 +30,13 @@ const (
 	ReasonDeadlineExceeded            = "DEADLINE_EXCEEDED"
 	ReasonInternal                    = "INTERNAL"
 	ReasonInjectedFailure             = "INJECTED_FAILURE" // only with crash points enabled
+	ReasonCredentialsMissing          = "CREDENTIALS_MISSING"
+	ReasonCredentialsInvalid          = "CREDENTIALS_INVALID"
+	ReasonRoleRequired                = "ROLE_REQUIRED"
+	ReasonTenantNotPermitted          = "TENANT_NOT_PERMITTED"
+	ReasonTenantRateLimited           = "TENANT_RATE_LIMITED"
+	ReasonWatchLimit                  = "WATCH_LIMIT"
+	ReasonTenantHasOpenOperations     = "TENANT_HAS_OPEN_OPERATIONS"
 )
 
 // invalidArgumentError carries field violations until toStatus renders them.

@@ -16,11 +16,13 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/opbroker/opbroker/auth"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
@@ -48,6 +50,16 @@ type Options struct {
 	// WatchHeartbeat is how often an idle watch says it is alive; 0 means
 	// DefaultWatchHeartbeat.
 	WatchHeartbeat time.Duration
+	// Auth knows the principals. Nil runs without credentials: every caller may do
+	// everything (opbroker dev only).
+	Auth *auth.Authenticator
+	// Limits bound principals and tenants.
+	Limits Limits
+	// Credentials secure the transport (TLS, optionally verifying client
+	// certificates); nil serves plaintext.
+	Credentials credentials.TransportCredentials
+	// Reflection registers the reflection service (for grpcurl).
+	Reflection bool
 }
 
 // Server is a gRPC server with the broker's services, health and reflection.
@@ -94,27 +106,35 @@ func New(opts Options) (*Server, error) {
 		return newStatus(codes.Internal, "internal error", ReasonInternal, nil)
 	})
 
-	grpcServer := grpc.NewServer(
+	admit := newAdmission(opts.Auth, validator, log, opts.Limits)
+	authUnary, authStream := admit.authentication()
+	serverOpts := []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler(
 			otelgrpc.WithMeterProvider(opts.MeterProvider),
 			otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(logger, logOpts...),
 			recovery.UnaryServerInterceptor(onPanic),
-			validationUnaryInterceptor(validator, log)),
+			authUnary,
+			admit.unaryInterceptor()),
 		grpc.ChainStreamInterceptor(
 			logging.StreamServerInterceptor(logger, logOpts...),
 			recovery.StreamServerInterceptor(onPanic),
-			validationStreamInterceptor(validator, log)),
+			authStream,
+			admit.streamInterceptor()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time: 30 * time.Second, Timeout: 10 * time.Second,
 			MaxConnectionAge: 30 * time.Minute, MaxConnectionAgeGrace: time.Minute,
 		}),
 		// Room for the largest payload plus the request's other fields (labels, names).
-		grpc.MaxRecvMsgSize(opts.MaxPayloadBytes+64<<10),
+		grpc.MaxRecvMsgSize(opts.MaxPayloadBytes + 64<<10),
 		grpc.MaxConcurrentStreams(1000),
-	)
+	}
+	if opts.Credentials != nil {
+		serverOpts = append(serverOpts, grpc.Creds(opts.Credentials))
+	}
+	grpcServer := grpc.NewServer(serverOpts...)
 	opbrokerv1.RegisterOperationServiceServer(grpcServer, &operationService{
 		store:      opts.Store,
 		targets:    opts.Targets,
@@ -126,11 +146,14 @@ func New(opts Options) (*Server, error) {
 		heartbeat:  opts.WatchHeartbeat,
 		closing:    closing,
 	})
+	opbrokerv1.RegisterAdminServiceServer(grpcServer, &adminService{store: opts.Store, log: log})
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	hs.SetServingStatus(opbrokerv1.OperationService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(grpcServer, hs)
-	reflection.Register(grpcServer)
+	if opts.Reflection {
+		reflection.Register(grpcServer)
+	}
 	return &Server{GRPC: grpcServer, Health: hs, closing: closing}, nil
 }
 

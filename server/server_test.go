@@ -63,13 +63,19 @@ const testMaxPayload = 1024
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
+	return setupWith(t, nil)
+}
+
+// setupWith is setup with options changed by change (nil: none).
+func setupWith(t *testing.T, change func(*server.Options)) *testBundle {
+	t.Helper()
 	st, pool := storetest.NewStore(t)
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	hub := watch.New(st, log, 50*time.Millisecond)
 	require.NoError(t, hub.Start(context.Background()))
 	t.Cleanup(hub.Stop)
-	srv, conn := serveServer(t, server.Options{
+	opts := server.Options{
 		Store:           st,
 		Targets:         demoTargets(t),
 		Logger:          log,
@@ -77,8 +83,12 @@ func setup(t *testing.T) *testBundle {
 		MaxPayloadBytes: testMaxPayload,
 		Hub:             hub,
 		WatchHeartbeat:  200 * time.Millisecond,
-	})
-	return &testBundle{ctx: context.Background(), client: opbrokerv1.NewOperationServiceClient(conn), conn: conn, pool: pool,
+	}
+	if change != nil {
+		change(&opts)
+	}
+	srv, conn := serveServer(t, opts)
+	return &testBundle{ctx: store.WithAllTenants(context.Background()), client: opbrokerv1.NewOperationServiceClient(conn), conn: conn, pool: pool,
 		store: st, logs: logs, srv: srv}
 }
 

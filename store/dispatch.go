@@ -87,7 +87,7 @@ func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
 // claimers never take the same operation. Operations whose dispatch deadline has passed
 // are left to ExpireDeadlines.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
-	rows, _ := s.pool.Query(ctx, fairPick("PREPARED",
+	rows := s.query(ctx, fairPick("PREPARED",
 		"(dispatch_deadline IS NULL OR dispatch_deadline > now())", "operation_id")+`
 		), claimed AS (
 			UPDATE operations o SET
@@ -138,7 +138,7 @@ func (s *Store) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, 
 	if p.RemoteRef != "" {
 		ref = &p.RemoteRef
 	}
-	rows, _ := s.pool.Query(ctx, `
+	rows := s.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET
 				state = $4, revision = revision + 1, remote_ref = coalesce($5, remote_ref),
@@ -168,7 +168,7 @@ func nullIfZero(n int) *int {
 // returns the new expiry, or ErrFenceLost.
 func (s *Store) ExtendLease(ctx context.Context, tenantID string, id uuid.UUID, fence int64, lease time.Duration) (time.Time, error) {
 	var expires time.Time
-	err := s.pool.QueryRow(ctx, `UPDATE operations SET lease_expires_at = now() + $4::interval
+	err := s.queryRow(ctx, `UPDATE operations SET lease_expires_at = now() + $4::interval
 		WHERE tenant_id = $1 AND operation_id = $2 AND state = 'IN_FLIGHT' AND fence_token = $3
 		RETURNING lease_expires_at`, tenantID, id, fence, lease).Scan(&expires)
 	if err != nil {
@@ -235,7 +235,7 @@ type sweep struct {
 
 func (s *Store) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, `
+	err := s.queryRow(ctx, `
 		WITH due AS (
 			SELECT tenant_id, operation_id FROM operations
 			WHERE `+w.due+`

@@ -57,7 +57,7 @@ func eventDest(e *Event) []any {
 
 // Events returns an operation's events after a revision, in order, at most limit.
 func (s *Store) Events(ctx context.Context, tenantID string, id uuid.UUID, afterRevision int64, limit int) ([]Event, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT `+eventColumns+` FROM operation_events e
+	rows := s.query(ctx, `SELECT `+eventColumns+` FROM operation_events e
 		WHERE e.tenant_id = $1 AND e.operation_id = $2 AND e.revision > $3
 		ORDER BY e.revision LIMIT $4`, tenantID, id, afterRevision, limit)
 	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
@@ -78,7 +78,7 @@ func (s *Store) Revisions(ctx context.Context, keys []OperationKey) (map[Operati
 	for i, k := range keys {
 		tenants[i], ids[i] = k.TenantID, k.ID
 	}
-	rows, _ := s.pool.Query(ctx, `SELECT o.tenant_id, o.operation_id, o.revision
+	rows := s.query(ctx, `SELECT o.tenant_id, o.operation_id, o.revision
 		FROM unnest($1::text[], $2::uuid[]) AS k (tenant_id, operation_id)
 		JOIN operations o USING (tenant_id, operation_id)`, tenants, ids)
 	out := map[OperationKey]int64{}

@@ -141,7 +141,7 @@ func collectFeed(rows pgx.Rows) ([]feedRow, error) {
 // snapshot of the ledger.
 func (s *Store) ReadFeed(ctx context.Context, p FeedParams, cursor FeedCursor) (FeedBatch, error) {
 	var batch FeedBatch
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
+	err := s.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
 		func(tx pgx.Tx) (err error) {
 			batch, err = readFeed(ctx, tx, p, cursor)
 			return err

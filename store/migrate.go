@@ -5,7 +5,12 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"maps"
+	neturl "net/url"
+	"slices"
+	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/tern/v2/migrate"
 )
@@ -70,5 +75,78 @@ func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	if have != want {
 		return fmt.Errorf("store: schema is at version %d, this binary needs %d: run `opbroker migrate`", have, want)
 	}
+	return checkIsolation(ctx, conn)
+}
+
+// checkIsolation fails unless row-level security binds the connection's role: it is
+// neither a superuser nor BYPASSRLS, and every tenant table enforces RLS on its owner.
+func checkIsolation(ctx context.Context, conn *pgxpool.Conn) error {
+	var role string
+	var bypass bool
+	if err := conn.QueryRow(ctx, `SELECT current_user, rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user`).
+		Scan(&role, &bypass); err != nil {
+		return fmt.Errorf("store: check isolation: %w", err)
+	}
+	if bypass {
+		return fmt.Errorf("store: the database role %q is a superuser or has BYPASSRLS, so row-level security would not "+
+			"bind it: serve as an ordinary role that owns the schema (docs/security.md)", role)
+	}
+	rows, _ := conn.Query(ctx, `SELECT relname FROM pg_class
+		WHERE oid IN ('operations'::regclass, 'operation_events'::regclass, 'operation_attempts'::regclass)
+		  AND NOT (relrowsecurity AND relforcerowsecurity) ORDER BY relname`)
+	unforced, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("store: check isolation: %w", err)
+	}
+	if len(unforced) > 0 {
+		return fmt.Errorf("store: row-level security is not forced on %v: run `opbroker migrate`", unforced)
+	}
 	return nil
+}
+
+// Provision prepares a database for the broker from an administrator's connection
+// string: an ordinary role (NOLOGIN, no superuser, no BYPASSRLS) owning a schema, both
+// created when missing. It returns the connection string that connects with the
+// administrator's credentials as that role (the role startup parameter) with the schema
+// on the search path, for migrations and the broker alike. For opbroker dev and tests;
+// in production the role is created by whoever runs the database (docs/security.md).
+func Provision(ctx context.Context, adminURL, role, schema string) (string, error) {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return "", fmt.Errorf("store: provision: %w", err)
+	}
+	defer conn.Close(ctx)
+	ident := pgx.Identifier{role}.Sanitize()
+	// Concurrent provisioning (parallel test binaries) may race to create the role.
+	if _, err := conn.Exec(ctx, `DO $$ BEGIN
+			CREATE ROLE `+ident+` NOLOGIN NOSUPERUSER NOBYPASSRLS;
+		EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+		END $$`); err != nil {
+		return "", fmt.Errorf("store: provision role: %w", err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()+` AUTHORIZATION `+ident); err != nil {
+		return "", fmt.Errorf("store: provision schema: %w", err)
+	}
+	return withParams(adminURL, map[string]string{"search_path": schema, "role": role})
+}
+
+// withParams sets connection parameters in a connection string of either form.
+func withParams(conn string, params map[string]string) (string, error) {
+	keys := slices.Sorted(maps.Keys(params))
+	if !strings.Contains(conn, "://") {
+		for _, k := range keys {
+			conn += " " + k + "=" + params[k]
+		}
+		return conn, nil
+	}
+	u, err := neturl.Parse(conn)
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	for _, k := range keys {
+		q.Set(k, params[k])
+	}
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }

@@ -14,7 +14,7 @@ import (
 // fence + 1 without a change of state, so two reconcilers never act on one operation at
 // once, and only the holder of the new fence can record what it finds.
 func (s *Store) ClaimUnknown(ctx context.Context, p FairClaim) ([]Claimed, error) {
-	rows, _ := s.pool.Query(ctx, fairPick("UNKNOWN",
+	rows := s.query(ctx, fairPick("UNKNOWN",
 		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at")+`
 		), claimed AS (
 			UPDATE operations o SET fence_token = o.fence_token + 1, lease_owner = $6, lease_expires_at = now() + $7::interval
@@ -48,7 +48,7 @@ type CheckParams struct {
 // RecordCheck records the observation as an UNKNOWN → UNKNOWN event, schedules the next
 // look and releases the lease; only under the fence, else ErrFenceLost.
 func (s *Store) RecordCheck(ctx context.Context, p CheckParams) (Operation, error) {
-	rows, _ := s.pool.Query(ctx, `
+	rows := s.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET revision = revision + 1, last_observation = $4, next_check_at = $5,
 				checks = checks + 1, accepted_unfinished = accepted_unfinished OR $6,
@@ -90,7 +90,7 @@ func (s *Store) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation,
 	if p.RemoteRef != "" {
 		ref = &p.RemoteRef
 	}
-	rows, _ := s.pool.Query(ctx, `
+	rows := s.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET state = $4, revision = revision + 1, remote_ref = coalesce($5, remote_ref),
 				last_observation = $6, escalation = $7, next_check_at = NULL,
@@ -118,7 +118,7 @@ type BeginReplayParams struct {
 // attempt + 1, a new attempt record and an event, only under the caller's fence. The
 // returned claim is sent and recorded like a dispatcher's.
 func (s *Store) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
-	rows, _ := s.pool.Query(ctx, `
+	rows := s.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, fence_token = fence_token + 1,
 				attempt_count = attempt_count + 1, replays = replays + 1, next_check_at = NULL,
@@ -160,7 +160,7 @@ func (s *Store) collectFenced(rows pgx.Rows, what string) (Operation, error) {
 // observed after losing its fence (kept as evidence on its attempt), if there is one.
 func (s *Store) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) (string, bool, error) {
 	var ref string
-	err := s.pool.QueryRow(ctx, `SELECT remote_ref FROM operation_attempts
+	err := s.queryRow(ctx, `SELECT remote_ref FROM operation_attempts
 		WHERE tenant_id = $1 AND operation_id = $2 AND NOT applied AND outcome = 'VERIFIED_SUCCESS' AND remote_ref IS NOT NULL
 		ORDER BY fence_token DESC LIMIT 1`, tenantID, id).Scan(&ref)
 	if err = translate(err); errors.Is(err, ErrNotFound) {

@@ -70,7 +70,7 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	rows, _ := s.pool.Query(ctx, `
+	rows := s.query(ctx, `
 		WITH ins AS (
 			INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
 				payload, payload_sha256, supersedes_id, labels, dispatch_deadline)
@@ -109,7 +109,7 @@ func replay(existing Operation, p PrepareParams) (Operation, bool, error) {
 
 // FindByIntent returns the operation recording an intent, or ErrNotFound.
 func (s *Store) FindByIntent(ctx context.Context, tenantID, operationType, intentRef string) (Operation, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT `+operationColumns+` FROM operations
+	rows := s.query(ctx, `SELECT `+operationColumns+` FROM operations
 		WHERE tenant_id = $1 AND operation_type = $2 AND intent_ref = $3`,
 		tenantID, operationType, intentRef)
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
@@ -121,7 +121,7 @@ func (s *Store) FindByIntent(ctx context.Context, tenantID, operationType, inten
 
 // Get returns one operation of a tenant, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, tenantID string, id uuid.UUID) (Operation, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT `+operationColumns+` FROM operations
+	rows := s.query(ctx, `SELECT `+operationColumns+` FROM operations
 		WHERE tenant_id = $1 AND operation_id = $2`, tenantID, id)
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
 	if err != nil {
@@ -145,7 +145,7 @@ func (s *Store) List(ctx context.Context, p ListParams) (ops []Operation, more b
 	for _, st := range p.States {
 		states = append(states, string(st))
 	}
-	rows, _ := s.pool.Query(ctx, `SELECT `+operationColumns+` FROM operations
+	rows := s.query(ctx, `SELECT `+operationColumns+` FROM operations
 		WHERE tenant_id = $1
 		  AND (coalesce(cardinality($2::text[]), 0) = 0 OR state = ANY ($2::text[]::operation_state[]))
 		  AND ($3::uuid IS NULL OR operation_id < $3)
@@ -172,7 +172,7 @@ type CancelParams struct {
 // never race a claim. Cancelling a CANCELLED operation returns it unchanged; any other
 // state is a *StateError.
 func (s *Store) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
-	rows, _ := s.pool.Query(ctx, `
+	rows := s.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET state = 'CANCELLED', revision = revision + 1, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'PREPARED'
@@ -195,4 +195,19 @@ func (s *Store) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
 		return current, nil
 	}
 	return Operation{}, &StateError{Operation: current, Want: StatePrepared}
+}
+
+// CountByState returns how many operations of the context's scope are in each state.
+func (s *Store) CountByState(ctx context.Context) (map[State]int64, error) {
+	rows := s.query(ctx, `SELECT state, count(*) FROM operations GROUP BY state`)
+	counts := map[State]int64{}
+	var state State
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&state, &n}, func() error {
+		counts[state] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("store: count by state: %w", translate(err))
+	}
+	return counts, nil
 }

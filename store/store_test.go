@@ -26,7 +26,7 @@ type testBundle struct {
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	s, pool := storetest.NewStore(t)
-	return &testBundle{ctx: context.Background(), store: s, pool: pool}
+	return &testBundle{ctx: store.WithAllTenants(context.Background()), store: s, pool: pool}
 }
 
 // prepareParams returns a valid intent; opts may change it.

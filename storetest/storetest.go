@@ -11,7 +11,6 @@ import (
 	"fmt"
 	neturl "net/url"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -92,7 +91,12 @@ func Schema(t testing.TB) string {
 	return url
 }
 
-// EmptySchema is Schema without the migration.
+// AppRole is the ordinary role the broker's connections use in tests: row-level
+// security binds it, as in production.
+const AppRole = "opbroker_app"
+
+// EmptySchema is Schema without the migration. The connection string is the broker's:
+// the administrator's credentials acting as AppRole, which owns the schema.
 func EmptySchema(t testing.TB) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -101,13 +105,8 @@ func EmptySchema(t testing.TB) string {
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	schema := "test_" + hex.EncodeToString(suffix)
-
-	admin, err := pgx.Connect(ctx, URL(t))
+	url, err := store.Provision(ctx, URL(t), AppRole, schema)
 	if err != nil {
-		t.Fatalf("storetest: connect: %v", err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
 	t.Cleanup(func() {
@@ -123,27 +122,22 @@ func EmptySchema(t testing.TB) string {
 			t.Errorf("storetest: drop schema: %v", err)
 		}
 	})
-
-	url, err := withSearchPath(URL(t), schema)
-	if err != nil {
-		t.Fatalf("storetest: %v", err)
-	}
 	return url
 }
 
-// withSearchPath adds search_path to a connection string in either of its forms.
-func withSearchPath(conn, schema string) (string, error) {
-	if !strings.Contains(conn, "://") {
-		return conn + " search_path=" + schema, nil
-	}
-	u, err := neturl.Parse(conn)
+// AdminURL returns the administrator's connection string for a schema of EmptySchema:
+// for tests that inspect or damage the ledger beneath the broker (row-level security
+// does not bind it).
+func AdminURL(t testing.TB, url string) string {
+	t.Helper()
+	u, err := neturl.Parse(url)
 	if err != nil {
-		return "", err
+		t.Fatalf("storetest: %v", err)
 	}
 	q := u.Query()
-	q.Set("search_path", schema)
+	q.Del("role")
 	u.RawQuery = q.Encode()
-	return u.String(), nil
+	return u.String()
 }
 
 // Pool opens a pool on url, closed at cleanup.
@@ -157,11 +151,12 @@ func Pool(t testing.TB, url string) *pgxpool.Pool {
 	return pool
 }
 
-// NewStore returns a Store on a fresh schema, with its pool.
+// NewStore returns a Store on a fresh schema, and an administrator's pool on the same
+// schema for the test's own reads and writes beneath the store.
 func NewStore(t testing.TB) (*store.Store, *pgxpool.Pool) {
 	t.Helper()
-	pool := Pool(t, Schema(t))
-	return store.New(pool), pool
+	url := Schema(t)
+	return store.New(Pool(t, url)), Pool(t, AdminURL(t, url))
 }
 
 // PrepareJSON records an intent with a JSON payload, hashing it as the server would.
@@ -171,7 +166,7 @@ func PrepareJSON(t testing.TB, st *store.Store, tenant, operationType, intent, b
 	if err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
-	op, _, err := st.Prepare(context.Background(), store.PrepareParams{TenantID: tenant, OperationType: operationType,
+	op, _, err := st.Prepare(store.WithTenant(context.Background(), tenant), store.PrepareParams{TenantID: tenant, OperationType: operationType,
 		IntentRef: intent, ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test"})
 	if err != nil {
 		t.Fatalf("storetest: prepare: %v", err)

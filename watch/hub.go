@@ -106,7 +106,7 @@ func (h *Hub) Start(ctx context.Context) error {
 	if h.cancel != nil {
 		return nil
 	}
-	ctx, h.cancel = context.WithCancel(ctx)
+	ctx, h.cancel = context.WithCancel(store.WithAllTenants(ctx))
 	events, unsubscribe := h.store.SubscribeEvents()
 	h.wg.Add(1)
 	go func() {

@@ -95,13 +95,8 @@ func database(ctx context.Context, url string) (*pgxpool.Pool, func(), error) {
 		url = pg.URL()
 	}
 	schema := fmt.Sprintf("opbench_%d", time.Now().UnixNano())
-	admin, err := pgx.Connect(ctx, url)
+	appURL, err := store.Provision(ctx, url, "opbroker_bench", schema)
 	if err != nil {
-		done()
-		return nil, nil, err
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		done()
 		return nil, nil, err
 	}
@@ -111,12 +106,12 @@ func database(ctx context.Context, url string) (*pgxpool.Pool, func(), error) {
 			c.Close(context.Background())
 		}
 	})
-	cfg, err := pgxpool.ParseConfig(url)
+	// As the broker runs: an ordinary role bound by row-level security.
+	cfg, err := pgxpool.ParseConfig(appURL)
 	if err != nil {
 		done()
 		return nil, nil, err
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.MaxConns = 40
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -137,12 +132,13 @@ func prepareOne(ctx context.Context, st *store.Store, intent, body string) (stor
 	if err != nil {
 		return store.Operation{}, err
 	}
-	op, _, err := st.Prepare(ctx, store.PrepareParams{TenantID: "tenant-0", OperationType: simtarget.DemoCharge,
+	op, _, err := st.Prepare(store.WithTenant(ctx, "tenant-0"), store.PrepareParams{TenantID: "tenant-0", OperationType: simtarget.DemoCharge,
 		IntentRef: intent, ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "opbench"})
 	return op, err
 }
 
 func benchDispatch(ctx context.Context, cmd *cli.Command) error {
+	ctx = store.WithAllTenants(ctx)
 	n, tenants := cmd.Int("ops"), max(1, cmd.Int("tenants"))
 	pool, cleanup, err := database(ctx, cmd.String("database-url"))
 	if err != nil {
@@ -201,8 +197,9 @@ func benchDispatch(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	for {
-		var done int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE state = 'SUCCEEDED'`).Scan(&done); err != nil {
+		counts, err := st.CountByState(ctx)
+		done := int(counts[store.StateSucceeded])
+		if err != nil {
 			return err
 		}
 		if done == n {

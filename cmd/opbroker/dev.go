@@ -10,6 +10,7 @@ import (
 
 	"github.com/opbroker/opbroker/embeddedpg"
 	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
 )
 
 func devCommand() *cli.Command {
@@ -52,7 +53,13 @@ func runDev(ctx context.Context, cmd *cli.Command) error {
 			log.Error("stopping PostgreSQL", "error", err)
 		}
 	}()
-	if err := migrateDatabase(ctx, pg.URL()); err != nil {
+	// The broker connects as an ordinary role, bound by row-level security as in
+	// production; the printed PostgreSQL address is the administrator's.
+	appURL, err := store.Provision(ctx, pg.URL(), "opbroker", "opbroker")
+	if err != nil {
+		return err
+	}
+	if err := migrateDatabase(ctx, appURL); err != nil {
 		return err
 	}
 
@@ -66,7 +73,7 @@ func runDev(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 
-	b, err := startBroker(ctx, cmd, log, pg.URL(), targets)
+	b, err := startBroker(ctx, cmd, log, appURL, targets, security{reflection: true})
 	if err != nil {
 		return err
 	}
@@ -77,7 +84,7 @@ opbroker dev is ready.
   metrics:               http://%s/metrics
   demo target:           %s  (demo.charge: idempotency key and lookup; demo.notify: neither)
   demo ground truth:     http://%s/sim/truth
-  PostgreSQL:            %s
+  PostgreSQL:            %s  (the ledger is in schema opbroker)
   data folder:           %s (kept across restarts; delete it to start afresh)
 
   WARNING: dev mode has no authentication and no TLS. Never expose it beyond this machine.

@@ -26,7 +26,7 @@ type ledger struct {
 
 func openLedger(t *testing.T, url string) *ledger {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), url)
+	conn, err := pgx.Connect(context.Background(), storetest.AdminURL(t, url))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return &ledger{t: t, conn: conn}

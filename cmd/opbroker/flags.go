@@ -21,6 +21,10 @@ func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
 		&cli.IntFlag{Name: "dispatch-pool-size", Value: 32, Usage: "concurrent sends of this replica", Sources: cli.EnvVars("OPBROKER_DISPATCH_POOL_SIZE")},
 		&cli.IntFlag{Name: "dispatch-claim-batch", Value: 64, Usage: "operations claimed per statement", Sources: cli.EnvVars("OPBROKER_DISPATCH_CLAIM_BATCH")},
 		&cli.BoolFlag{Name: "reconcile", Value: true, Usage: "run the reconciler in this replica (resolves UNKNOWN operations)", Sources: cli.EnvVars("OPBROKER_RECONCILE")},
+		&cli.IntFlag{Name: "watches-per-principal", Value: 100, Usage: "open watch streams one principal may hold", Sources: cli.EnvVars("OPBROKER_WATCHES_PER_PRINCIPAL")},
+		&cli.Float64Flag{Name: "tenant-rate", Value: 200, Usage: "calls per second one tenant may make (token bucket)", Sources: cli.EnvVars("OPBROKER_TENANT_RATE")},
+		&cli.IntFlag{Name: "tenant-burst", Value: 400, Usage: "calls one tenant may make at once above --tenant-rate", Sources: cli.EnvVars("OPBROKER_TENANT_BURST")},
+		&cli.DurationFlag{Name: "payload-retention", Value: 30 * 24 * time.Hour, Usage: "how long a terminal operation keeps its payload bytes (hash and events stay); 0 keeps them", Sources: cli.EnvVars("OPBROKER_PAYLOAD_RETENTION")},
 		&cli.DurationFlag{Name: "dispatch-lease", Value: 30 * time.Second, Usage: "how long a claim is held before an expired one becomes UNKNOWN (extended during a call)", Sources: cli.EnvVars("OPBROKER_DISPATCH_LEASE")},
 	}
 }

@@ -5,6 +5,7 @@
 //	opbroker dev      run on an embedded PostgreSQL, for trying it out
 //	opbroker serve    run against --database-url
 //	opbroker migrate  bring the database schema up to date
+//	opbroker token    make bearer tokens for the principals file
 package main
 
 import (
@@ -35,6 +36,7 @@ func newApp() *cli.Command {
 			serveCommand(),
 			migrateCommand(),
 			targetsCommand(),
+			tokenCommand(),
 		},
 	}
 }

@@ -203,7 +203,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	p.stop(t, syscall.SIGTERM)
 	wg.Wait()
 
-	conn, err := pgx.Connect(ctx, url)
+	conn, err := pgx.Connect(ctx, storetest.AdminURL(t, url))
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	missing := 0
@@ -271,9 +271,12 @@ func simURL(t *testing.T) string {
 	return url
 }
 
+// serveArgs runs serve on loopback without credentials or TLS (said explicitly, as serve
+// requires); TestServeWithPrincipals covers both.
 func serveArgs(databaseURL, targets string, extra ...string) []string {
 	return append([]string{"serve", "--database-url", databaseURL, "--targets", targets,
-		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "text"}, extra...)
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "text",
+		"--insecure-no-auth", "--plaintext"}, extra...)
 }
 
 var pgURLLine = regexp.MustCompile(`PostgreSQL:\s+(postgres://\S+)`)

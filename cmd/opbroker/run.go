@@ -66,20 +66,20 @@ func newLogger(cmd *cli.Command) (*slog.Logger, error) {
 
 // startBroker connects to the database, checks its schema and starts listening. The
 // caller runs it with serve and stops it with shutdown.
-func startBroker(ctx context.Context, cmd *cli.Command, log *slog.Logger, databaseURL string, targets *target.Targets) (*broker, error) {
+func startBroker(ctx context.Context, cmd *cli.Command, log *slog.Logger, databaseURL string, targets *target.Targets, sec security) (*broker, error) {
 	pool, err := pgxpool.New(ctx, databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	b := &broker{log: log, pool: pool, targets: targets, grace: cmd.Duration("shutdown-grace"), grpcDone: make(chan error, 1)}
-	if err := b.start(ctx, cmd); err != nil {
+	if err := b.start(ctx, cmd, sec); err != nil {
 		b.close()
 		return nil, err
 	}
 	return b, nil
 }
 
-func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
+func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) error {
 	if err := b.pool.Ping(ctx); err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
@@ -104,6 +104,10 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
 		MeterProvider:   b.meters,
 		MaxPayloadBytes: cmd.Int("max-payload-bytes"),
 		Hub:             b.hub,
+		Auth:            sec.auth,
+		Limits:          limitsFromFlags(cmd),
+		Credentials:     sec.credentials,
+		Reflection:      sec.reflection,
 	})
 	if err != nil {
 		return err
@@ -115,6 +119,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command) error {
 		Logger: b.log, MeterProvider: b.meters,
 		PoolSize: cmd.Int("dispatch-pool-size"), ClaimBatch: cmd.Int("dispatch-claim-batch"),
 		Lease: cmd.Duration("dispatch-lease"), ShutdownGrace: b.grace,
+		PayloadRetention: cmd.Duration("payload-retention"),
 	})
 	if err != nil {
 		return err

@@ -15,7 +15,7 @@ func serveCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "serve",
 		Usage: "run the broker against a PostgreSQL database migrated with `opbroker migrate`",
-		Flags: append([]cli.Flag{databaseURLFlag, targetsFlag}, serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "json")...),
+		Flags: append(append([]cli.Flag{databaseURLFlag, targetsFlag}, securityFlags...), serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "json")...),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			log, err := newLogger(cmd)
 			if err != nil {
@@ -25,7 +25,11 @@ func serveCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			b, err := startBroker(ctx, cmd, log, cmd.String("database-url"), targets)
+			sec, err := securityFromFlags(cmd, log)
+			if err != nil {
+				return err
+			}
+			b, err := startBroker(ctx, cmd, log, cmd.String("database-url"), targets, sec)
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,74 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
+)
+
+// TestRowLevelSecurity: the broker's role sees and writes only the rows of the tenant
+// set for the transaction; with none set it sees nothing.
+func TestRowLevelSecurity(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	app := storetest.Pool(t, url)
+	st := store.New(app)
+	ctx := context.Background()
+	acme := storetest.PrepareJSON(t, st, "acme", "demo.charge", "a", `{}`)
+	storetest.PrepareJSON(t, st, "globex", "demo.charge", "g", `{}`)
+
+	var n int
+	require.NoError(t, app.QueryRow(ctx, `SELECT count(*) FROM operations`).Scan(&n))
+	require.Zero(t, n, "without a tenant set, nothing")
+	require.NoError(t, app.QueryRow(ctx, `SELECT count(*) FROM operation_events`).Scan(&n))
+	require.Zero(t, n)
+
+	inTenant := func(tenant string, fn func(pgx.Tx) error) error {
+		return pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT set_config('opbroker.tenant', $1, true)`, tenant); err != nil {
+				return err
+			}
+			return fn(tx)
+		})
+	}
+	require.NoError(t, inTenant("acme", func(tx pgx.Tx) error {
+		var tenants []string
+		rows, _ := tx.Query(ctx, `SELECT DISTINCT tenant_id FROM operations`)
+		tenants, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.Equal(t, []string{"acme"}, tenants, "a query without a tenant predicate sees its tenant only")
+		return err
+	}))
+	err := inTenant("acme", func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type, payload, payload_sha256)
+			VALUES ('globex', gen_random_uuid(), 'demo.charge', 'smuggled', 'application/json', '{}', sha256('{}'))`)
+		return err
+	})
+	require.ErrorContains(t, err, "row-level security", "nothing is written into another tenant")
+	require.NoError(t, app.QueryRow(ctx, `SELECT count(*) FROM operations`).Scan(&n))
+	require.Zero(t, n, "the setting ended with its transaction: the pooled session keeps nothing")
+
+	_, err = st.Get(ctx, "acme", acme.ID)
+	require.ErrorIs(t, err, store.ErrNoScope, "the store refuses a context without a scope")
+	_, err = st.Get(store.WithTenant(ctx, "globex"), "acme", acme.ID)
+	require.ErrorIs(t, err, store.ErrNotFound, "nor does a wrong scope reach another tenant")
+}
+
+// TestCheckSchemaRefusesARoleThatBypassesIsolation: the broker does not start as a
+// superuser, nor when a table does not force row-level security.
+func TestCheckSchemaRefusesARoleThatBypassesIsolation(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	app, admin := storetest.Pool(t, url), storetest.Pool(t, storetest.AdminURL(t, url))
+	ctx := context.Background()
+	require.NoError(t, store.CheckSchema(ctx, app))
+	require.ErrorContains(t, store.CheckSchema(ctx, admin), "is a superuser or has BYPASSRLS")
+
+	_, err := admin.Exec(ctx, `ALTER TABLE operation_events NO FORCE ROW LEVEL SECURITY`)
+	require.NoError(t, err)
+	require.ErrorContains(t, store.CheckSchema(ctx, app), "row-level security is not forced on [operation_events]")
+}
