@@ -2,7 +2,12 @@
 # opbroker: a static binary on a distroless base, running as a non-root user.
 #   docker build -t opbroker .
 #   docker run --rm -e DATABASE_URL=postgres://... opbroker migrate
-#   docker run --rm -p 50051:50051 -p 9090:9090 -e DATABASE_URL=postgres://... opbroker
+#   docker run --rm -p 50051:50051 -p 9090:9090 -e DATABASE_URL=postgres://... \
+#     -e OPBROKER_TARGETS=/etc/opbroker/targets.yaml -e OPBROKER_AUTH_CONFIG=/etc/opbroker/principals.yaml \
+#     -e OPBROKER_TLS_CERT=/etc/opbroker/tls.crt -e OPBROKER_TLS_KEY=/etc/opbroker/tls.key \
+#     -v /path/to/config:/etc/opbroker:ro opbroker
+# serve refuses to start without principals and TLS unless told --insecure-no-auth and
+# --plaintext; DATABASE_URL names an ordinary role that owns the schema (docs/security.md).
 
 FROM golang:1.26-bookworm AS build
 WORKDIR /src

@@ -33,7 +33,10 @@ bench:
 # A short run of each fuzz target (the seed corpora also run in `make test`).
 fuzz:
 	go test ./payload -run '^$$' -fuzz FuzzCanonical -fuzztime 30s
+	go test ./reconciler -run '^$$' -fuzz FuzzDecide -fuzztime 30s
 	go test ./server -run '^$$' -fuzz FuzzPageToken -fuzztime 30s
+	go test ./server -run '^$$' -fuzz FuzzResumeToken -fuzztime 30s
+	go test ./server -run '^$$' -fuzz FuzzAdmit -fuzztime 30s
 
 generate:
 	$(BUF) format -w

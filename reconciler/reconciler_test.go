@@ -24,6 +24,7 @@ import (
 
 type testBundle struct {
 	ctx        context.Context
+	log        *slog.Logger
 	store      *store.Store
 	pool       *pgxpool.Pool
 	sim        *simtarget.Target
@@ -34,19 +35,25 @@ type testBundle struct {
 // setup runs a ledger, a simulated target with its demo contracts, and a dispatcher.
 func setup(t *testing.T, cfg simtarget.Config, adjust ...func(*target.Contract)) *testBundle {
 	t.Helper()
+	return setupLogged(t, slog.New(slog.DiscardHandler), cfg, adjust...)
+}
+
+// setupLogged is setup with the dispatcher and reconcilers logging to log.
+func setupLogged(t *testing.T, log *slog.Logger, cfg simtarget.Config, adjust ...func(*target.Contract)) *testBundle {
+	t.Helper()
 	st, pool := storetest.NewStore(t)
 	sim, targets := targettest.Demo(t, cfg, adjust...)
 	d, err := dispatcher.New(dispatcher.Config{Store: st, Targets: targets, Connector: target.NewConnector(),
-		Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider(), PollInterval: 20 * time.Millisecond})
+		Logger: log, MeterProvider: noop.NewMeterProvider(), PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(d.Stop)
-	return &testBundle{ctx: store.WithAllTenants(context.Background()), store: st, pool: pool, sim: sim, targets: targets, dispatcher: d}
+	return &testBundle{ctx: store.WithAllTenants(context.Background()), log: log, store: st, pool: pool, sim: sim, targets: targets, dispatcher: d}
 }
 
 func (b *testBundle) reconciler(t *testing.T, worker string) *reconciler.Reconciler {
 	t.Helper()
 	r, err := reconciler.New(reconciler.Config{Store: b.store, Targets: b.targets, Connector: target.NewConnector(),
-		Deliverer: b.dispatcher, Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider(),
+		Deliverer: b.dispatcher, Logger: b.log, MeterProvider: noop.NewMeterProvider(),
 		Worker: worker, PollInterval: 20 * time.Millisecond, MaxLooks: 6, Lease: 10 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(r.Stop)

@@ -1,0 +1,65 @@
+package reconciler_test
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
+)
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestLogsNeverCarrySensitiveData: through every fault of the simulated target, for a
+// keyed and an unkeyed target, the dispatcher's and the reconciler's logs (at debug
+// level) never contain a payload's bytes, an intent reference or a remote key.
+func TestLogsNeverCarrySensitiveData(t *testing.T) {
+	t.Parallel()
+	logs := &lockedBuffer{}
+	b := setupLogged(t, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), simtarget.Config{})
+	var secrets []string
+	for i, f := range simtarget.Faults {
+		for _, typ := range []string{simtarget.DemoCharge, simtarget.DemoNotify} {
+			card := fmt.Sprintf("4111-0000-%04d-%s", i, typ)
+			intent := fmt.Sprintf("customer-%d-%s", i, typ)
+			op := b.prepare(t, typ, intent, `{"amount":100,"card":"`+card+`","sim":{"fault":"`+string(f)+`"}}`)
+			secrets = append(secrets, card, intent, storetest.RemoteKey(t, b.pool, op.ID))
+		}
+	}
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	require.NoError(t, b.reconciler(t, "r").Start(b.ctx))
+	require.Eventually(t, func() bool {
+		counts, err := b.store.CountByState(b.ctx)
+		require.NoError(t, err)
+		return counts[store.StatePrepared]+counts[store.StateInFlight] == 0
+	}, 60*time.Second, 50*time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // a reconciliation pass over the UNKNOWN ones
+
+	out := logs.String()
+	require.Contains(t, out, "escalated", "the scenarios were logged")
+	for _, secret := range secrets {
+		require.NotContains(t, out, secret)
+	}
+}
