@@ -54,6 +54,7 @@ func newApp() *cli.Command {
 				&cli.IntFlag{Name: "tenants", Value: 8},
 				&cli.IntFlag{Name: "pool-size", Value: 32, Usage: "concurrent sends"},
 				&cli.IntFlag{Name: "claim-batch", Value: 64, Usage: "operations per claim statement"},
+				&cli.BoolFlag{Name: "rls", Value: true, Usage: "run as an ordinary role bound by row-level security, as the broker does (--rls=false: as the administrator, to measure its cost)"},
 			},
 			Action: benchDispatch,
 		}, {
@@ -69,7 +70,9 @@ func newApp() *cli.Command {
 }
 
 // database returns a pool on a fresh, migrated schema and a function that removes it.
-func database(ctx context.Context, url string) (*pgxpool.Pool, func(), error) {
+// With rls the pool's role is bound by row-level security, as the broker's is; without,
+// it is the administrator's.
+func database(ctx context.Context, url string, rls bool) (*pgxpool.Pool, func(), error) {
 	var cleanup []func()
 	done := func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {
@@ -113,6 +116,9 @@ func database(ctx context.Context, url string) (*pgxpool.Pool, func(), error) {
 		return nil, nil, err
 	}
 	cfg.MaxConns = 40
+	if !rls {
+		delete(cfg.ConnConfig.RuntimeParams, "role")
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		done()
@@ -140,7 +146,7 @@ func prepareOne(ctx context.Context, st *store.Store, intent, body string) (stor
 func benchDispatch(ctx context.Context, cmd *cli.Command) error {
 	ctx = store.WithAllTenants(ctx)
 	n, tenants := cmd.Int("ops"), max(1, cmd.Int("tenants"))
-	pool, cleanup, err := database(ctx, cmd.String("database-url"))
+	pool, cleanup, err := database(ctx, cmd.String("database-url"), cmd.Bool("rls"))
 	if err != nil {
 		return err
 	}
@@ -208,7 +214,7 @@ func benchDispatch(ctx context.Context, cmd *cli.Command) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
 	d.Stop()
@@ -219,7 +225,8 @@ func benchDispatch(ctx context.Context, cmd *cli.Command) error {
 	fmt.Fprintf(out, "dispatch burn-down: %d operations PREPARED -> SUCCEEDED in %s: %.0f operations/s\n", n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
 	fmt.Fprintf(out, "  pool size %d, claim batch %d, %d tenants; simulated target in-process over loopback HTTP, no latency\n",
 		cmd.Int("pool-size"), cmd.Int("claim-batch"), tenants)
-	fmt.Fprintf(out, "  every operation: claim + attempt record + 2 events + outcome, durable commits\n")
+	fmt.Fprintf(out, "  every operation: claim + attempt record + 2 events + outcome, durable commits; row-level security %s\n",
+		map[bool]string{true: "on (an ordinary role)", false: "bypassed (the administrator)"}[cmd.Bool("rls")])
 	fmt.Fprintf(out, "  machine: %d cores, %s/%s, PostgreSQL %s\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version)
 	return nil
 }

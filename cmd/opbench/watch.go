@@ -29,7 +29,7 @@ const streamsPerConn = 900
 // from above.
 func benchWatch(ctx context.Context, cmd *cli.Command) error {
 	n := cmd.Int("watchers")
-	pool, cleanup, err := database(ctx, cmd.String("database-url"))
+	pool, cleanup, err := database(ctx, cmd.String("database-url"), true)
 	if err != nil {
 		return err
 	}
