@@ -136,6 +136,9 @@ type Duration time.Duration
 // D returns the duration as a time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
+// MarshalYAML writes the duration as Go spells it (90s, 24h0m0s), as it is read.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
 func (d Duration) String() string { return time.Duration(d).String() }
 
 // UnmarshalYAML implements yaml.NodeUnmarshaler.
@@ -205,6 +208,12 @@ func (t *Targets) All() []*Contract { return t.all }
 func (t *Targets) ByName(name string) (*Contract, bool) {
 	c, ok := t.byName[name]
 	return c, ok
+}
+
+// Encode returns the YAML of a targets file holding contracts: what LoadFile reads (for
+// programs that run brokers against targets they start, such as the chaos run).
+func Encode(contracts []*Contract) ([]byte, error) {
+	return yaml.Marshal(File{Targets: contracts})
 }
 
 // LoadFile reads, checks and returns the targets in path. Every problem is reported,

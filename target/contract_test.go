@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/target"
 )
 
@@ -82,4 +83,25 @@ func mustRead(t *testing.T, path string) []byte {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return b
+}
+
+// TestEncodeRoundTrips: a file written by Encode reads back as the same contracts.
+func TestEncodeRoundTrips(t *testing.T) {
+	t.Parallel()
+	contracts := simtarget.DemoContracts("http://127.0.0.1:9")
+	data, err := target.Encode(contracts)
+	require.NoError(t, err)
+	got, err := target.Parse("encoded.yaml", data)
+	require.NoError(t, err, string(data))
+	var back []*target.Contract
+	for _, c := range contracts {
+		b, ok := got.ByName(c.Name)
+		require.True(t, ok)
+		require.Equal(t, c.Endpoint, b.Endpoint)
+		require.Equal(t, c.Idempotency, b.Idempotency)
+		back = append(back, b)
+	}
+	again, err := target.Encode(back)
+	require.NoError(t, err)
+	require.Equal(t, string(data), string(again))
 }
