@@ -6,7 +6,7 @@ BUF := go tool -modfile=tools/buf/go.mod buf
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GO_FILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: all build dev test test-race fuzz bench generate lint check-generated
+.PHONY: all build dev test test-race fuzz chaos bench generate lint check-generated
 
 all: lint test
 
@@ -26,6 +26,13 @@ test-race:
 
 # Measures and prints; asserts nothing. Uses DATABASE_URL when set, else an embedded
 # PostgreSQL.
+# The chaos run (package chaos): replicas as processes, every fault, then the audit of
+# invariants I1-I10. SEED and DURATION pick the run; it exits non-zero if an invariant broke.
+SEED ?= 1
+DURATION ?= 10m
+chaos: build
+	go run ./cmd/opchaos --broker bin/opbroker --seed $(SEED) --duration $(DURATION) --json bin/chaos-report.json
+
 bench:
 	go run ./cmd/opbench dispatch --ops 20000
 	go run ./cmd/opbench watch --watchers 10000

@@ -20,11 +20,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,11 +49,22 @@ type Config struct {
 	Logger io.Writer
 }
 
+// serverParameters are the settings the server always runs with: loopback only, no Unix
+// socket (its directory may not be writable), room for many test connections.
+var serverParameters = map[string]string{
+	"listen_addresses":        "127.0.0.1",
+	"unix_socket_directories": "",
+	"max_connections":         "200",
+}
+
 // Server is a running embedded PostgreSQL.
 type Server struct {
-	ep   *embeddedpostgres.EmbeddedPostgres
-	url  string
-	lock *os.File
+	ep     *embeddedpostgres.EmbeddedPostgres
+	url    string
+	lock   *os.File
+	tools  string // the directory holding bin/pg_ctl (or its wrapper)
+	pgData string
+	port   uint32
 }
 
 // Start initialises the cluster if needed and starts the server. It blocks until the
@@ -102,11 +115,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		RuntimePath(runtimeDir).
 		DataPath(pgData).
 		Logger(logger).
-		StartParameters(map[string]string{
-			"listen_addresses":        "127.0.0.1",
-			"unix_socket_directories": "",
-			"max_connections":         "200",
-		})
+		StartParameters(serverParameters)
 
 	if binDir != "" {
 		major, err := majorVersion(binDir)
@@ -138,9 +147,31 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("embeddedpg: start in %s: %w", dataDir, err)
 	}
 	return &Server{
-		ep:  ep,
-		url: fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+		ep:     ep,
+		url:    fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+		tools:  tools,
+		pgData: pgData,
+		port:   port,
 	}, nil
+}
+
+// CrashRestart stops the server as a crash would (immediate mode: no checkpoint, every
+// session cut; the next start recovers from the write-ahead log) and starts it again on
+// the same port. It returns once the server accepts connections. For fault injection.
+func (s *Server) CrashRestart() error {
+	pgCtl := filepath.Join(s.tools, "bin", "pg_ctl")
+	if out, err := exec.Command(pgCtl, "stop", "-D", s.pgData, "-m", "immediate", "-w").CombinedOutput(); err != nil {
+		return fmt.Errorf("embeddedpg: immediate stop: %w: %s", err, out)
+	}
+	options := fmt.Sprintf("-p %d", s.port)
+	for _, k := range slices.Sorted(maps.Keys(serverParameters)) {
+		options += fmt.Sprintf(" -c %s='%s'", k, serverParameters[k])
+	}
+	logFile := filepath.Join(filepath.Dir(s.pgData), "restart.log")
+	if out, err := exec.Command(pgCtl, "start", "-D", s.pgData, "-w", "-o", options, "-l", logFile).CombinedOutput(); err != nil {
+		return fmt.Errorf("embeddedpg: restart: %w: %s", err, out)
+	}
+	return nil
 }
 
 // URL is the connection string of the server's postgres database.

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -45,4 +46,33 @@ func TestReachable(t *testing.T) {
 	inside := filepath.Join(private, "data")
 	require.NoError(t, os.Mkdir(inside, 0o755))
 	require.ErrorContains(t, reachable(inside), "not searchable")
+}
+
+// TestCrashRestartKeepsCommittedData: an immediate stop loses no committed transaction;
+// the server comes back on the same address.
+func TestCrashRestartKeepsCommittedData(t *testing.T) {
+	if findInstalled() == "" {
+		t.Skip("no installed PostgreSQL binaries")
+	}
+	dataDir, err := os.MkdirTemp("", "embeddedpg-crash-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dataDir) })
+	require.NoError(t, os.Chmod(dataDir, 0o755)) // the server may run as another user
+	srv, err := Start(context.Background(), Config{DataDir: dataDir})
+	require.NoError(t, err)
+	defer srv.Stop()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, srv.URL())
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)`)
+	require.NoError(t, err)
+
+	require.NoError(t, srv.CrashRestart())
+	require.Error(t, conn.Ping(ctx), "every session was cut")
+	conn, err = pgx.Connect(ctx, srv.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var v int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT v FROM kept`).Scan(&v))
+	require.Equal(t, 42, v)
 }

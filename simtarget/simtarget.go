@@ -206,26 +206,33 @@ func (t *Target) chooseFault(body []byte) Fault {
 	if json.Unmarshal(body, &doc) == nil && doc.Sim.Fault != "" {
 		return doc.Sim.Fault
 	}
-	if t.cfg.Fault != "" {
-		return t.cfg.Fault
+	t.mu.Lock()
+	fault, rates := t.cfg.Fault, t.cfg.FaultRates
+	x := t.rng.Float64()
+	t.mu.Unlock()
+	if fault != "" {
+		return fault
 	}
-	if len(t.cfg.FaultRates) > 0 {
-		faults := make([]Fault, 0, len(t.cfg.FaultRates))
-		for f := range t.cfg.FaultRates {
-			faults = append(faults, f)
+	faults := make([]Fault, 0, len(rates))
+	for f := range rates {
+		faults = append(faults, f)
+	}
+	sort.Slice(faults, func(i, j int) bool { return faults[i] < faults[j] }) // deterministic per seed
+	for _, f := range faults {
+		if x < rates[f] {
+			return f
 		}
-		sort.Slice(faults, func(i, j int) bool { return faults[i] < faults[j] }) // deterministic per seed
-		t.mu.Lock()
-		x := t.rng.Float64()
-		t.mu.Unlock()
-		for _, f := range faults {
-			if x < t.cfg.FaultRates[f] {
-				return f
-			}
-			x -= t.cfg.FaultRates[f]
-		}
+		x -= rates[f]
 	}
 	return FaultNone
+}
+
+// Heal stops the configured faults: from now on a request gets a fault only if its
+// payload names one. Provider behaviours (saved responses, retention, lookup lag) stay.
+func (t *Target) Heal() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cfg.Fault, t.cfg.FaultRates = FaultNone, nil
 }
 
 func hashOf(body []byte) string {

@@ -128,6 +128,8 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 		b.reconciler, err = reconciler.New(reconciler.Config{
 			Store: b.store, Targets: b.targets, Connector: connector, Deliverer: b.dispatcher,
 			Logger: b.log, MeterProvider: b.meters,
+			MaxReplays: cmd.Int("reconcile-max-replays"), MaxLooks: cmd.Int("reconcile-max-looks"),
+			ResolutionDeadline: cmd.Duration("reconcile-deadline"),
 		})
 		if err != nil {
 			return err

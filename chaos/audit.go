@@ -1,0 +1,272 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/opbroker/opbroker/simtarget"
+)
+
+// ledgerOp is an operation as the audit reads it from the ledger.
+type ledgerOp struct {
+	Tenant, Type, IntentRef, State string
+	Name, RemoteKey, RemoteRef     string
+	Escalated, NextCheck           bool
+	LastObservation                string
+	Events                         []ledgerEvent
+	Attempts                       []ledgerAttempt
+}
+
+type ledgerEvent struct {
+	Revision int64
+	From     *string
+	To       string
+	Fence    int64
+	At       time.Time
+}
+
+type ledgerAttempt struct {
+	Fence   int64
+	Applied *bool
+}
+
+// readLedger reads every operation of the run with its events and attempts.
+func (c *cluster) readLedger(ctx context.Context) (map[string]*ledgerOp, error) {
+	ops := map[string]*ledgerOp{}
+	rows, _ := c.admin.Query(ctx, `SELECT tenant_id, operation_type, intent_ref, state::text,
+			'tenants/' || tenant_id || '/operations/' || operation_id, remote_key::text, coalesce(remote_ref, ''),
+			escalation IS NOT NULL, next_check_at IS NOT NULL,
+			coalesce(last_observation->>'outcome', '') || ' ' || coalesce(last_observation->>'summary', '')
+		FROM operations`)
+	var op ledgerOp
+	if _, err := pgx.ForEachRow(rows, []any{&op.Tenant, &op.Type, &op.IntentRef, &op.State, &op.Name, &op.RemoteKey,
+		&op.RemoteRef, &op.Escalated, &op.NextCheck, &op.LastObservation}, func() error {
+		o := op
+		ops[o.Name] = &o
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading operations: %w", err)
+	}
+	rows, _ = c.admin.Query(ctx, `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id,
+			revision, from_state::text, to_state::text, fence_token, created_at
+		FROM operation_events ORDER BY tenant_id, operation_id, revision`)
+	var name string
+	var ev ledgerEvent
+	if _, err := pgx.ForEachRow(rows, []any{&name, &ev.Revision, &ev.From, &ev.To, &ev.Fence, &ev.At}, func() error {
+		if o := ops[name]; o != nil {
+			o.Events = append(o.Events, ev)
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading events: %w", err)
+	}
+	rows, _ = c.admin.Query(ctx, `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id, fence_token, applied
+		FROM operation_attempts ORDER BY tenant_id, operation_id, fence_token`)
+	var at ledgerAttempt
+	if _, err := pgx.ForEachRow(rows, []any{&name, &at.Fence, &at.Applied}, func() error {
+		if o := ops[name]; o != nil {
+			o.Attempts = append(o.Attempts, at)
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading attempts: %w", err)
+	}
+	return ops, nil
+}
+
+// truth merges the ground truth of the run's targets, by idempotency key (or request
+// id, for the unkeyed target).
+func (c *cluster) truth() map[string]*simtarget.KeyTruth {
+	out := map[string]*simtarget.KeyTruth{}
+	seen := map[*simtarget.Server]bool{}
+	for _, s := range c.sims {
+		if seen[s] {
+			continue
+		}
+		seen[s] = true
+		for k, v := range s.Snapshot().Keys {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+var terminal = []string{"SUCCEEDED", "FAILED_TERMINAL", "CANCELLED"}
+
+// audit checks the invariants of ../shared/TESTING.md (I1–I10) and fills the report's
+// counts.
+func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyTruth, h *history) {
+	inv := map[string][]string{}
+	fail := func(id, format string, args ...any) { inv[id] = append(inv[id], fmt.Sprintf(format, args...)) }
+	keys := map[string]string{} // remote key → operation
+	var resolutions []time.Duration
+
+	for _, op := range ops {
+		kt := truth[op.RemoteKey]
+		if kt == nil {
+			kt = &simtarget.KeyTruth{}
+		}
+		keys[op.RemoteKey] = op.Name
+		// I1: at most one real effect per intent.
+		if kt.Effects > 1 {
+			r.Duplicated++
+			fail("I1", "%s: %d effects at the target", op.Name, kt.Effects)
+		}
+		// I3: SUCCEEDED has a real effect, and the reference recorded is that effect's.
+		if op.State == "SUCCEEDED" && (kt.Effects == 0 || !slices.Contains(kt.IDs, op.RemoteRef)) {
+			r.Unconfirmed++
+			fail("I3", "%s: SUCCEEDED with reference %q, the target has %v", op.Name, op.RemoteRef, kt.IDs)
+		}
+		// I4: FAILED_TERMINAL has no effect.
+		if op.State == "FAILED_TERMINAL" && kt.Effects > 0 {
+			r.FalseFailed++
+			fail("I4", "%s: FAILED_TERMINAL but the target has %d effects", op.Name, kt.Effects)
+		}
+		// I6: the target saw one payload for the key.
+		if len(kt.PayloadSHA256) > 1 && len(slices.Compact(slices.Sorted(slices.Values(kt.PayloadSHA256)))) > 1 {
+			fail("I6", "%s: the target saw %d different payloads under its key", op.Name, len(kt.PayloadSHA256))
+		}
+		auditEvents(op, fail)
+		// I9: after healing, terminal, or ESCALATED/UNKNOWN with an owner.
+		switch {
+		case slices.Contains(terminal, op.State):
+		case op.State == "ESCALATED" && op.Escalated:
+		case op.State == "UNKNOWN" && op.NextCheck:
+			r.Unresolved = append(r.Unresolved, fmt.Sprintf("%s (%s): %s", op.Name, op.Type, op.LastObservation))
+		default:
+			fail("I9", "%s: %s after healing", op.Name, op.State)
+		}
+		r.ByState[op.State]++
+		if op.State == "ESCALATED" {
+			r.Escalated++
+		}
+		if d, recovered := resolution(op); recovered {
+			r.Recovered++
+			resolutions = append(resolutions, d)
+		} else if d > 0 {
+			resolutions = append(resolutions, d)
+		}
+	}
+	// I6 (cont.): every key the target saw belongs to an operation.
+	for k, kt := range truth {
+		if k != "" && keys[k] == "" && kt.Attempts > 0 {
+			fail("I6", "the target saw key %s, which no operation holds", k)
+		}
+	}
+	// I2 and I7: every acknowledged intent has exactly its one operation.
+	names := map[string]string{}
+	for _, in := range h.intents {
+		key := in.req.GetTenant() + "/" + in.req.GetOperationType() + "/" + in.req.GetIntentRef()
+		for _, name := range in.acked {
+			if ops[name] == nil {
+				r.Lost++
+				fail("I2", "%s: acknowledged as %s, which the ledger does not hold", key, name)
+			}
+			if name != in.acked[0] {
+				fail("I7", "%s: acknowledged as %s and as %s", key, in.acked[0], name)
+			}
+			if other, ok := names[name]; ok && other != key {
+				fail("I7", "%s and %s: both acknowledged as %s", key, other, name)
+			}
+			names[name] = key
+		}
+	}
+	// I8: the probes were refused.
+	for _, v := range h.violations {
+		fail("I8", "%s", v)
+	}
+
+	slices.Sort(resolutions)
+	if n := len(resolutions); n > 0 {
+		r.UnknownToResolution = Durations{Median: resolutions[n/2].Round(time.Millisecond), Worst: resolutions[n-1].Round(time.Millisecond)}
+	}
+	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10"} {
+		res := Invariant{ID: id, Name: invariantNames[id], Held: len(inv[id]) == 0}
+		res.Violations = inv[id][:min(len(inv[id]), 20)]
+		r.Invariants = append(r.Invariants, res)
+	}
+}
+
+// auditEvents checks one operation's event log (I10) and fences (I5).
+func auditEvents(op *ledgerOp, fail func(id, format string, args ...any)) {
+	if len(op.Events) == 0 {
+		fail("I10", "%s: no events", op.Name)
+		return
+	}
+	for i, e := range op.Events {
+		if e.Revision != int64(i+1) {
+			fail("I10", "%s: event %d has revision %d", op.Name, i+1, e.Revision)
+		}
+		if i == 0 && (e.From != nil || e.To != "PREPARED") {
+			fail("I10", "%s: the first event is not the creation", op.Name)
+		}
+		if i > 0 {
+			prev := op.Events[i-1]
+			if e.From == nil || *e.From != prev.To {
+				fail("I10", "%s: revision %d starts from %v, the previous ended in %s", op.Name, e.Revision, e.From, prev.To)
+			}
+			if e.Fence < prev.Fence {
+				fail("I5", "%s: the fence went back from %d to %d at revision %d", op.Name, prev.Fence, e.Fence, e.Revision)
+			}
+		}
+	}
+	if last := op.Events[len(op.Events)-1]; last.To != op.State {
+		fail("I10", "%s: the last event ends in %s, the operation is %s", op.Name, last.To, op.State)
+	}
+	// I5: an outcome was applied only under the fence of its own claim: every attempt
+	// marked applied matches the event that took the operation out of IN_FLIGHT with its
+	// fence, and no such event lacks its attempt.
+	applied := map[int64]bool{}
+	for _, a := range op.Attempts {
+		if a.Applied != nil && *a.Applied {
+			applied[a.Fence] = true
+		}
+	}
+	for _, e := range op.Events {
+		if e.From != nil && *e.From == "IN_FLIGHT" && e.To != "UNKNOWN" && !applied[e.Fence] {
+			fail("I5", "%s: left IN_FLIGHT for %s under fence %d without an applied attempt", op.Name, e.To, e.Fence)
+		}
+	}
+	for f := range applied {
+		if !slices.ContainsFunc(op.Events, func(e ledgerEvent) bool {
+			return e.From != nil && *e.From == "IN_FLIGHT" && e.Fence == f
+		}) {
+			fail("I5", "%s: an attempt under fence %d is marked applied, but no change was made under it", op.Name, f)
+		}
+	}
+}
+
+// resolution returns how long the operation spent from its first UNKNOWN to the change
+// that resolved it (SUCCEEDED, FAILED_TERMINAL or ESCALATED), and whether it recovered
+// (resolved to SUCCEEDED or FAILED_TERMINAL). Zero when it never was UNKNOWN or is still.
+func resolution(op *ledgerOp) (time.Duration, bool) {
+	var since time.Time
+	for _, e := range op.Events {
+		switch {
+		case e.To == "UNKNOWN" && since.IsZero():
+			since = e.At
+		case !since.IsZero() && (e.To == "SUCCEEDED" || e.To == "FAILED_TERMINAL"):
+			return e.At.Sub(since), true
+		case !since.IsZero() && e.To == "ESCALATED":
+			return e.At.Sub(since), false
+		}
+	}
+	return 0, false
+}
+
+var invariantNames = map[string]string{
+	"I1":  "no intent has more than one real effect at the target",
+	"I2":  "every acknowledged PrepareOperation has its operation",
+	"I3":  "every SUCCEEDED has evidence and a real effect at the target",
+	"I4":  "every FAILED_TERMINAL has no effect at the target",
+	"I5":  "fences only increase; no write was accepted under a stale fence",
+	"I6":  "the target saw one key and one payload per operation",
+	"I7":  "the same intent always mapped to the same operation, a new intent to a new one",
+	"I8":  "no tenant read or changed another tenant's operation",
+	"I9":  "after healing, every operation is terminal, or ESCALATED/UNKNOWN with an owner",
+	"I10": "only allowed transitions in the event log, and the counts add up",
+}

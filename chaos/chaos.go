@@ -1,0 +1,268 @@
+// Package chaos runs the broker the way production will hurt it, and audits the promise
+// afterwards: several replicas as separate processes, one PostgreSQL, simulated targets
+// with a mix of provider profiles and every fault they know, the broker's crash points,
+// kill -9 and SIGSTOP of replicas, PostgreSQL restarted in immediate mode and its
+// connections terminated, while clients prepare, retry, duplicate, amend and probe other
+// tenants. Then everything heals, the run waits for the work to settle, and the audit
+// checks invariants I1–I10 of ../shared/TESTING.md against the targets' ground truth,
+// the ledger and the clients' history. A run is reproducible from its seed as far as the
+// workload, the fault schedule and the targets' faults go; processes and the network add
+// their own timing.
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Defaults of a run.
+const (
+	DefaultFaultInterval = time.Second
+	DefaultFaultRate     = 0.3
+	DefaultSettleBound   = 60 * time.Second
+)
+
+// Config describes a run. Zero fields take the defaults of the short run.
+type Config struct {
+	Seed uint64
+	// Broker is the opbroker binary the replicas run.
+	Broker string
+	// DatabaseURL is an administrator's connection string; empty starts an embedded
+	// PostgreSQL (which the run also restarts as a fault).
+	DatabaseURL string
+	Replicas    int // default 3
+	Tenants     int // default 4
+	Intents     int // default 150
+	Clients     int // concurrent clients, default 8
+	// Duration keeps the faults going at least this long, the workload running in
+	// rounds of Intents until it ends; 0 runs one round.
+	Duration time.Duration
+	// FaultInterval is the mean time between process and database faults (default 1s).
+	FaultInterval time.Duration
+	// FaultRate is the share of requests to the targets that get a fault (default 0.3).
+	FaultRate float64
+	// Lease is the replicas' dispatch lease (default 2s): a paused replica is held past it.
+	Lease time.Duration
+	// ResolutionDeadline is the replicas' --reconcile-deadline (default 30s): an UNKNOWN
+	// operation nothing can resolve (a provider that replays a saved 5xx for its key) is
+	// escalated after it, within the run.
+	ResolutionDeadline time.Duration
+	// SettleBound is how long the work may take to settle after healing (default 60s).
+	SettleBound time.Duration
+	// Log receives progress; ReplicaLogs, when set, every replica's log lines.
+	Log         io.Writer
+	ReplicaLogs io.Writer
+}
+
+func (c *Config) setDefaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.Replicas, 3)
+	def(&c.Tenants, 4)
+	def(&c.Intents, 150)
+	def(&c.Clients, 8)
+	if c.FaultInterval <= 0 {
+		c.FaultInterval = DefaultFaultInterval
+	}
+	if c.FaultRate <= 0 {
+		c.FaultRate = DefaultFaultRate
+	}
+	if c.Lease <= 0 {
+		c.Lease = 2 * time.Second
+	}
+	if c.ResolutionDeadline <= 0 {
+		c.ResolutionDeadline = 30 * time.Second
+	}
+	if c.SettleBound <= 0 {
+		c.SettleBound = DefaultSettleBound
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+}
+
+// Report is what a run found.
+type Report struct {
+	Seed     uint64         `json:"seed"`
+	Intents  int            `json:"intents"`
+	Tenants  int            `json:"tenants"`
+	Replicas int            `json:"replicas"`
+	Elapsed  string         `json:"elapsed"`
+	Faults   map[string]int `json:"faults"`
+	Crashes  int            `json:"crashes"`
+	Probes   int            `json:"cross_tenant_probes"`
+	GaveUp   int            `json:"intents_never_acknowledged"`
+	// The four that must be zero.
+	Lost        int `json:"lost"`
+	Duplicated  int `json:"duplicated"`
+	Unconfirmed int `json:"unconfirmed"`
+	FalseFailed int `json:"false_failed"`
+
+	Recovered           int            `json:"recovered"`
+	Escalated           int            `json:"escalated"`
+	Unresolved          []string       `json:"unknown_at_the_end"` // with their last observation
+	ByState             map[string]int `json:"operations_by_state"`
+	UnknownToResolution Durations      `json:"unknown_to_resolution"`
+	Settled             bool           `json:"settled"`
+	Invariants          []Invariant    `json:"invariants"`
+}
+
+// Durations summarises a distribution.
+type Durations struct {
+	Median time.Duration `json:"median_ns"`
+	Worst  time.Duration `json:"worst_ns"`
+}
+
+// Invariant is one audited invariant and, when it failed, how (the first 20 cases).
+type Invariant struct {
+	ID         string   `json:"id"`
+	Name       string   `json:"name"`
+	Held       bool     `json:"held"`
+	Violations []string `json:"violations,omitempty"`
+}
+
+// Passed reports whether every invariant held.
+func (r *Report) Passed() bool {
+	return !slices.ContainsFunc(r.Invariants, func(i Invariant) bool { return !i.Held })
+}
+
+// Run runs the chaos described by cfg and returns its report. An error means the run
+// itself could not be carried out; a broken promise is a report that did not pass.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg.setDefaults()
+	if cfg.Broker == "" {
+		return nil, errors.New("chaos: no broker binary")
+	}
+	start := time.Now()
+	fmt.Fprintf(cfg.Log, "chaos: seed %d: starting PostgreSQL, targets and %d replicas\n", cfg.Seed, cfg.Replicas)
+	c, err := newCluster(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	defer c.close()
+
+	faultCtx, stopFaults := context.WithCancel(ctx)
+	superviseCtx, stopSupervising := context.WithCancel(ctx)
+	defer stopSupervising()
+	go c.supervise(superviseCtx)
+	faultsDone, covered := make(chan struct{}), make(chan struct{})
+	go func() { defer close(faultsDone); c.injectFaults(faultCtx, covered) }()
+
+	// Rounds of the workload until every kind of fault has struck at least once and the
+	// duration has passed.
+	enough := func() bool {
+		select {
+		case <-covered:
+			return time.Since(start) >= cfg.Duration
+		default:
+			return false
+		}
+	}
+	h := &history{}
+	for round := 0; ctx.Err() == nil && (round == 0 || !enough()); round++ {
+		fmt.Fprintf(cfg.Log, "chaos: round %d: %d intents over %d tenants\n", round+1, cfg.Intents, cfg.Tenants)
+		c.drive(ctx, h, round)
+	}
+	stopFaults()
+	<-faultsDone
+
+	fmt.Fprintln(cfg.Log, "chaos: healing; waiting for the work to settle")
+	c.heal()
+	c.restartArmed()
+	settled := c.settle(ctx, cfg.SettleBound)
+	stopSupervising()
+	c.stopReplicas()
+
+	ops, err := c.readLedger(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: audit: %w", err)
+	}
+	truth := c.truth()
+	r := &Report{Seed: cfg.Seed, Intents: len(h.intents), Tenants: cfg.Tenants, Replicas: cfg.Replicas,
+		Faults: maps.Clone(c.faults), Crashes: c.crashes, Probes: h.probes, GaveUp: h.gaveUp,
+		ByState: map[string]int{}, Settled: settled}
+	seen := map[any]bool{}
+	for _, s := range c.sims {
+		if seen[s] {
+			continue
+		}
+		seen[s] = true
+		for f, n := range s.Snapshot().Faults {
+			if f != "" {
+				r.Faults["target: "+string(f)] += n
+			}
+		}
+	}
+	audit(r, ops, truth, h)
+	r.Elapsed = time.Since(start).Round(time.Second).String()
+	return r, nil
+}
+
+// settle waits until no operation is PREPARED, IN_FLIGHT or UNKNOWN, or the bound
+// passes; it reports whether the work settled.
+func (c *cluster) settle(ctx context.Context, bound time.Duration) bool {
+	deadline := time.Now().Add(bound)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		var open int
+		err := c.admin.QueryRow(ctx, `SELECT count(*) FROM operations WHERE state IN ('PREPARED', 'IN_FLIGHT', 'UNKNOWN')`).Scan(&open)
+		if err == nil && open == 0 {
+			return true
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return false
+}
+
+// WriteText writes the report for people.
+func (r *Report) WriteText(w io.Writer) {
+	verdict := "PASSED: every invariant held"
+	if !r.Passed() {
+		verdict = "FAILED: an invariant was broken"
+	}
+	fmt.Fprintf(w, "chaos run, seed %d: %s\n", r.Seed, verdict)
+	fmt.Fprintf(w, "  %d intents over %d tenants, %d replicas, %s; %d never acknowledged by the clients' retries\n",
+		r.Intents, r.Tenants, r.Replicas, r.Elapsed, r.GaveUp)
+	fmt.Fprintf(w, "  faults:")
+	for _, k := range slices.Sorted(maps.Keys(r.Faults)) {
+		fmt.Fprintf(w, " %s %d;", k, r.Faults[k])
+	}
+	fmt.Fprintf(w, "\n  replica crashes %d, cross-tenant probes %d\n", r.Crashes, r.Probes)
+	fmt.Fprintf(w, "  lost %d, duplicated %d, unconfirmed %d, false-failed %d\n", r.Lost, r.Duplicated, r.Unconfirmed, r.FalseFailed)
+	fmt.Fprintf(w, "  recovered from UNKNOWN %d, escalated %d, still UNKNOWN %d (settled: %v)\n", r.Recovered, r.Escalated, len(r.Unresolved), r.Settled)
+	for _, u := range r.Unresolved {
+		fmt.Fprintf(w, "    %s\n", u)
+	}
+	fmt.Fprintf(w, "  UNKNOWN to resolution: median %s, worst %s\n", r.UnknownToResolution.Median, r.UnknownToResolution.Worst)
+	var states []string
+	for _, k := range slices.Sorted(maps.Keys(r.ByState)) {
+		states = append(states, fmt.Sprintf("%s %d", k, r.ByState[k]))
+	}
+	fmt.Fprintf(w, "  operations: %s\n", strings.Join(states, ", "))
+	for _, inv := range r.Invariants {
+		mark := "ok  "
+		if !inv.Held {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "  %s %-3s %s\n", mark, inv.ID, inv.Name)
+		for _, v := range inv.Violations {
+			fmt.Fprintf(w, "         %s\n", v)
+		}
+	}
+}
+
+// WriteJSON writes the report as JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}

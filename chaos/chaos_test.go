@@ -1,0 +1,66 @@
+package chaos_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/chaos"
+	"github.com/opbroker/opbroker/storetest"
+)
+
+var broker string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "opchaos-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	broker = filepath.Join(dir, "opbroker")
+	if out, err := exec.Command("go", "build", "-o", broker, "../cmd/opbroker").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building opbroker: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// TestShortChaosRun is the short, fixed-seed chaos run: three replicas as processes,
+// every fault of the targets, crash points, kill -9, SIGSTOP past the lease,
+// pg_terminate_backend and (on the embedded PostgreSQL) an immediate restart, then the
+// audit of I1–I10.
+func TestShortChaosRun(t *testing.T) {
+	var log bytes.Buffer
+	report, err := chaos.Run(context.Background(), chaos.Config{
+		Seed: 20261130, Broker: broker, DatabaseURL: os.Getenv(storetest.EnvDatabaseURL),
+		Intents: 60, Tenants: 4, FaultInterval: 500 * time.Millisecond,
+		ResolutionDeadline: 15 * time.Second, SettleBound: 45 * time.Second, Log: &log,
+	})
+	require.NoError(t, err, log.String())
+	var text bytes.Buffer
+	report.WriteText(&text)
+	t.Log(text.String())
+
+	require.True(t, report.Passed(), text.String())
+	require.Zero(t, report.Lost+report.Duplicated+report.Unconfirmed+report.FalseFailed)
+	require.True(t, report.Settled, "the work settles after healing")
+	for _, kind := range []string{"kill -9 of a replica", "SIGSTOP of a replica past its lease",
+		"pg_terminate_backend of the replicas' connections"} {
+		require.Positive(t, report.Faults[kind], "%s never happened", kind)
+	}
+	if os.Getenv(storetest.EnvDatabaseURL) == "" {
+		require.Positive(t, report.Faults["PostgreSQL immediate restart"])
+	}
+	require.Positive(t, report.Crashes)
+	require.Positive(t, report.Recovered, "some operations went through UNKNOWN and were resolved")
+	require.Positive(t, report.Probes)
+}

@@ -1,0 +1,445 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	neturl "net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/goccy/go-yaml"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/opbroker/opbroker/auth"
+	"github.com/opbroker/opbroker/embeddedpg"
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
+)
+
+// The operation types of the run, one per provider profile.
+const (
+	typeCharge    = "chaos.charge"    // replays saved responses, 5xx included (Stripe v1 style)
+	typeProvision = "chaos.provision" // saves only successes; forgets keys after a retention
+	typeNotify    = "chaos.notify"    // no idempotency at all: an unclear outcome is escalated
+)
+
+// provisionRetention is how long the provision target keeps a key; its contract says so.
+const provisionRetention = 60 * time.Second
+
+// cluster is everything the run starts: PostgreSQL, the simulated targets and the
+// broker replicas, with the files they read.
+type cluster struct {
+	cfg      Config
+	dir      string
+	pg       *embeddedpg.Server // nil when the database was given
+	adminURL string             // the administrator, on the run's schema
+	appURL   string             // the broker's ordinary role
+	admin    *pgxpool.Pool
+	sims     map[string]*simtarget.Server // by operation type
+	tokens   map[string]string            // bearer token by tenant
+	targets  string                       // the targets file
+	auth     string                       // the principals file
+
+	mu       sync.Mutex
+	replicas []*replica
+	conns    map[string]*grpc.ClientConn
+	rng      *rand.Rand
+	healing  bool
+	crashes  int
+	faults   map[string]int // process and crash-point faults by kind
+}
+
+// replica is one broker process.
+type replica struct {
+	id     int
+	cmd    *exec.Cmd
+	addr   string // gRPC, once serving
+	paused bool
+	stop   bool // stopped on purpose: its end is not a crash
+	exited chan struct{}
+	crash  string // the crash point it was started with, if any
+}
+
+var servingLine = regexp.MustCompile(`msg=serving grpc=(\S+)`)
+
+func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
+	c = &cluster{cfg: cfg, sims: map[string]*simtarget.Server{}, tokens: map[string]string{},
+		conns: map[string]*grpc.ClientConn{}, faults: map[string]int{},
+		rng: rand.New(rand.NewPCG(cfg.Seed, 0xc4a05))}
+	defer func() {
+		if err != nil {
+			c.close()
+		}
+	}()
+	if c.dir, err = os.MkdirTemp("", "opchaos-"); err != nil {
+		return c, err
+	}
+	if err := os.Chmod(c.dir, 0o755); err != nil { // PostgreSQL may run as another user
+		return c, err
+	}
+	base := cfg.DatabaseURL
+	if base == "" {
+		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: filepath.Join(c.dir, "pg")}); err != nil {
+			return c, err
+		}
+		base = c.pg.URL()
+	}
+	schema := fmt.Sprintf("chaos_%d_%d", cfg.Seed, time.Now().UnixNano())
+	if c.appURL, err = store.Provision(ctx, base, "opbroker_chaos", schema); err != nil {
+		return c, err
+	}
+	if c.adminURL, err = withoutRole(c.appURL); err != nil {
+		return c, err
+	}
+	if err := migrate(ctx, c.appURL); err != nil {
+		return c, err
+	}
+	if c.admin, err = pgxpool.New(ctx, c.adminURL); err != nil {
+		return c, err
+	}
+	if err := c.startTargets(); err != nil {
+		return c, err
+	}
+	if err := c.writePrincipals(); err != nil {
+		return c, err
+	}
+	for i := range cfg.Replicas {
+		if err := c.start(i); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+func migrate(ctx context.Context, url string) error {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return store.Migrate(ctx, pool)
+}
+
+// startTargets starts the two simulated providers with the run's fault mix and writes
+// the contracts that describe them.
+func (c *cluster) startTargets() error {
+	rates := map[simtarget.Fault]float64{}
+	for _, f := range simtarget.Faults {
+		rates[f] = c.cfg.FaultRate / float64(len(simtarget.Faults))
+	}
+	stripe, err := simtarget.Start(simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed, LookupLag: 0, SlowDelay: 4 * time.Second})
+	if err != nil {
+		return err
+	}
+	forgetful, err := simtarget.Start(simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed + 1, SaveOnlySuccesses: true,
+		Retention: provisionRetention, SlowDelay: 4 * time.Second})
+	if err != nil {
+		stripe.Close()
+		return err
+	}
+	c.sims[typeCharge], c.sims[typeNotify], c.sims[typeProvision] = stripe, stripe, forgetful
+
+	charge, notify := simtarget.DemoContracts(stripe.URL)[0], simtarget.DemoContracts(stripe.URL)[1]
+	charge.Name, charge.OperationTypes = "chaos-payments", []string{typeCharge}
+	notify.Name, notify.OperationTypes = "chaos-notify", []string{typeNotify}
+	provision := simtarget.DemoContracts(forgetful.URL)[0]
+	provision.Name, provision.OperationTypes = "chaos-provisioning", []string{typeProvision}
+	provision.Idempotency.Retention = target.Duration(provisionRetention)
+	data, err := target.Encode([]*target.Contract{charge, provision, notify})
+	if err != nil {
+		return err
+	}
+	c.targets = filepath.Join(c.dir, "targets.yaml")
+	return os.WriteFile(c.targets, data, 0o600)
+}
+
+// writePrincipals makes one client principal per tenant.
+func (c *cluster) writePrincipals() error {
+	var file auth.File
+	for _, tenant := range tenants(c.cfg.Tenants) {
+		token, hash := auth.NewToken()
+		c.tokens[tenant] = token
+		file.Principals = append(file.Principals, auth.PrincipalConfig{Name: "client-" + tenant,
+			Roles: []auth.Role{auth.RoleClient}, Tenants: []string{tenant}, TokenSHA256: []string{hash}})
+	}
+	data, err := yaml.Marshal(file)
+	if err != nil {
+		return err
+	}
+	c.auth = filepath.Join(c.dir, "principals.yaml")
+	return os.WriteFile(c.auth, data, 0o600)
+}
+
+func tenants(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("tenant-%d", i)
+	}
+	return out
+}
+
+// crashPoints are the broker's named crash points the run enables, one per replica
+// start at most.
+var crashPoints = []string{"dispatch.after_claim", "dispatch.after_send", "dispatch.after_reply",
+	"dispatch.after_record", "prepare.after_commit"}
+
+// start starts replica i (again) and waits until it serves. Half the starts arm a crash
+// point that kills the process (or fails a prepare) at a random hit.
+func (c *cluster) start(i int) error {
+	c.mu.Lock()
+	crash := ""
+	if !c.healing && c.rng.IntN(2) == 0 {
+		point, mode := crashPoints[c.rng.IntN(len(crashPoints))], "kill"
+		if point == "prepare.after_commit" && c.rng.IntN(2) == 0 {
+			mode = "error"
+		}
+		crash = fmt.Sprintf("%s=%s@%d", point, mode, 2+c.rng.IntN(20))
+	}
+	c.mu.Unlock()
+
+	url, err := withParam(c.appURL, "application_name", fmt.Sprintf("opbroker-chaos-%d", i))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(c.cfg.Broker, "serve", "--database-url", url, "--targets", c.targets,
+		"--auth-config", c.auth, "--plaintext", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--log-format", "text", "--dispatch-lease", c.cfg.Lease.String(), "--shutdown-grace", "2s",
+		"--tenant-rate", "100000", "--tenant-burst", "100000", "--reconcile-deadline", c.cfg.ResolutionDeadline.String())
+	cmd.Env = os.Environ()
+	if crash != "" {
+		cmd.Env = append(cmd.Env, "OPBROKER_CRASH_POINTS="+crash)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	r := &replica{id: i, cmd: cmd, exited: make(chan struct{}), crash: crash}
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			if m := servingLine.FindStringSubmatch(sc.Text()); m != nil {
+				ready <- m[1]
+			}
+			if c.cfg.ReplicaLogs != nil {
+				fmt.Fprintf(c.cfg.ReplicaLogs, "[replica %d] %s\n", i, sc.Text())
+			}
+		}
+		_ = cmd.Wait()
+		close(r.exited)
+	}()
+	select {
+	case addr := <-ready:
+		r.addr = addr
+	case <-r.exited:
+		return fmt.Errorf("replica %d exited before serving", i)
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		return fmt.Errorf("replica %d did not start serving", i)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if i < len(c.replicas) {
+		c.replicas[i] = r
+	} else {
+		c.replicas = append(c.replicas, r)
+	}
+	if crash != "" {
+		c.faults["crash point armed"]++
+	}
+	return nil
+}
+
+// supervise restarts replicas that died (killed, or by a crash point) until ctx ends.
+func (c *cluster) supervise(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+		c.mu.Lock()
+		var dead []int
+		for _, r := range c.replicas {
+			if !r.alive() {
+				dead = append(dead, r.id)
+				if !r.stop {
+					c.crashes++
+				}
+			}
+		}
+		c.mu.Unlock()
+		for _, i := range dead {
+			if err := c.start(i); err != nil && ctx.Err() == nil {
+				fmt.Fprintf(c.cfg.Log, "chaos: restarting replica %d: %v\n", i, err)
+			}
+		}
+	}
+}
+
+func (r *replica) alive() bool {
+	select {
+	case <-r.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// live returns the replicas whose process runs, paused ones too when withPaused. The
+// caller holds c.mu.
+func (c *cluster) live(withPaused bool) []*replica {
+	var out []*replica
+	for _, r := range c.replicas {
+		if r.alive() && (withPaused || !r.paused) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// client returns a connection to a live replica chosen at random.
+func (c *cluster) client(rng *rand.Rand) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	live := c.live(true) // as a real client, it cannot know that one is paused
+	if len(live) == 0 {
+		return nil, fmt.Errorf("no replica is running")
+	}
+	r := live[rng.IntN(len(live))]
+	conn := c.conns[r.addr]
+	if conn == nil {
+		var err error
+		if conn, err = grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			return nil, err
+		}
+		c.conns[r.addr] = conn
+	}
+	return conn, nil
+}
+
+// heal stops injecting: paused replicas continue, the targets stop failing, and no
+// restart arms a crash point any more.
+func (c *cluster) heal() {
+	c.mu.Lock()
+	c.healing = true
+	for _, r := range c.replicas {
+		if r.paused {
+			_ = r.cmd.Process.Signal(syscall.SIGCONT)
+			r.paused = false
+		}
+	}
+	c.mu.Unlock()
+	for _, s := range c.sims {
+		s.Heal()
+	}
+}
+
+// restartArmed restarts, without crash points, every replica still armed with one.
+func (c *cluster) restartArmed() {
+	c.mu.Lock()
+	var armed []*replica
+	for _, r := range c.replicas {
+		if r.crash != "" {
+			r.stop = true
+			armed = append(armed, r)
+		}
+	}
+	c.mu.Unlock()
+	for _, r := range armed {
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+		<-r.exited
+	}
+}
+
+// stopReplicas stops every replica (SIGTERM, then SIGKILL after a grace).
+func (c *cluster) stopReplicas() {
+	c.mu.Lock()
+	replicas := append([]*replica(nil), c.replicas...)
+	c.mu.Unlock()
+	for _, r := range replicas {
+		c.mu.Lock()
+		r.stop = true
+		c.mu.Unlock()
+		_ = r.cmd.Process.Signal(syscall.SIGCONT)
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, r := range replicas {
+		select {
+		case <-r.exited:
+		case <-time.After(10 * time.Second):
+			_ = r.cmd.Process.Kill()
+			<-r.exited
+		}
+	}
+}
+
+func (c *cluster) close() {
+	c.stopReplicas()
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+	for _, s := range c.sims {
+		s.Close()
+	}
+	if c.admin != nil {
+		if _, err := c.admin.Exec(context.Background(), "DROP SCHEMA "+schemaOf(c.adminURL)+" CASCADE"); err != nil {
+			fmt.Fprintf(c.cfg.Log, "chaos: dropping the run's schema: %v\n", err)
+		}
+		c.admin.Close()
+	}
+	if c.pg != nil {
+		_ = c.pg.Stop()
+	}
+	if c.dir != "" {
+		os.RemoveAll(c.dir)
+	}
+}
+
+// withParam sets a connection parameter of a URL-form connection string.
+func withParam(url, key, value string) (string, error) {
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// withoutRole is the administrator's connection string of a Provision URL.
+func withoutRole(url string) (string, error) {
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	q.Del("role")
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// schemaOf is the schema a Provision URL puts on the search path.
+func schemaOf(url string) string {
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return ""
+	}
+	return pgx.Identifier{u.Query().Get("search_path")}.Sanitize()
+}

@@ -1,0 +1,227 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+)
+
+// intent is one business intent of the workload and what the clients were told of it.
+type intent struct {
+	req *opbrokerv1.PrepareOperationRequest
+
+	mu    sync.Mutex
+	acked []string // the operation names of every acknowledged PrepareOperation
+}
+
+func (in *intent) ack(name string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.acked = append(in.acked, name)
+}
+
+func (in *intent) name() string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if len(in.acked) == 0 {
+		return ""
+	}
+	return in.acked[0]
+}
+
+// history is the clients' side of the run: every intent and what came back, and what
+// the cross-tenant probes saw.
+type history struct {
+	mu         sync.Mutex
+	intents    []*intent
+	probes     int
+	violations []string // I8: a probe that got anything but a refusal
+	gaveUp     int      // intents never acknowledged (within the retry budget): not counted as lost
+}
+
+func (h *history) add(in *intent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.intents = append(h.intents, in)
+}
+
+// drive runs the workload: cfg.Intents intents over cfg.Tenants tenants (a few hot ones
+// get most), by cfg.Clients clients, with concurrent duplicates, retries after the
+// acknowledgement, legitimate repeats (a new intent with the same payload), amendments
+// (a new intent that supersedes an acknowledged one) and cross-tenant probes.
+func (c *cluster) drive(ctx context.Context, h *history, round int) {
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for w := range c.cfg.Clients {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(c.cfg.Seed+uint64(round), uint64(w)+1))
+			for i := range work {
+				c.runIntent(ctx, rng, h, i)
+			}
+		})
+	}
+	for i := range c.cfg.Intents {
+		select {
+		case work <- round*c.cfg.Intents + i:
+		case <-ctx.Done():
+		}
+	}
+	close(work)
+	wg.Wait()
+}
+
+func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i int) {
+	tenant := fmt.Sprintf("tenant-%d", hotTenant(rng, c.cfg.Tenants))
+	typ := []string{typeCharge, typeCharge, typeCharge, typeProvision, typeProvision, typeNotify}[rng.IntN(6)]
+	in := &intent{req: &opbrokerv1.PrepareOperationRequest{Tenant: tenant, OperationType: typ,
+		IntentRef: fmt.Sprintf("intent-%d", i), ContentType: "application/json",
+		Payload: fmt.Appendf(nil, `{"amount":%d,"order":%d}`, 1+rng.IntN(10000), i)}}
+	h.add(in)
+
+	if rng.IntN(5) == 0 { // a concurrent duplicate, as from a client that timed out and retried at once
+		var wg sync.WaitGroup
+		wg.Go(func() { c.prepare(ctx, rand.New(rand.NewPCG(rng.Uint64(), 7)), h, in) })
+		c.prepare(ctx, rng, h, in)
+		wg.Wait()
+	} else {
+		c.prepare(ctx, rng, h, in)
+	}
+	name := in.name()
+	if name == "" {
+		return
+	}
+	if rng.IntN(10) == 0 { // a retry long after the acknowledgement
+		c.prepare(ctx, rng, h, in)
+	}
+	if rng.IntN(20) == 0 { // a genuinely new action with the same payload: a new intent
+		repeat := &intent{req: cloneRequest(in.req)}
+		repeat.req.IntentRef += "-repeat"
+		h.add(repeat)
+		c.prepare(ctx, rng, h, repeat)
+	}
+	if rng.IntN(20) == 0 { // an amendment of the acknowledged operation
+		amend := &intent{req: cloneRequest(in.req)}
+		amend.req.IntentRef += "-amend"
+		amend.req.Supersedes = name
+		amend.req.Payload = fmt.Appendf(nil, `{"amount":%d,"order":%d,"amended":true}`, 1+rng.IntN(10000), i)
+		h.add(amend)
+		c.prepare(ctx, rng, h, amend)
+	}
+	if rng.IntN(10) == 0 {
+		c.probe(ctx, rng, h, tenant, name)
+	}
+}
+
+func cloneRequest(r *opbrokerv1.PrepareOperationRequest) *opbrokerv1.PrepareOperationRequest {
+	return proto.Clone(r).(*opbrokerv1.PrepareOperationRequest)
+}
+
+// hotTenant picks tenant 0 half the time, tenant 1 a quarter, and so on.
+func hotTenant(rng *rand.Rand, n int) int {
+	for i := range n - 1 {
+		if rng.IntN(2) == 0 {
+			return i
+		}
+	}
+	return n - 1
+}
+
+// retryable says whether a client should try a PrepareOperation again: the broker was
+// unreachable, stopping, failed, or refused for load.
+func retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Internal, codes.ResourceExhausted, codes.Aborted, codes.Unknown:
+		return true
+	}
+	return false
+}
+
+// prepare sends the intent's PrepareOperation until it is acknowledged, retrying the
+// same request as a careful client does, for up to a minute.
+func (c *cluster) prepare(ctx context.Context, rng *rand.Rand, h *history, in *intent) {
+	deadline := time.Now().Add(time.Minute)
+	for attempt := 0; time.Now().Before(deadline) && ctx.Err() == nil; attempt++ {
+		conn, err := c.client(rng)
+		if err == nil {
+			callCtx, cancel := context.WithTimeout(c.as(ctx, in.req.GetTenant()), 5*time.Second)
+			var resp *opbrokerv1.PrepareOperationResponse
+			resp, err = opbrokerv1.NewOperationServiceClient(conn).PrepareOperation(callCtx, in.req)
+			cancel()
+			if err == nil {
+				in.ack(resp.GetOperation().GetName())
+				return
+			}
+			if !retryable(err) {
+				fmt.Fprintf(c.cfg.Log, "chaos: %s refused: %v\n", in.req.GetIntentRef(), err)
+				return
+			}
+		}
+		time.Sleep(time.Duration(20+rng.IntN(100)) * time.Millisecond << min(attempt, 4))
+	}
+	h.mu.Lock()
+	h.gaveUp++
+	h.mu.Unlock()
+}
+
+// as returns ctx with the tenant's bearer token.
+func (c *cluster) as(ctx context.Context, tenant string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.tokens[tenant])
+}
+
+// probe: another tenant's client asks for this tenant's operation, by its own tenant's
+// name and by this one's, and lists this tenant. Each must be refused without a trace
+// of the operation.
+func (c *cluster) probe(ctx context.Context, rng *rand.Rand, h *history, tenant, name string) {
+	other := fmt.Sprintf("tenant-%d", rng.IntN(c.cfg.Tenants))
+	if other == tenant {
+		return
+	}
+	conn, err := c.client(rng)
+	if err != nil {
+		return
+	}
+	client := opbrokerv1.NewOperationServiceClient(conn)
+	ctx, cancel := context.WithTimeout(c.as(ctx, other), 5*time.Second)
+	defer cancel()
+	id := name[len("tenants/"+tenant+"/operations/"):]
+	checks := []struct {
+		what string
+		call func() error
+		want codes.Code
+	}{
+		{"GetOperation of another tenant's name", func() error {
+			_, err := client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: name})
+			return err
+		}, codes.PermissionDenied},
+		{"GetOperation of another tenant's id under its own name", func() error {
+			_, err := client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: "tenants/" + other + "/operations/" + id})
+			return err
+		}, codes.NotFound},
+		{"ListOperations of another tenant", func() error {
+			_, err := client.ListOperations(ctx, &opbrokerv1.ListOperationsRequest{Tenant: tenant})
+			return err
+		}, codes.PermissionDenied},
+	}
+	for _, check := range checks {
+		err := check.call()
+		if retryable(err) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			continue // the replica was down: no answer, no leak
+		}
+		h.mu.Lock()
+		h.probes++
+		if status.Code(err) != check.want {
+			h.violations = append(h.violations, fmt.Sprintf("%s (%s as %s): got %v, want %v", check.what, name, other, err, check.want))
+		}
+		h.mu.Unlock()
+	}
+}
