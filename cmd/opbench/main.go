@@ -58,11 +58,21 @@ func newApp() *cli.Command {
 			},
 			Action: benchDispatch,
 		}, {
-			Name:  "watch",
-			Usage: "memory per idle WatchOperation stream (server and client in this process: an upper bound)",
+			Name:  "prepare",
+			Usage: "PrepareOperation throughput and latency over gRPC at concurrency 1, 8, 32, 64, next to a plain INSERT",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
-				&cli.IntFlag{Name: "watchers", Value: 10000},
+				&cli.DurationFlag{Name: "period", Value: 5 * time.Second, Usage: "how long each measurement runs"},
+			},
+			Action: benchPrepare,
+		}, {
+			Name:  "watch",
+			Usage: "memory per idle WatchOperation stream (server and client in this process: an upper bound), and latency from commit to watcher",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
+				&cli.IntFlag{Name: "watchers", Value: 10000, Usage: "idle streams for the memory measurement"},
+				&cli.IntFlag{Name: "latency-watchers", Value: 1000, Usage: "streams, one operation each, for the latency measurement"},
+				&cli.IntFlag{Name: "changes", Value: 200, Usage: "changes whose latency is measured"},
 			},
 			Action: benchWatch,
 		}},

@@ -28,6 +28,16 @@ func TestWatchBenchRuns(t *testing.T) {
 	var out bytes.Buffer
 	app := newApp()
 	app.Writer = &out
-	require.NoError(t, app.Run(context.Background(), []string{"opbench", "watch", "--database-url", storetest.URL(t), "--watchers", "20"}))
+	require.NoError(t, app.Run(context.Background(), []string{"opbench", "watch", "--database-url", storetest.URL(t), "--watchers", "20", "--latency-watchers", "20", "--changes", "10"}))
 	require.Contains(t, out.String(), "watch: 20 idle WatchOperation streams")
+}
+
+func TestPrepareBenchRuns(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	app := newApp()
+	app.Writer = &out
+	require.NoError(t, app.Run(context.Background(), []string{"opbench", "prepare", "--database-url", storetest.URL(t), "--period", "100ms"}))
+	require.Contains(t, out.String(), "PrepareOperation over gRPC vs a plain single-row INSERT")
+	require.Regexp(t, `(?m)^64 +\d+`, out.String(), "a row per concurrency")
 }

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/urfave/cli/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
+)
+
+// benchPrepare measures PrepareOperation over gRPC at each concurrency, next to the same
+// PostgreSQL's plain single-row INSERT at the same concurrency: the physical limit of a
+// durable write per call.
+func benchPrepare(ctx context.Context, cmd *cli.Command) error {
+	pool, cleanup, err := database(ctx, cmd.String("database-url"), true)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if _, err := pool.Exec(ctx, `CREATE TABLE bench_insert (id bigserial PRIMARY KEY, tenant_id text NOT NULL, payload bytea NOT NULL)`); err != nil {
+		return err
+	}
+	addr, stop, err := serveAPI(ctx, store.New(pool))
+	if err != nil {
+		return err
+	}
+	defer stop()
+	var conns []*grpc.ClientConn
+	for range 4 {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+
+	out := cmd.Root().Writer
+	period := cmd.Duration("period")
+	fmt.Fprintf(out, "PrepareOperation over gRPC vs a plain single-row INSERT, %s per measurement, durable commits\n", period)
+	fmt.Fprintf(out, "%-11s  %-30s  %-30s  %s\n", "concurrency", "PrepareOperation ops/s p50 p99", "INSERT ops/s p50 p99", "ratio")
+	var seq atomic.Int64
+	for _, n := range []int{1, 8, 32, 64} {
+		prepare := measure(ctx, n, period, func(ctx context.Context, worker int) error {
+			i := seq.Add(1)
+			_, err := opbrokerv1.NewOperationServiceClient(conns[worker%len(conns)]).PrepareOperation(ctx,
+				&opbrokerv1.PrepareOperationRequest{Tenant: fmt.Sprintf("tenant-%d", i%8), OperationType: simtarget.DemoCharge,
+					IntentRef: fmt.Sprintf("bench-%d", i), Payload: []byte(`{"amount":100,"currency":"EUR"}`), ContentType: "application/json"})
+			return err
+		})
+		insert := measure(ctx, n, period, plainInsert(pool))
+		if prepare.err != nil || insert.err != nil {
+			return fmt.Errorf("concurrency %d: %v %v", n, prepare.err, insert.err)
+		}
+		fmt.Fprintf(out, "%-11d  %-30s  %-30s  %.0f%%\n", n, prepare, insert, 100*prepare.rate/insert.rate)
+	}
+	var version string
+	_ = pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&version)
+	fmt.Fprintf(out, "  machine: %d cores, %s/%s, PostgreSQL %s; client, server and PostgreSQL on the same machine\n",
+		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version)
+	return nil
+}
+
+func plainInsert(pool *pgxpool.Pool) func(context.Context, int) error {
+	return func(ctx context.Context, worker int) error {
+		_, err := pool.Exec(ctx, `INSERT INTO bench_insert (tenant_id, payload) VALUES ($1, $2)`,
+			fmt.Sprintf("tenant-%d", worker%8), []byte(`{"amount":100,"currency":"EUR"}`))
+		return err
+	}
+}
+
+// result is one measurement: calls per second and latency percentiles.
+type result struct {
+	rate     float64
+	p50, p99 time.Duration
+	err      error
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("%7.0f %6.2fms %6.2fms", r.rate, ms(r.p50), ms(r.p99))
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// measure runs call from n workers for period and returns the rate and latencies.
+func measure(ctx context.Context, n int, period time.Duration, call func(context.Context, int) error) result {
+	ctx, cancel := context.WithTimeout(ctx, period)
+	defer cancel()
+	var mu sync.Mutex
+	var latencies []time.Duration
+	var first error
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range n {
+		wg.Go(func() {
+			var mine []time.Duration
+			for ctx.Err() == nil {
+				t := time.Now()
+				if err := call(context.WithoutCancel(ctx), w); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+				mine = append(mine, time.Since(t))
+			}
+			mu.Lock()
+			latencies = append(latencies, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if first != nil || len(latencies) == 0 {
+		return result{err: fmt.Errorf("no calls completed: %v", first)}
+	}
+	slices.Sort(latencies)
+	return result{rate: float64(len(latencies)) / elapsed.Seconds(),
+		p50: latencies[len(latencies)/2], p99: latencies[len(latencies)*99/100]}
+}
