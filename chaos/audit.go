@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,11 +28,33 @@ type ledgerEvent struct {
 	To       string
 	Fence    int64
 	At       time.Time
+	Actor    string
+	Reason   string
 }
 
 type ledgerAttempt struct {
-	Fence   int64
-	Applied *bool
+	Fence    int64
+	Applied  *bool
+	Worker   string
+	Claimed  time.Time
+	Finished *time.Time
+	Outcome  string
+}
+
+// trail tells an operation's history, for a violation's report.
+func (op *ledgerOp) trail(kt *simtarget.KeyTruth) []string {
+	out := []string{fmt.Sprintf("    %s (%s), key %s; the target saw %d attempts, %d effects", op.Name, op.Type, op.RemoteKey, kt.Attempts, kt.Effects)}
+	for _, e := range op.Events {
+		out = append(out, fmt.Sprintf("      %s rev %d -> %s fence %d by %s: %s", e.At.Format("15:04:05.000"), e.Revision, e.To, e.Fence, e.Actor, e.Reason))
+	}
+	for _, a := range op.Attempts {
+		finished := "unfinished"
+		if a.Finished != nil {
+			finished = a.Finished.Format("15:04:05.000") + " " + a.Outcome
+		}
+		out = append(out, fmt.Sprintf("      attempt fence %d by %s claimed %s, %s", a.Fence, a.Worker, a.Claimed.Format("15:04:05.000"), finished))
+	}
+	return out
 }
 
 // readLedger reads every operation of the run with its events and attempts.
@@ -52,11 +75,12 @@ func (c *cluster) readLedger(ctx context.Context) (map[string]*ledgerOp, error) 
 		return nil, fmt.Errorf("reading operations: %w", err)
 	}
 	rows, _ = c.admin.Query(ctx, `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id,
-			revision, from_state::text, to_state::text, fence_token, created_at
+			revision, from_state::text, to_state::text, fence_token, created_at, actor,
+			coalesce(reason, '') || ' ' || coalesce(observation->>'outcome', '')
 		FROM operation_events ORDER BY tenant_id, operation_id, revision`)
 	var name string
 	var ev ledgerEvent
-	if _, err := pgx.ForEachRow(rows, []any{&name, &ev.Revision, &ev.From, &ev.To, &ev.Fence, &ev.At}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&name, &ev.Revision, &ev.From, &ev.To, &ev.Fence, &ev.At, &ev.Actor, &ev.Reason}, func() error {
 		if o := ops[name]; o != nil {
 			o.Events = append(o.Events, ev)
 		}
@@ -64,10 +88,11 @@ func (c *cluster) readLedger(ctx context.Context) (map[string]*ledgerOp, error) 
 	}); err != nil {
 		return nil, fmt.Errorf("reading events: %w", err)
 	}
-	rows, _ = c.admin.Query(ctx, `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id, fence_token, applied
+	rows, _ = c.admin.Query(ctx, `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id, fence_token, applied,
+			worker, claimed_at, finished_at, coalesce(outcome, '')
 		FROM operation_attempts ORDER BY tenant_id, operation_id, fence_token`)
 	var at ledgerAttempt
-	if _, err := pgx.ForEachRow(rows, []any{&name, &at.Fence, &at.Applied}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&name, &at.Fence, &at.Applied, &at.Worker, &at.Claimed, &at.Finished, &at.Outcome}, func() error {
 		if o := ops[name]; o != nil {
 			o.Attempts = append(o.Attempts, at)
 		}
@@ -114,7 +139,7 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 		// I1: at most one real effect per intent.
 		if kt.Effects > 1 {
 			r.Duplicated++
-			fail("I1", "%s: %d effects at the target", op.Name, kt.Effects)
+			fail("I1", "%s: %d effects at the target\n%s", op.Name, kt.Effects, strings.Join(op.trail(kt), "\n"))
 		}
 		// I3: SUCCEEDED has a real effect, and the reference recorded is that effect's.
 		if op.State == "SUCCEEDED" && (kt.Effects == 0 || !slices.Contains(kt.IDs, op.RemoteRef)) {
@@ -124,7 +149,7 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 		// I4: FAILED_TERMINAL has no effect.
 		if op.State == "FAILED_TERMINAL" && kt.Effects > 0 {
 			r.FalseFailed++
-			fail("I4", "%s: FAILED_TERMINAL but the target has %d effects", op.Name, kt.Effects)
+			fail("I4", "%s: FAILED_TERMINAL but the target has %d effects\n%s", op.Name, kt.Effects, strings.Join(op.trail(kt), "\n"))
 		}
 		// I6: the target saw one payload for the key.
 		if len(kt.PayloadSHA256) > 1 && len(slices.Compact(slices.Sorted(slices.Values(kt.PayloadSHA256)))) > 1 {
@@ -136,7 +161,9 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 		case slices.Contains(terminal, op.State):
 		case op.State == "ESCALATED" && op.Escalated:
 		case op.State == "UNKNOWN" && op.NextCheck:
-			r.Unresolved = append(r.Unresolved, fmt.Sprintf("%s (%s): %s", op.Name, op.Type, op.LastObservation))
+			if r.Unresolved++; len(r.UnresolvedSamples) < 20 {
+				r.UnresolvedSamples = append(r.UnresolvedSamples, fmt.Sprintf("%s (%s): %s", op.Name, op.Type, op.LastObservation))
+			}
 		default:
 			fail("I9", "%s: %s after healing", op.Name, op.State)
 		}

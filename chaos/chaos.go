@@ -110,7 +110,8 @@ type Report struct {
 
 	Recovered           int            `json:"recovered"`
 	Escalated           int            `json:"escalated"`
-	Unresolved          []string       `json:"unknown_at_the_end"` // with their last observation
+	Unresolved          int            `json:"unknown_at_the_end"`
+	UnresolvedSamples   []string       `json:"unknown_samples,omitempty"` // the first 20, with their last observation
 	ByState             map[string]int `json:"operations_by_state"`
 	UnknownToResolution Durations      `json:"unknown_to_resolution"`
 	Settled             bool           `json:"settled"`
@@ -238,8 +239,8 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\n  replica crashes %d, cross-tenant probes %d\n", r.Crashes, r.Probes)
 	fmt.Fprintf(w, "  lost %d, duplicated %d, unconfirmed %d, false-failed %d\n", r.Lost, r.Duplicated, r.Unconfirmed, r.FalseFailed)
-	fmt.Fprintf(w, "  recovered from UNKNOWN %d, escalated %d, still UNKNOWN %d (settled: %v)\n", r.Recovered, r.Escalated, len(r.Unresolved), r.Settled)
-	for _, u := range r.Unresolved {
+	fmt.Fprintf(w, "  recovered from UNKNOWN %d, escalated %d, still UNKNOWN %d (settled: %v)\n", r.Recovered, r.Escalated, r.Unresolved, r.Settled)
+	for _, u := range r.UnresolvedSamples {
 		fmt.Fprintf(w, "    %s\n", u)
 	}
 	fmt.Fprintf(w, "  UNKNOWN to resolution: median %s, worst %s\n", r.UnknownToResolution.Median, r.UnknownToResolution.Worst)

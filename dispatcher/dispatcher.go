@@ -295,6 +295,15 @@ func (d *Dispatcher) Deliver(contract *target.Contract, op store.Claimed) {
 		}
 	}
 
+	// A claim whose lease is over, or nearly, may belong to someone else already: the
+	// sweeper may have made it UNKNOWN and a reconciler be replaying it under a new
+	// fence. A send now would be a second one under an old fence, which a provider that
+	// saves only successes executes again. (A process paused between this check and the
+	// write is caught only by a target that checks the fence header.)
+	if margin := max(d.cfg.Lease/10, 100*time.Millisecond); time.Until(op.LeaseExpiresAt) < margin {
+		log.Warn("the lease is over or nearly before the send; not sending (the sweeper makes it UNKNOWN)")
+		return
+	}
 	callCtx, stopExtending := context.WithCancel(d.sendCtx)
 	extended := make(chan struct{})
 	go func() { defer close(extended); d.extendLease(callCtx, stopExtending, log, op) }()

@@ -335,3 +335,23 @@ func TestSweepPurgesPayloadsAfterRetention(t *testing.T) {
 	require.NoError(t, b.dispatcher(t, dispatcher.Config{PayloadRetention: time.Hour}).Sweep(b.ctx, time.Time{}))
 	require.False(t, kept(), "past the retention")
 }
+
+// TestNoSendOnAnExpiredLease: a claim delivered after its lease ran out (a worker that
+// was paused or starved between claim and send) is not sent: the operation may already
+// be another actor's.
+func TestNoSendOnAnExpiredLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "late-send", `{"amount":1}`)
+	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "slow", Lease: time.Second, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	contract, ok := b.targets.ByName("demo-payments")
+	require.True(t, ok)
+
+	time.Sleep(time.Until(claimed[0].LeaseExpiresAt))
+	b.dispatcher(t, dispatcher.Config{Lease: time.Second}).Deliver(contract, claimed[0])
+	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "never sent")
+	require.Equal(t, store.StateInFlight, b.get(t, op).State, "left to the sweeper")
+}

@@ -141,8 +141,9 @@ func (r *Reconciler) Stop() {
 	r.wg.Wait()
 }
 
-// RunOnce claims the due UNKNOWN operations (up to Batch) and decides each. It returns
-// how many it claimed.
+// RunOnce claims the due UNKNOWN operations (up to Batch) and decides each, all at once
+// (a lookup or a replay waits on the target: one slow target must not hold the others,
+// nor the rest of the batch past its lease). It returns how many it claimed.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	if len(r.types) == 0 {
 		return 0, nil
@@ -158,9 +159,11 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	if len(ops) == r.cfg.Batch {
 		r.cursor = ops[len(ops)-1].TenantID
 	}
+	var wg sync.WaitGroup
 	for _, op := range ops {
-		r.reconcile(context.WithoutCancel(ctx), op)
+		wg.Go(func() { r.reconcile(context.WithoutCancel(ctx), op) })
 	}
+	wg.Wait()
 	return len(ops), nil
 }
 
