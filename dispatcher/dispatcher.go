@@ -300,8 +300,19 @@ func (d *Dispatcher) Deliver(contract *target.Contract, op store.Claimed) {
 	// fence. A send now would be a second one under an old fence, which a provider that
 	// saves only successes executes again. (A process paused between this check and the
 	// write is caught only by a target that checks the fence header.)
-	if margin := max(d.cfg.Lease/10, 100*time.Millisecond); time.Until(op.LeaseExpiresAt) < margin {
+	margin := max(d.cfg.Lease/10, 100*time.Millisecond)
+	if time.Until(op.LeaseExpiresAt) < margin {
 		log.Warn("the lease is over or nearly before the send; not sending (the sweeper makes it UNKNOWN)")
+		return
+	}
+	// A replay is safe only while the target still knows the key: the reconciler decided
+	// inside the window, but the send happens now, and a target that has forgotten the
+	// key executes it again.
+	if op.AttemptCount > 1 && contract.Idempotency != nil && op.FirstSentAt != nil &&
+		time.Since(*op.FirstSentAt) > contract.Idempotency.Retention.D()-margin {
+		log.Warn("the key's retention window closed before the replay was sent; not sending")
+		d.record(log, contract, op, target.Result{Outcome: target.Unknown, Class: "REPLAY_WINDOW_CLOSED",
+			Summary: "the key's retention window closed before the replay was sent; nothing was sent"})
 		return
 	}
 	callCtx, stopExtending := context.WithCancel(d.sendCtx)

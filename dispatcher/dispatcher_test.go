@@ -355,3 +355,39 @@ func TestNoSendOnAnExpiredLease(t *testing.T) {
 	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "never sent")
 	require.Equal(t, store.StateInFlight, b.get(t, op).State, "left to the sweeper")
 }
+
+// TestNoReplayOnceTheWindowClosed: a replay decided inside the key's retention window
+// but delivered after it closed is not sent (the target may have forgotten the key and
+// would execute it again); the operation goes back to UNKNOWN.
+func TestNoReplayOnceTheWindowClosed(t *testing.T) {
+	t.Parallel()
+	const retention = 300 * time.Millisecond
+	b := setup(t, simtarget.Config{}, func(c *target.Contract) {
+		if c.Idempotency != nil {
+			c.Idempotency.Retention = target.Duration(retention)
+		}
+	})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "late-replay", `{"amount":1}`)
+	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	require.NoError(t, err)
+	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "w"})
+	require.NoError(t, err)
+	unknown, err := b.store.ClaimUnknown(b.ctx, store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "r",
+		Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1})
+	require.NoError(t, err)
+	require.Len(t, unknown, 1)
+	replay, err := b.store.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: unknown[0].FenceToken,
+		Target: "demo-payments", Worker: "r", Lease: time.Minute})
+	require.NoError(t, err)
+	contract, ok := b.targets.ByName("demo-payments")
+	require.True(t, ok)
+
+	time.Sleep(time.Until(replay.FirstSentAt.Add(retention)))
+	b.dispatcher(t, dispatcher.Config{}).Deliver(contract, replay)
+	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "never sent")
+	got := b.get(t, op)
+	require.Equal(t, store.StateUnknown, got.State)
+	require.Equal(t, "REPLAY_WINDOW_CLOSED", got.LastObservation.Outcome)
+}
