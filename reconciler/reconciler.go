@@ -36,6 +36,9 @@ type Config struct {
 	// Batch caps one claim (default 32); PerTenant one tenant's share of it (default 8);
 	// MaxTenants the tenants one claim visits (default 64).
 	Batch, PerTenant, MaxTenants int
+	// Concurrency caps the operations in hand at once (default 64): lookups and replays
+	// wait on targets, and one slow target must not hold the others.
+	Concurrency int
 	// Lease of a reconciler's claim (default 30s).
 	Lease time.Duration
 	// PollInterval between passes when nothing is due (default 1s).
@@ -54,6 +57,7 @@ func (c *Config) setDefaults() {
 		}
 	}
 	def(&c.Batch, 32)
+	def(&c.Concurrency, 64)
 	def(&c.PerTenant, 8)
 	def(&c.MaxTenants, 64)
 	def(&c.MaxReplays, 3)
@@ -101,7 +105,9 @@ func New(cfg Config) (*Reconciler, error) {
 	return r, err
 }
 
-// Start runs reconciliation passes until Stop, and returns at once.
+// Start runs reconciliation until Stop, and returns at once. It claims what is due as
+// long as it has room (Concurrency) and decides each operation as soon as it is claimed,
+// without waiting for the rest of its claim.
 func (r *Reconciler) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -112,12 +118,28 @@ func (r *Reconciler) Start(ctx context.Context) error {
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
+		slots := make(chan struct{}, r.cfg.Concurrency)
+		var inHand sync.WaitGroup
+		defer inHand.Wait()
 		for ctx.Err() == nil {
-			n, err := r.RunOnce(ctx)
-			if err != nil && ctx.Err() == nil {
-				r.log.Warn("reconcile pass failed", "error", err)
+			select { // room for at least one
+			case slots <- struct{}{}:
+				<-slots
+			case <-ctx.Done():
+				return
 			}
-			if n == r.cfg.Batch {
+			ops, err := r.claim(ctx, min(r.cfg.Batch, cap(slots)-len(slots)))
+			if err != nil && ctx.Err() == nil {
+				r.log.Warn("reconcile claim failed", "error", err)
+			}
+			for _, op := range ops {
+				slots <- struct{}{}
+				inHand.Go(func() {
+					defer func() { <-slots }()
+					r.reconcile(context.WithoutCancel(ctx), op)
+				})
+			}
+			if len(ops) > 0 {
 				continue
 			}
 			select {
@@ -129,8 +151,8 @@ func (r *Reconciler) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the loop after the operation in hand. It is idempotent and safe without
-// Start.
+// Stop ends the loop and waits for the operations in hand. It is idempotent and safe
+// without Start.
 func (r *Reconciler) Stop() {
 	r.mu.Lock()
 	cancel := r.cancel
@@ -141,30 +163,36 @@ func (r *Reconciler) Stop() {
 	r.wg.Wait()
 }
 
-// RunOnce claims the due UNKNOWN operations (up to Batch) and decides each, all at once
-// (a lookup or a replay waits on the target: one slow target must not hold the others,
-// nor the rest of the batch past its lease). It returns how many it claimed.
+// RunOnce claims the due UNKNOWN operations (up to Batch), decides each, all at once,
+// and returns how many it claimed once they are decided.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
-	if len(r.types) == 0 {
-		return 0, nil
-	}
-	ops, err := r.cfg.Store.ClaimUnknown(ctx, store.FairClaim{
-		OperationTypes: r.types, Worker: r.cfg.Worker, Lease: r.cfg.Lease,
-		Limit: r.cfg.Batch, PerTenant: r.cfg.PerTenant, MaxTenants: r.cfg.MaxTenants, AfterTenant: r.cursor,
-	})
-	if err != nil {
-		return 0, err
-	}
-	r.cursor = ""
-	if len(ops) == r.cfg.Batch {
-		r.cursor = ops[len(ops)-1].TenantID
-	}
+	ops, err := r.claim(ctx, r.cfg.Batch)
 	var wg sync.WaitGroup
 	for _, op := range ops {
 		wg.Go(func() { r.reconcile(context.WithoutCancel(ctx), op) })
 	}
 	wg.Wait()
-	return len(ops), nil
+	return len(ops), err
+}
+
+// claim takes up to limit due UNKNOWN operations, fairly across tenants. The tenant
+// cursor is the loop's alone.
+func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.Claimed, error) {
+	if len(r.types) == 0 || limit <= 0 {
+		return nil, nil
+	}
+	ops, err := r.cfg.Store.ClaimUnknown(ctx, store.FairClaim{
+		OperationTypes: r.types, Worker: r.cfg.Worker, Lease: r.cfg.Lease,
+		Limit: limit, PerTenant: min(r.cfg.PerTenant, limit), MaxTenants: r.cfg.MaxTenants, AfterTenant: r.cursor,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.cursor = ""
+	if len(ops) == limit {
+		r.cursor = ops[len(ops)-1].TenantID
+	}
+	return ops, nil
 }
 
 // reconcile gathers evidence for one claimed operation, decides, and acts.
