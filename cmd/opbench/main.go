@@ -63,6 +63,7 @@ func newApp() *cli.Command {
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
 				&cli.DurationFlag{Name: "period", Value: 5 * time.Second, Usage: "how long each measurement runs"},
+				&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile of this process (client and server) to the file"},
 			},
 			Action: benchPrepare,
 		}, {

@@ -182,7 +182,7 @@ func serveAPI(ctx context.Context, st *store.Store) (string, func(), error) {
 		return "", nil, err
 	}
 	srv, err := server.New(server.Options{Store: st, Targets: targets, Logger: log, MeterProvider: noop.NewMeterProvider(),
-		Hub: hub, Limits: server.Limits{TenantRate: 1e9, TenantBurst: 1e9}})
+		Hub: hub, Limits: server.Limits{TenantRate: 1e9, TenantBurst: 1e9, WatchesPerPrincipal: 1 << 20}})
 	if err != nil {
 		stopAll()
 		return "", nil, err
