@@ -34,6 +34,7 @@ chaos: build
 	go run ./cmd/opchaos --broker bin/opbroker --seed $(SEED) --duration $(DURATION) --json bin/chaos-report.json
 
 bench:
+	go run ./cmd/opbench prepare
 	go run ./cmd/opbench dispatch --ops 20000
 	go run ./cmd/opbench watch --watchers 10000
 
