@@ -90,7 +90,8 @@ func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i i
 
 	if rng.IntN(5) == 0 { // a concurrent duplicate, as from a client that timed out and retried at once
 		var wg sync.WaitGroup
-		wg.Go(func() { c.prepare(ctx, rand.New(rand.NewPCG(rng.Uint64(), 7)), h, in) })
+		other := rand.New(rand.NewPCG(rng.Uint64(), 7)) // the client's own random source
+		wg.Go(func() { c.prepare(ctx, other, h, in) })
 		c.prepare(ctx, rng, h, in)
 		wg.Wait()
 	} else {
