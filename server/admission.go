@@ -52,7 +52,7 @@ type Limits struct {
 	// WatchesPerPrincipal caps a principal's open watch streams; 0 means 100.
 	WatchesPerPrincipal int
 	// TenantRate is the calls per second a tenant may make (a token bucket with
-	// TenantBurst); 0 means 200 per second with a burst of 400.
+	// TenantBurst); 0 means 1000 per second with a burst of 2000.
 	TenantRate  float64
 	TenantBurst int
 }
@@ -82,7 +82,7 @@ func newAdmission(authn *auth.Authenticator, v protovalidate.Validator, log *slo
 		limits.WatchesPerPrincipal = 100
 	}
 	if limits.TenantRate <= 0 {
-		limits.TenantRate, limits.TenantBurst = 200, 400
+		limits.TenantRate, limits.TenantBurst = 1000, 2000
 	}
 	if limits.TenantBurst <= 0 {
 		limits.TenantBurst = max(1, int(2*limits.TenantRate))

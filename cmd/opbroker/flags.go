@@ -25,8 +25,8 @@ func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
 		&cli.IntFlag{Name: "reconcile-max-looks", Value: 50, Usage: "lookups of one UNKNOWN operation before it is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_MAX_LOOKS")},
 		&cli.DurationFlag{Name: "reconcile-deadline", Value: 72 * time.Hour, Usage: "time from the first send after which an unresolved operation is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_DEADLINE")},
 		&cli.IntFlag{Name: "watches-per-principal", Value: 100, Usage: "open watch streams one principal may hold", Sources: cli.EnvVars("OPBROKER_WATCHES_PER_PRINCIPAL")},
-		&cli.Float64Flag{Name: "tenant-rate", Value: 200, Usage: "calls per second one tenant may make (token bucket)", Sources: cli.EnvVars("OPBROKER_TENANT_RATE")},
-		&cli.IntFlag{Name: "tenant-burst", Value: 400, Usage: "calls one tenant may make at once above --tenant-rate", Sources: cli.EnvVars("OPBROKER_TENANT_BURST")},
+		&cli.Float64Flag{Name: "tenant-rate", Value: 1000, Usage: "calls per second one tenant may make (token bucket)", Sources: cli.EnvVars("OPBROKER_TENANT_RATE")},
+		&cli.IntFlag{Name: "tenant-burst", Value: 2000, Usage: "calls one tenant may make at once above --tenant-rate", Sources: cli.EnvVars("OPBROKER_TENANT_BURST")},
 		&cli.DurationFlag{Name: "payload-retention", Value: 30 * 24 * time.Hour, Usage: "how long a terminal operation keeps its payload bytes (hash and events stay); 0 keeps them", Sources: cli.EnvVars("OPBROKER_PAYLOAD_RETENTION")},
 		&cli.DurationFlag{Name: "dispatch-lease", Value: 30 * time.Second, Usage: "how long a claim is held before an expired one becomes UNKNOWN (extended during a call)", Sources: cli.EnvVars("OPBROKER_DISPATCH_LEASE")},
 	}
