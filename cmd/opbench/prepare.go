@@ -48,17 +48,11 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 		conns = append(conns, c)
 	}
 
-	if path := cmd.String("cpuprofile"); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := profile(cmd)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	out := cmd.Root().Writer
 	period := cmd.Duration("period")
 	fmt.Fprintf(out, "PrepareOperation over gRPC vs a plain single-row INSERT, %s per measurement, durable commits\n", period)
@@ -83,6 +77,26 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 	fmt.Fprintf(out, "  machine: %d cores, %s/%s, PostgreSQL %s; client, server and PostgreSQL on the same machine\n",
 		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version)
 	return nil
+}
+
+// cpuProfileFlag is the --cpuprofile flag of the benchmarks that take one.
+var cpuProfileFlag = &cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile of this process (client and server) to the file"}
+
+// profile starts the CPU profile --cpuprofile asks for, and returns how to stop it.
+func profile(cmd *cli.Command) (func(), error) {
+	path := cmd.String("cpuprofile")
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 func plainInsert(pool *pgxpool.Pool) func(context.Context, int) error {
