@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -130,31 +132,130 @@ type OutcomeParams struct {
 // state with an event. It returns ErrFenceLost when the fence had moved on: the attempt
 // then keeps the observation as evidence (applied = false) and the operation is
 // untouched.
+//
+// Outcomes recorded at the same time are written together, in one statement and one
+// commit (at most maxOutcomeBatch, by at most outcomeWriters statements at once): a
+// caller waits while the statements before it run, and the outcomes that arrive
+// meanwhile join its statement. Each keeps its own fence check. The statement runs on
+// the context of its first caller.
 func (s *Store) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, error) {
 	if p.State != StateSucceeded && p.State != StateFailedTerminal && p.State != StateUnknown {
 		return Operation{}, fmt.Errorf("store: record outcome: %s is not an outcome of a send", p.State)
 	}
-	var ref *string
-	if p.RemoteRef != "" {
-		ref = &p.RemoteRef
+	if p.State == StateSucceeded && p.RemoteRef == "" {
+		return Operation{}, fmt.Errorf("store: record outcome: SUCCEEDED needs the target's reference")
+	}
+	s.outcomes.mu.Lock()
+	b := s.outcomes.open
+	first := b == nil
+	if first {
+		b = &outcomeBatch{done: make(chan struct{})}
+		s.outcomes.open = b
+	}
+	b.params = append(b.params, p)
+	if len(b.params) == maxOutcomeBatch {
+		s.outcomes.open = nil // full: no one else joins
+	}
+	s.outcomes.mu.Unlock()
+
+	if first {
+		s.outcomes.writers <- struct{}{} // meanwhile, others join
+		s.outcomes.mu.Lock()
+		if s.outcomes.open == b {
+			s.outcomes.open = nil
+		}
+		s.outcomes.mu.Unlock()
+		b.ops, b.err = s.recordOutcomes(ctx, b.params)
+		<-s.outcomes.writers
+		close(b.done)
+	} else {
+		<-b.done
+	}
+	if b.err != nil {
+		return Operation{}, b.err
+	}
+	op, ok := b.ops[OperationKey{TenantID: p.TenantID, ID: p.ID}]
+	if !ok || op.FenceToken != p.Fence {
+		return Operation{}, ErrFenceLost
+	}
+	return op, nil
+}
+
+// At most maxOutcomeBatch outcomes per statement, and outcomeWriters statements at once.
+const (
+	maxOutcomeBatch = 64
+	outcomeWriters  = 4
+)
+
+// outcomeBatch is outcomes written by one statement.
+type outcomeBatch struct {
+	params []OutcomeParams
+	ops    map[OperationKey]Operation // the operations moved, after the change
+	err    error
+	done   chan struct{}
+}
+
+// outcomeCombiner gathers the outcomes recorded at the same time.
+type outcomeCombiner struct {
+	mu      sync.Mutex
+	open    *outcomeBatch // the batch still taking outcomes
+	writers chan struct{}
+}
+
+// recordOutcomes writes outcomes in one statement, each under its own fence, and returns
+// the operations it moved.
+func (s *Store) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[OperationKey]Operation, error) {
+	n := len(ps)
+	tenants, ids, fences := make([]string, n), make([]uuid.UUID, n), make([]int64, n)
+	states, refs, observations := make([]string, n), make([]*string, n), make([]string, n)
+	actors, outcomes, statuses, summaries := make([]string, n), make([]string, n), make([]*int, n), make([]string, n)
+	for i, p := range ps {
+		tenants[i], ids[i], fences[i], states[i] = p.TenantID, p.ID, p.Fence, string(p.State)
+		if p.RemoteRef != "" {
+			refs[i] = &p.RemoteRef
+		}
+		obs, err := json.Marshal(p.Observation)
+		if err != nil {
+			return nil, fmt.Errorf("store: record outcome: %w", err)
+		}
+		observations[i], actors[i], outcomes[i] = string(obs), p.Actor, p.Observation.Outcome
+		statuses[i], summaries[i] = nullIfZero(p.Observation.HTTPStatus), p.Observation.Summary
 	}
 	rows := s.query(ctx, `
-		WITH upd AS (
-			UPDATE operations SET
-				state = $4, revision = revision + 1, remote_ref = coalesce($5, remote_ref),
-				last_observation = $6, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
-				next_check_at = CASE WHEN $4::operation_state = 'UNKNOWN' THEN now() END
-			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'IN_FLIGHT' AND fence_token = $3
-			RETURNING *
-		), ev AS (`+eventsFrom("upd", "'IN_FLIGHT'", "$7", "$8", "last_observation")+`), att AS (
-			UPDATE operation_attempts SET finished_at = now(), outcome = $8, http_status = $9, remote_ref = $5,
-				summary = $10, applied = EXISTS (SELECT 1 FROM upd)
-			WHERE tenant_id = $1 AND operation_id = $2 AND fence_token = $3 AND finished_at IS NULL
+		WITH u AS (
+			SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::text[]::operation_state[], $5::text[],
+				$6::text[]::jsonb[], $7::text[], $8::text[], $9::int[], $10::text[])
+				AS u (tenant_id, operation_id, fence, state, remote_ref, observation, actor, outcome, http_status, summary)
+		), upd AS (
+			UPDATE operations o SET
+				state = u.state, revision = o.revision + 1, remote_ref = coalesce(u.remote_ref, o.remote_ref),
+				last_observation = u.observation, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+				next_check_at = CASE WHEN u.state = 'UNKNOWN' THEN now() END
+			FROM u
+			WHERE o.tenant_id = u.tenant_id AND o.operation_id = u.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = u.fence
+			RETURNING o.*, u.actor AS outcome_actor, u.outcome AS outcome_reason
+		), ev AS (`+eventsFrom("upd", "'IN_FLIGHT'", "outcome_actor", "outcome_reason", "last_observation")+`), att AS (
+			UPDATE operation_attempts a SET finished_at = now(), outcome = u.outcome, http_status = u.http_status,
+				remote_ref = u.remote_ref, summary = u.summary,
+				applied = EXISTS (SELECT 1 FROM upd WHERE upd.tenant_id = u.tenant_id AND upd.operation_id = u.operation_id
+					AND upd.fence_token = u.fence)
+			FROM u
+			WHERE a.tenant_id = u.tenant_id AND a.operation_id = u.operation_id AND a.fence_token = u.fence AND a.finished_at IS NULL
 		)
 		SELECT `+operationColumns+` FROM upd`,
-		p.TenantID, p.ID, p.Fence, p.State, ref, p.Observation, p.Actor,
-		p.Observation.Outcome, nullIfZero(p.Observation.HTTPStatus), p.Observation.Summary)
-	return s.collectFenced(rows, "record outcome")
+		tenants, ids, fences, states, refs, observations, actors, outcomes, statuses, summaries)
+	moved, err := pgx.CollectRows(rows, scanOperation)
+	if err != nil {
+		return nil, fmt.Errorf("store: record outcome: %w", translate(err))
+	}
+	ops := make(map[OperationKey]Operation, len(moved))
+	for _, op := range moved {
+		ops[OperationKey{TenantID: op.TenantID, ID: op.ID}] = op
+	}
+	if len(moved) > 0 {
+		s.events.signal()
+	}
+	return ops, nil
 }
 
 func nullIfZero(n int) *int {

@@ -249,3 +249,45 @@ func TestCancelRacesClaim(t *testing.T) {
 		require.False(t, claimedIDs[id], "an operation was both cancelled and claimed")
 	}
 }
+
+// TestConcurrentOutcomesEachGetTheirOwnAnswer: outcomes recorded at once are written
+// together, yet each caller gets its own answer: its operation moved, or ErrFenceLost
+// for a stale fence; and each attempt says whether it was applied.
+func TestConcurrentOutcomesEachGetTheirOwnAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.prepareN(t, "acme", 40)
+	b.prepareN(t, "globex", 40)
+	claimed, err := b.store.Claim(b.ctx, claimParams(100))
+	require.NoError(t, err)
+	require.Len(t, claimed, 80)
+
+	var wg sync.WaitGroup
+	errs := make([]error, len(claimed))
+	stale := make([]error, len(claimed))
+	for i, c := range claimed {
+		state := []store.State{store.StateSucceeded, store.StateUnknown, store.StateFailedTerminal}[i%3]
+		wg.Go(func() {
+			_, errs[i] = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+				State: state, RemoteRef: fmt.Sprint("ch_", i), Observation: store.Observation{Outcome: "X"}, Actor: "w"})
+		})
+		if i%4 == 0 { // a stale worker of the same operation at the same time
+			wg.Go(func() {
+				_, stale[i] = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken - 1,
+					State: store.StateSucceeded, RemoteRef: "ch_stale", Observation: store.Observation{Outcome: "X"}, Actor: "stale"})
+			})
+		}
+	}
+	wg.Wait()
+	for i, c := range claimed {
+		require.NoError(t, errs[i])
+		if i%4 == 0 {
+			require.ErrorIs(t, stale[i], store.ErrFenceLost)
+		}
+		got, err := b.store.Get(b.ctx, c.TenantID, c.ID)
+		require.NoError(t, err)
+		require.Equal(t, []store.State{store.StateSucceeded, store.StateUnknown, store.StateFailedTerminal}[i%3], got.State)
+		require.NotEqual(t, "ch_stale", got.RemoteRef)
+	}
+	require.Equal(t, 80, b.count(t, `SELECT count(*) FROM operation_attempts WHERE applied`))
+}

@@ -14,14 +14,16 @@ import (
 
 // Store reads and writes the ledger. It is safe for concurrent use.
 type Store struct {
-	pool   *pgxpool.Pool
-	wake   *wakeups // new work
-	events *wakeups // new events
+	pool     *pgxpool.Pool
+	wake     *wakeups // new work
+	events   *wakeups // new events
+	outcomes *outcomeCombiner
 }
 
 // New returns a Store over pool. The schema must be migrated (Migrate).
 func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool, wake: newWakeups(workChannel), events: newWakeups(eventsChannel)}
+	return &Store{pool: pool, wake: newWakeups(workChannel), events: newWakeups(eventsChannel),
+		outcomes: &outcomeCombiner{writers: make(chan struct{}, outcomeWriters)}}
 }
 
 // PrepareParams describes an intent to record.
