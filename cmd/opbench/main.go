@@ -77,6 +77,16 @@ func newApp() *cli.Command {
 				&cli.IntFlag{Name: "changes", Value: 200, Usage: "changes whose latency is measured"},
 			},
 			Action: benchWatch,
+		}, {
+			Name:   "watch-clients",
+			Usage:  "the clients of opbench watch, run by it in a child process",
+			Hidden: true,
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "addr", Required: true},
+				&cli.StringFlag{Name: "name", Required: true},
+				&cli.IntFlag{Name: "watchers", Required: true},
+			},
+			Action: watchClients,
 		}},
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -10,7 +11,14 @@ import (
 	"github.com/opbroker/opbroker/storetest"
 )
 
-func TestMain(m *testing.M) { storetest.Main(m) }
+// TestMain runs the tests, or, as the child process of opbench watch, the program.
+func TestMain(m *testing.M) {
+	if os.Getenv(asChild) != "" {
+		main()
+		return
+	}
+	storetest.Main(m)
+}
 
 // TestDispatchBenchRuns keeps the benchmark working; its numbers are not judged here.
 func TestDispatchBenchRuns(t *testing.T) {
@@ -30,6 +38,7 @@ func TestWatchBenchRuns(t *testing.T) {
 	app.Writer = &out
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "watch", "--database-url", storetest.URL(t), "--watchers", "20", "--latency-watchers", "20", "--changes", "10"}))
 	require.Contains(t, out.String(), "watch: 20 idle WatchOperation streams")
+	require.Contains(t, out.String(), "KB per watcher in the server")
 }
 
 func TestPrepareBenchRuns(t *testing.T) {

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"time"
@@ -27,8 +31,8 @@ import (
 const streamsPerConn = 900
 
 // benchWatch opens N idle watch streams on one operation and reports the memory they
-// cost. Client and server share this process, so the figure bounds the server's share
-// from above.
+// cost the server (the clients run in a child process), then measures the latency from
+// a commit to its watcher.
 func benchWatch(ctx context.Context, cmd *cli.Command) error {
 	n := cmd.Int("watchers")
 	pool, cleanup, err := database(ctx, cmd.String("database-url"), true)
@@ -49,43 +53,27 @@ func benchWatch(ctx context.Context, cmd *cli.Command) error {
 	}
 	name := fmt.Sprintf("tenants/%s/operations/%s", op.TenantID, op.ID)
 
+	// The server alone: the clients run in a child process.
 	before := heap()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var conns []*grpc.ClientConn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for i := 0; i < n; i++ {
-		if i%streamsPerConn == 0 {
-			c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				return err
-			}
-			conns = append(conns, c)
-		}
-		stream, err := opbrokerv1.NewOperationServiceClient(conns[len(conns)-1]).WatchOperation(ctx, &opbrokerv1.WatchOperationRequest{Name: name})
-		if err != nil {
-			return err
-		}
-		if _, err := stream.Recv(); err != nil { // the snapshot: the stream is established and idle
-			return err
-		}
+	child, err := startWatchClients(addr, name, n)
+	if err != nil {
+		return err
 	}
-	after := heap()
-	fmt.Fprintf(cmd.Root().Writer, "watch: %d idle WatchOperation streams over %d loopback connections: %.1f KB per watcher (heap and stacks, client and server together)\n",
-		n, len(conns), float64(after-before)/float64(n)/1024)
-	cancel()
+	serverOnly := heap()
+	if err := child(); err != nil {
+		return err
+	}
+	out := cmd.Root().Writer
+	fmt.Fprintf(out, "watch: %d idle WatchOperation streams: %.1f KB per watcher in the server (heap and stacks; the clients run in another process)\n",
+		n, perWatcher(before, serverOnly, n))
 
 	latency, err := watchLatency(context.WithoutCancel(ctx), pool, st, addr, cmd.Int("latency-watchers"), cmd.Int("changes"))
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(cmd.Root().Writer, "watch: commit to watcher, %d changes written by another replica (LISTEN/NOTIFY), %d watchers of one operation each: p50 %.1fms, p99 %.1fms\n",
+	fmt.Fprintf(out, "watch: commit to watcher, %d changes written by another replica (LISTEN/NOTIFY), %d watchers of one operation each: p50 %.1fms, p99 %.1fms\n",
 		cmd.Int("changes"), cmd.Int("latency-watchers"), ms(latency.p50), ms(latency.p99))
-	fmt.Fprintf(cmd.Root().Writer, "  machine: %d cores, %s/%s\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(out, "  machine: %d cores, %s/%s\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
 	return nil
 }
 
@@ -153,6 +141,12 @@ func watchLatency(ctx context.Context, pool *pgxpool.Pool, st *store.Store, addr
 	return result{p50: latencies[len(latencies)/2], p99: latencies[len(latencies)*99/100]}, nil
 }
 
+// perWatcher is the growth from before to after, in KB per watcher (negative when a
+// collection freed more than the watchers took).
+func perWatcher(before, after uint64, n int) float64 {
+	return float64(int64(after)-int64(before)) / float64(n) / 1024
+}
+
 // heap returns the bytes of heap and goroutine stacks in use after a collection.
 func heap() uint64 {
 	runtime.GC()
@@ -194,4 +188,81 @@ func serveAPI(ctx context.Context, st *store.Store) (string, func(), error) {
 	}
 	go func() { _ = srv.GRPC.Serve(lis) }()
 	return lis.Addr().String(), func() { srv.Stop(time.Second); stopAll() }, nil
+}
+
+// openWatchers opens n idle WatchOperation streams on the operation name and returns
+// how to close them.
+func openWatchers(ctx context.Context, addr, name string, n int) (func(), error) {
+	ctx, cancel := context.WithCancel(ctx)
+	var conns []*grpc.ClientConn
+	closeAll := func() {
+		cancel()
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	for i := 0; i < n; i++ {
+		if i%streamsPerConn == 0 {
+			c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				closeAll()
+				return nil, err
+			}
+			conns = append(conns, c)
+		}
+		stream, err := opbrokerv1.NewOperationServiceClient(conns[len(conns)-1]).WatchOperation(ctx, &opbrokerv1.WatchOperationRequest{Name: name})
+		if err == nil {
+			_, err = stream.Recv() // the snapshot: the stream is established and idle
+		}
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	return closeAll, nil
+}
+
+// asChild is set in the environment of the child process that holds the clients.
+const asChild = "OPBENCH_WATCH_CLIENTS"
+
+// startWatchClients runs this program again as the clients of n streams, waits until
+// they are open, and returns how to end them.
+func startWatchClients(addr, name string, n int) (func() error, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	child := exec.Command(self, "watch-clients", "--addr", addr, "--name", name, "--watchers", fmt.Sprint(n))
+	child.Env = append(os.Environ(), asChild+"=1")
+	child.Stderr = os.Stderr
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := child.Start(); err != nil {
+		return nil, err
+	}
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
+		_ = child.Process.Kill()
+		_ = child.Wait()
+		return nil, fmt.Errorf("the watch clients did not start: %q %v", line, err)
+	}
+	return func() error { stdin.Close(); return child.Wait() }, nil
+}
+
+// watchClients is the child of startWatchClients: it opens the streams, says "ready",
+// and holds them until its standard input closes.
+func watchClients(ctx context.Context, cmd *cli.Command) error {
+	closeAll, err := openWatchers(ctx, cmd.String("addr"), cmd.String("name"), cmd.Int("watchers"))
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	fmt.Fprintln(cmd.Root().Writer, "ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
 }
