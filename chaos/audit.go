@@ -107,12 +107,7 @@ func (c *cluster) readLedger(ctx context.Context) (map[string]*ledgerOp, error) 
 // id, for the unkeyed target).
 func (c *cluster) truth() map[string]*simtarget.KeyTruth {
 	out := map[string]*simtarget.KeyTruth{}
-	seen := map[*simtarget.Server]bool{}
 	for _, s := range c.sims {
-		if seen[s] {
-			continue
-		}
-		seen[s] = true
 		for k, v := range s.Snapshot().Keys {
 			out[k] = v
 		}

@@ -192,12 +192,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r := &Report{Seed: cfg.Seed, Intents: len(h.intents), Tenants: cfg.Tenants, Replicas: cfg.Replicas,
 		Faults: maps.Clone(c.faults), Crashes: c.crashes, Probes: h.probes, GaveUp: h.gaveUp,
 		ByState: map[string]int{}, Settled: settled}
-	seen := map[any]bool{}
 	for _, s := range c.sims {
-		if seen[s] {
-			continue
-		}
-		seen[s] = true
 		for f, n := range s.Snapshot().Faults {
 			if f != "" {
 				r.Faults["target: "+string(f)] += n

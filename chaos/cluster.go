@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +14,6 @@ import (
 	"time"
 
 	"github.com/goccy/go-yaml"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -43,13 +41,14 @@ type cluster struct {
 	cfg      Config
 	dir      string
 	pg       *embeddedpg.Server // nil when the database was given
-	adminURL string             // the administrator, on the run's schema
-	appURL   string             // the broker's ordinary role
-	admin    *pgxpool.Pool
-	sims     map[string]*simtarget.Server // by operation type
-	tokens   map[string]string            // bearer token by tenant
-	targets  string                       // the targets file
-	auth     string                       // the principals file
+	schema   string
+	adminURL string        // the administrator, on the run's schema
+	appURL   string        // the broker's ordinary role
+	admin    *pgxpool.Pool // on adminURL
+	sims     []*simtarget.Server
+	tokens   map[string]string // bearer token by tenant
+	targets  string            // the targets file
+	auth     string            // the principals file
 
 	mu       sync.Mutex
 	replicas []*replica
@@ -74,7 +73,7 @@ type replica struct {
 var servingLine = regexp.MustCompile(`msg=serving grpc=(\S+)`)
 
 func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
-	c = &cluster{cfg: cfg, sims: map[string]*simtarget.Server{}, tokens: map[string]string{},
+	c = &cluster{cfg: cfg, tokens: map[string]string{},
 		conns: map[string]*grpc.ClientConn{}, faults: map[string]int{},
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0xc4a05))}
 	defer func() {
@@ -95,14 +94,14 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 		}
 		base = c.pg.URL()
 	}
-	schema := fmt.Sprintf("chaos_%d_%d", cfg.Seed, time.Now().UnixNano())
-	if c.appURL, err = store.Provision(ctx, base, "opbroker_chaos", schema); err != nil {
+	c.schema = fmt.Sprintf("chaos_%d_%d", cfg.Seed, time.Now().UnixNano())
+	if c.appURL, err = store.Provision(ctx, base, "opbroker_chaos", c.schema); err != nil {
 		return c, err
 	}
-	if c.adminURL, err = withoutRole(c.appURL); err != nil {
+	if err := store.MigrateURL(ctx, c.appURL); err != nil {
 		return c, err
 	}
-	if err := migrate(ctx, c.appURL); err != nil {
+	if c.adminURL, err = store.WithParams(base, map[string]string{"search_path": c.schema}); err != nil {
 		return c, err
 	}
 	if c.admin, err = pgxpool.New(ctx, c.adminURL); err != nil {
@@ -122,15 +121,6 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 	return c, nil
 }
 
-func migrate(ctx context.Context, url string) error {
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	return store.Migrate(ctx, pool)
-}
-
 // startTargets starts the two simulated providers with the run's fault mix and writes
 // the contracts that describe them.
 func (c *cluster) startTargets() error {
@@ -148,7 +138,7 @@ func (c *cluster) startTargets() error {
 		stripe.Close()
 		return err
 	}
-	c.sims[typeCharge], c.sims[typeNotify], c.sims[typeProvision] = stripe, stripe, forgetful
+	c.sims = []*simtarget.Server{stripe, forgetful}
 
 	charge, notify := simtarget.DemoContracts(stripe.URL)[0], simtarget.DemoContracts(stripe.URL)[1]
 	charge.Name, charge.OperationTypes = "chaos-payments", []string{typeCharge}
@@ -208,7 +198,7 @@ func (c *cluster) start(i int) error {
 	}
 	c.mu.Unlock()
 
-	url, err := withParam(c.appURL, "application_name", fmt.Sprintf("opbroker-chaos-%d", i))
+	url, err := store.WithParams(c.appURL, map[string]string{"application_name": fmt.Sprintf("opbroker-chaos-%d", i)})
 	if err != nil {
 		return err
 	}
@@ -398,10 +388,12 @@ func (c *cluster) close() {
 		s.Close()
 	}
 	if c.admin != nil {
-		if _, err := c.admin.Exec(context.Background(), "DROP SCHEMA "+schemaOf(c.adminURL)+" CASCADE"); err != nil {
+		c.admin.Close()
+	}
+	if c.adminURL != "" {
+		if err := store.DropSchema(context.Background(), c.adminURL, c.schema); err != nil {
 			fmt.Fprintf(c.cfg.Log, "chaos: dropping the run's schema: %v\n", err)
 		}
-		c.admin.Close()
 	}
 	if c.pg != nil {
 		_ = c.pg.Stop()
@@ -409,37 +401,4 @@ func (c *cluster) close() {
 	if c.dir != "" {
 		os.RemoveAll(c.dir)
 	}
-}
-
-// withParam sets a connection parameter of a URL-form connection string.
-func withParam(url, key, value string) (string, error) {
-	u, err := neturl.Parse(url)
-	if err != nil {
-		return "", err
-	}
-	q := u.Query()
-	q.Set(key, value)
-	u.RawQuery = q.Encode()
-	return u.String(), nil
-}
-
-// withoutRole is the administrator's connection string of a Provision URL.
-func withoutRole(url string) (string, error) {
-	u, err := neturl.Parse(url)
-	if err != nil {
-		return "", err
-	}
-	q := u.Query()
-	q.Del("role")
-	u.RawQuery = q.Encode()
-	return u.String(), nil
-}
-
-// schemaOf is the schema a Provision URL puts on the search path.
-func schemaOf(url string) string {
-	u, err := neturl.Parse(url)
-	if err != nil {
-		return ""
-	}
-	return pgx.Identifier{u.Query().Get("search_path")}.Sanitize()
 }

@@ -70,6 +70,7 @@ type admission struct {
 	mu       sync.Mutex
 	watches  map[string]int           // open watch streams by principal
 	limiters map[string]*tenantBucket // by tenant
+	swept    time.Time                // when idle buckets were last dropped
 }
 
 type tenantBucket struct {
@@ -170,13 +171,15 @@ func requestTenant(req any) (string, error) {
 	return "", fmt.Errorf("server: no tenant in %T", req)
 }
 
-// limiter returns the tenant's token bucket. Buckets unused for a minute are dropped
-// when many tenants are tracked, so memory stays bounded.
+// limiter returns the tenant's token bucket. When many tenants are tracked, buckets
+// unused for a minute are dropped, at most once a minute, so memory stays bounded
+// without a scan on every call.
 func (a *admission) limiter(tenant string) *rate.Limiter {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
-	if len(a.limiters) > 10_000 {
+	if len(a.limiters) > 10_000 && now.Sub(a.swept) > time.Minute {
+		a.swept = now
 		for t, b := range a.limiters {
 			if now.Sub(b.used) > time.Minute {
 				delete(a.limiters, t)

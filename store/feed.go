@@ -153,10 +153,7 @@ func (s *Store) ReadFeed(ctx context.Context, p FeedParams, cursor FeedCursor) (
 }
 
 func readFeed(ctx context.Context, tx pgx.Tx, p FeedParams, cursor FeedCursor) (FeedBatch, error) {
-	states := make([]string, len(p.States))
-	for i, st := range p.States {
-		states[i] = string(st)
-	}
+	states := stateNames(p.States)
 	after := cursor.After
 	var horizon int64
 	var pending bool

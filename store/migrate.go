@@ -127,11 +127,35 @@ func Provision(ctx context.Context, adminURL, role, schema string) (string, erro
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()+` AUTHORIZATION `+ident); err != nil {
 		return "", fmt.Errorf("store: provision schema: %w", err)
 	}
-	return withParams(adminURL, map[string]string{"search_path": schema, "role": role})
+	return WithParams(adminURL, map[string]string{"search_path": schema, "role": role})
 }
 
-// withParams sets connection parameters in a connection string of either form.
-func withParams(conn string, params map[string]string) (string, error) {
+// MigrateURL is Migrate on a pool of its own over the database at url.
+func MigrateURL(ctx context.Context, url string) error {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	defer pool.Close()
+	return Migrate(ctx, pool)
+}
+
+// DropSchema removes a schema made by Provision, with everything in it, from an
+// administrator's connection string.
+func DropSchema(ctx context.Context, adminURL, schema string) error {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return fmt.Errorf("store: drop schema: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		return fmt.Errorf("store: drop schema: %w", err)
+	}
+	return nil
+}
+
+// WithParams sets connection parameters in a connection string of either form.
+func WithParams(conn string, params map[string]string) (string, error) {
 	keys := slices.Sorted(maps.Keys(params))
 	if !strings.Contains(conn, "://") {
 		for _, k := range keys {

@@ -27,6 +27,16 @@ const (
 	StateCancelled      State = "CANCELLED"
 )
 
+// stateNames spells states as the schema's enum does, for a text[] parameter (never
+// nil: an empty filter is an empty array).
+func stateNames(states []State) []string {
+	names := make([]string, len(states))
+	for i, s := range states {
+		names[i] = string(s)
+	}
+	return names
+}
+
 // Terminal reports whether only an operator could move an operation out of s.
 func (s State) Terminal() bool {
 	return s == StateSucceeded || s == StateFailedTerminal || s == StateCancelled

@@ -143,10 +143,7 @@ type ListParams struct {
 
 // List returns up to Limit operations and whether more follow.
 func (s *Store) List(ctx context.Context, p ListParams) (ops []Operation, more bool, err error) {
-	var states []string
-	for _, st := range p.States {
-		states = append(states, string(st))
-	}
+	states := stateNames(p.States)
 	rows := s.query(ctx, `SELECT `+operationColumns+` FROM operations
 		WHERE tenant_id = $1
 		  AND (coalesce(cardinality($2::text[]), 0) = 0 OR state = ANY ($2::text[]::operation_state[]))

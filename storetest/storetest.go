@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
@@ -112,14 +111,8 @@ func EmptySchema(t testing.TB) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		conn, err := pgx.Connect(ctx, URL(t))
-		if err != nil {
-			t.Errorf("storetest: drop schema: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Errorf("storetest: drop schema: %v", err)
+		if err := store.DropSchema(ctx, URL(t), schema); err != nil {
+			t.Errorf("storetest: %v", err)
 		}
 	})
 	return url

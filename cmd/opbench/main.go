@@ -19,7 +19,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 	"go.opentelemetry.io/otel/metric/noop"
@@ -125,12 +124,7 @@ func database(ctx context.Context, url string, rls bool) (*pgxpool.Pool, func(),
 		done()
 		return nil, nil, err
 	}
-	cleanup = append(cleanup, func() {
-		if c, err := pgx.Connect(context.Background(), url); err == nil {
-			_, _ = c.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
-			c.Close(context.Background())
-		}
-	})
+	cleanup = append(cleanup, func() { _ = store.DropSchema(context.Background(), url, schema) })
 	// As the broker runs: an ordinary role bound by row-level security.
 	cfg, err := pgxpool.ParseConfig(appURL)
 	if err != nil {

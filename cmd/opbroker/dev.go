@@ -59,7 +59,7 @@ func runDev(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	if err := migrateDatabase(ctx, appURL); err != nil {
+	if err := store.MigrateURL(ctx, appURL); err != nil {
 		return err
 	}
 

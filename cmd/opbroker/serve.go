@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
 	"github.com/opbroker/opbroker/store"
@@ -44,21 +43,11 @@ func migrateCommand() *cli.Command {
 		Usage: "bring the database schema up to date (safe to run from several processes at once)",
 		Flags: []cli.Flag{databaseURLFlag},
 		Action: func(ctx context.Context, cmd *cli.Command) error {
-			if err := migrateDatabase(ctx, cmd.String("database-url")); err != nil {
+			if err := store.MigrateURL(ctx, cmd.String("database-url")); err != nil {
 				return err
 			}
 			fmt.Fprintln(cmd.Root().Writer, "schema is up to date")
 			return nil
 		},
 	}
-}
-
-// migrateDatabase brings the schema of the database at url up to date.
-func migrateDatabase(ctx context.Context, url string) error {
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	defer pool.Close()
-	return store.Migrate(ctx, pool)
 }
