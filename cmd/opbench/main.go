@@ -53,7 +53,7 @@ func newApp() *cli.Command {
 				&cli.IntFlag{Name: "tenants", Value: 8},
 				&cli.IntFlag{Name: "pool-size", Value: 32, Usage: "concurrent sends"},
 				&cli.IntFlag{Name: "claim-batch", Value: 64, Usage: "operations per claim statement"},
-				cpuProfileFlag,
+				cpuProfileFlag(),
 				&cli.BoolFlag{Name: "rls", Value: true, Usage: "run as an ordinary role bound by row-level security, as the broker does (--rls=false: as the administrator, to measure its cost)"},
 			},
 			Action: benchDispatch,
@@ -63,7 +63,7 @@ func newApp() *cli.Command {
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
 				&cli.DurationFlag{Name: "period", Value: 5 * time.Second, Usage: "how long each measurement runs"},
-				cpuProfileFlag,
+				cpuProfileFlag(),
 			},
 			Action: benchPrepare,
 		}, {

@@ -79,8 +79,11 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 	return nil
 }
 
-// cpuProfileFlag is the --cpuprofile flag of the benchmarks that take one.
-var cpuProfileFlag = &cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile of this process (client and server) to the file"}
+// cpuProfileFlag is the --cpuprofile flag of the benchmarks that take one: a new one
+// for each command (a flag holds its parsed value).
+func cpuProfileFlag() cli.Flag {
+	return &cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile of this process (client and server) to the file"}
+}
 
 // profile starts the CPU profile --cpuprofile asks for, and returns how to stop it.
 func profile(cmd *cli.Command) (func(), error) {
