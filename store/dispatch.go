@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -136,8 +135,7 @@ type OutcomeParams struct {
 // Outcomes recorded at the same time are written together, in one statement and one
 // commit (at most maxOutcomeBatch, by at most outcomeWriters statements at once): a
 // caller waits while the statements before it run, and the outcomes that arrive
-// meanwhile join its statement. Each keeps its own fence check. The statement runs on
-// the context of its first caller.
+// meanwhile join its statement (see combiner). Each keeps its own fence check.
 func (s *Store) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, error) {
 	if p.State != StateSucceeded && p.State != StateFailedTerminal && p.State != StateUnknown {
 		return Operation{}, fmt.Errorf("store: record outcome: %s is not an outcome of a send", p.State)
@@ -145,36 +143,15 @@ func (s *Store) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, 
 	if p.State == StateSucceeded && p.RemoteRef == "" {
 		return Operation{}, fmt.Errorf("store: record outcome: SUCCEEDED needs the target's reference")
 	}
-	s.outcomes.mu.Lock()
-	b := s.outcomes.open
-	first := b == nil
-	if first {
-		b = &outcomeBatch{done: make(chan struct{})}
-		s.outcomes.open = b
+	scope, err := scopeOf(ctx)
+	if err != nil {
+		return Operation{}, err
 	}
-	b.params = append(b.params, p)
-	if len(b.params) == maxOutcomeBatch {
-		s.outcomes.open = nil // full: no one else joins
+	moved, _, err := s.outcomes.do(ctx, scope, p, s.recordOutcomes)
+	if err != nil {
+		return Operation{}, err
 	}
-	s.outcomes.mu.Unlock()
-
-	if first {
-		s.outcomes.writers <- struct{}{} // meanwhile, others join
-		s.outcomes.mu.Lock()
-		if s.outcomes.open == b {
-			s.outcomes.open = nil
-		}
-		s.outcomes.mu.Unlock()
-		b.ops, b.err = s.recordOutcomes(ctx, b.params)
-		<-s.outcomes.writers
-		close(b.done)
-	} else {
-		<-b.done
-	}
-	if b.err != nil {
-		return Operation{}, b.err
-	}
-	op, ok := b.ops[OperationKey{TenantID: p.TenantID, ID: p.ID}]
+	op, ok := moved[OperationKey{TenantID: p.TenantID, ID: p.ID}]
 	if !ok || op.FenceToken != p.Fence {
 		return Operation{}, ErrFenceLost
 	}
@@ -186,21 +163,6 @@ const (
 	maxOutcomeBatch = 64
 	outcomeWriters  = 4
 )
-
-// outcomeBatch is outcomes written by one statement.
-type outcomeBatch struct {
-	params []OutcomeParams
-	ops    map[OperationKey]Operation // the operations moved, after the change
-	err    error
-	done   chan struct{}
-}
-
-// outcomeCombiner gathers the outcomes recorded at the same time.
-type outcomeCombiner struct {
-	mu      sync.Mutex
-	open    *outcomeBatch // the batch still taking outcomes
-	writers chan struct{}
-}
 
 // recordOutcomes writes outcomes in one statement, each under its own fence, and returns
 // the operations it moved.

@@ -43,6 +43,13 @@ func TestRowLevelSecurity(t *testing.T) {
 		require.Equal(t, []string{"acme"}, tenants, "a query without a tenant predicate sees its tenant only")
 		return err
 	}))
+	storetest.PrepareJSON(t, st, "initech", "demo.charge", "i", `{}`)
+	require.NoError(t, inTenant("acme,globex", func(tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, `SELECT DISTINCT tenant_id FROM operations ORDER BY 1`)
+		tenants, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.Equal(t, []string{"acme", "globex"}, tenants, "a list of tenants sees those tenants only")
+		return err
+	}))
 	err := inTenant("acme", func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type, payload, payload_sha256)
 			VALUES ('globex', gen_random_uuid(), 'demo.charge', 'smuggled', 'application/json', '{}', sha256('{}'))`)

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -31,17 +32,41 @@ func WithAllTenants(ctx context.Context) context.Context {
 	return context.WithValue(ctx, scopeKey{}, allTenants)
 }
 
+// tenantList is the scope of a statement written for the callers of several tenants at
+// once (a combined Prepare): those tenants, comma-separated, and no others.
+type tenantList string
+
+// withTenants returns ctx limited to the data of the tenants of scopes, each a single
+// tenant's scope.
+func withTenants(ctx context.Context, scopes []string) context.Context {
+	seen := make(map[string]bool, len(scopes))
+	var list []string
+	for _, s := range scopes {
+		if !seen[s] {
+			seen[s] = true
+			list = append(list, s)
+		}
+	}
+	return context.WithValue(ctx, scopeKey{}, tenantList(strings.Join(list, ",")))
+}
+
 // ErrNoScope means a context reached the ledger without a tenant scope: a bug.
 var ErrNoScope = errors.New("store: no tenant scope in the context (store.WithTenant or store.WithAllTenants)")
 
 const setScope = `SELECT set_config('opbroker.tenant', $1, true)`
 
+// scopeOf returns the scope of ctx as the setting spells it. A single tenant's scope
+// holding a comma would name several tenants: it is refused (tenant ids never hold one).
 func scopeOf(ctx context.Context) (string, error) {
-	scope, _ := ctx.Value(scopeKey{}).(string)
-	if scope == "" {
-		return "", ErrNoScope
+	switch scope := ctx.Value(scopeKey{}).(type) {
+	case tenantList:
+		return string(scope), nil
+	case string:
+		if scope != "" && !strings.Contains(scope, ",") {
+			return scope, nil
+		}
 	}
-	return scope, nil
+	return "", ErrNoScope
 }
 
 // query runs one statement in the context's scope, in one round trip.

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -17,13 +18,15 @@ type Store struct {
 	pool     *pgxpool.Pool
 	wake     *wakeups // new work
 	events   *wakeups // new events
-	outcomes *outcomeCombiner
+	outcomes *combiner[OutcomeParams, map[OperationKey]Operation]
+	prepares *combiner[prepareCall, []prepared]
 }
 
 // New returns a Store over pool. The schema must be migrated (Migrate).
 func New(pool *pgxpool.Pool) *Store {
 	return &Store{pool: pool, wake: newWakeups(workChannel), events: newWakeups(eventsChannel),
-		outcomes: &outcomeCombiner{writers: make(chan struct{}, outcomeWriters)}}
+		outcomes: newCombiner[OutcomeParams, map[OperationKey]Operation](maxOutcomeBatch, outcomeWriters),
+		prepares: newCombiner[prepareCall, []prepared](maxPrepareBatch, prepareWriters)}
 }
 
 // PrepareParams describes an intent to record.
@@ -53,6 +56,11 @@ type PrepareParams struct {
 // created=false. If the intent is recorded with another payload hash it returns a
 // *PayloadMismatchError and changes nothing. A SupersedesID that does not exist in the
 // tenant is ErrSupersededNotFound.
+//
+// Intents prepared at the same time are written together, in one statement and one
+// commit (see combiner; at most maxPrepareBatch per statement): across tenants, in the
+// scope of exactly the tenants of the calls in the statement. Each intent keeps its own
+// answer, as if it had been prepared alone.
 func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, created bool, err error) {
 	if p.RejectCreation != nil {
 		existing, err := s.FindByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
@@ -68,29 +76,31 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 	if err != nil {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
 	}
-	labels := p.Labels
-	if labels == nil {
-		labels = map[string]string{}
+	scope, err := scopeOf(ctx)
+	if err != nil {
+		return Operation{}, false, err
 	}
-	rows := s.query(ctx, `
-		WITH ins AS (
-			INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
-				payload, payload_sha256, supersedes_id, labels, dispatch_deadline)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-			ON CONFLICT ON CONSTRAINT operations_intent_key DO NOTHING
-			RETURNING *
-		), ev AS (`+eventsFrom("ins", "NULL", "$11", "NULL", "NULL")+`)
-		SELECT `+operationColumns+` FROM ins`,
-		p.TenantID, id, p.OperationType, p.IntentRef, p.ContentType,
-		p.Payload, p.PayloadSHA256, p.SupersedesID, labels, p.DispatchDeadline, p.Actor)
-	op, err = pgx.CollectExactlyOneRow(rows, scanOperation)
+	if scope != allTenants && scope != p.TenantID {
+		// Alone, row-level security would refuse it; in a statement combined with that
+		// tenant's own calls, it would not.
+		return Operation{}, false, fmt.Errorf("store: prepare: an intent of tenant %q in the scope of tenant %q", p.TenantID, scope)
+	}
+	// Calls in one tenant's scope are combined with other tenants' (the statement then
+	// runs in the scope of exactly its callers' tenants); calls in every tenant's scope
+	// (the broker's own) only with each other.
+	lane := "tenants"
+	if scope == allTenants {
+		lane = allTenants
+	}
+	results, i, err := s.prepares.do(ctx, lane, prepareCall{PrepareParams: p, id: id, scope: scope}, s.insertEach)
 	if err == nil {
-		s.wake.signal()
-		s.events.signal()
-		return op, true, nil
+		err = results[i].err
 	}
-	if err = translate(err); !errors.Is(err, ErrNotFound) {
+	if err != nil {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
+	}
+	if results[i].created {
+		return results[i].op, true, nil
 	}
 
 	// The intent was already recorded (the conflicting insert waited for it to commit).
@@ -99,6 +109,127 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
 	}
 	return replay(existing, p)
+}
+
+// At most maxPrepareBatch intents per statement, and prepareWriters statements at once.
+const (
+	maxPrepareBatch = 64
+	prepareWriters  = 2
+)
+
+// prepareCall is one Prepare in a combined insert: the intent, its new operation's id,
+// and its caller's scope.
+type prepareCall struct {
+	PrepareParams
+	id    uuid.UUID
+	scope string
+}
+
+// prepared is one call's answer from a combined insert: the operation it created, or
+// none (the intent was already recorded), or its own error.
+type prepared struct {
+	op      Operation
+	created bool
+	err     error
+}
+
+// insertEach records intents together, in the scope of their callers' tenants, and
+// answers each. When the combined statement fails for anything but the database being
+// unreachable (one intent breaks a constraint, say), each intent is recorded on its own
+// in its own caller's scope, so each gets its own answer.
+func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared, error) {
+	created, err := s.insertOperations(scopeOfCalls(ctx, calls), calls)
+	if err != nil && len(calls) > 1 && !errors.Is(err, ErrUnavailable) {
+		results := make([]prepared, len(calls))
+		for i, c := range calls {
+			results[i] = s.insertOne(ctx, c)
+		}
+		return results, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	results := make([]prepared, len(calls))
+	for i, c := range calls {
+		results[i].op, results[i].created = created[c.id]
+	}
+	return results, nil
+}
+
+func (s *Store) insertOne(ctx context.Context, c prepareCall) prepared {
+	created, err := s.insertOperations(scopeOfCalls(ctx, []prepareCall{c}), []prepareCall{c})
+	op, ok := created[c.id]
+	return prepared{op: op, created: ok, err: err}
+}
+
+// scopeOfCalls returns ctx in the scope of the callers of calls: exactly their tenants,
+// or every tenant when that is what they all had.
+func scopeOfCalls(ctx context.Context, calls []prepareCall) context.Context {
+	var tenants []string
+	for _, c := range calls {
+		if c.scope != allTenants {
+			tenants = append(tenants, c.scope)
+		}
+	}
+	if len(tenants) == 0 {
+		return WithAllTenants(ctx)
+	}
+	return withTenants(ctx, tenants)
+}
+
+// insertOperations inserts the intents not yet recorded, each with its creation event,
+// in one statement, and returns the operations it created by id. Rows go in in intent
+// order, so two statements with common intents wait for each other in one order and
+// never deadlock.
+func (s *Store) insertOperations(ctx context.Context, calls []prepareCall) (map[uuid.UUID]Operation, error) {
+	n := len(calls)
+	tenants, ids, types, intents := make([]string, n), make([]uuid.UUID, n), make([]string, n), make([]string, n)
+	contentTypes, payloads, digests := make([]string, n), make([][]byte, n), make([][]byte, n)
+	supersedes, labels, deadlines, actors := make([]uuid.NullUUID, n), make([]string, n), make([]*time.Time, n), make([]string, n)
+	for i, c := range calls {
+		tenants[i], ids[i], types[i], intents[i] = c.TenantID, c.id, c.OperationType, c.IntentRef
+		contentTypes[i], payloads[i], digests[i] = c.ContentType, c.Payload, c.PayloadSHA256
+		supersedes[i], deadlines[i], actors[i] = c.SupersedesID, c.DispatchDeadline, c.Actor
+		l := c.Labels
+		if l == nil {
+			l = map[string]string{}
+		}
+		js, err := json.Marshal(l)
+		if err != nil {
+			return nil, err
+		}
+		labels[i] = string(js)
+	}
+	rows := s.query(ctx, `
+		WITH u AS (
+			SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[],
+				$8::uuid[], $9::text[]::jsonb[], $10::timestamptz[], $11::text[])
+				AS u (tenant_id, operation_id, operation_type, intent_ref, content_type, payload, payload_sha256,
+					supersedes_id, labels, dispatch_deadline, actor)
+		), ins AS (
+			INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
+				payload, payload_sha256, supersedes_id, labels, dispatch_deadline)
+			SELECT tenant_id, operation_id, operation_type, intent_ref, content_type,
+				payload, payload_sha256, supersedes_id, labels, dispatch_deadline
+			FROM u ORDER BY tenant_id, operation_type, intent_ref
+			ON CONFLICT ON CONSTRAINT operations_intent_key DO NOTHING
+			RETURNING *
+		), ev AS (`+eventsFrom("ins JOIN (SELECT operation_id, actor FROM u) a USING (operation_id)", "NULL", "actor", "NULL", "NULL")+`)
+		SELECT `+operationColumns+` FROM ins`,
+		tenants, ids, types, intents, contentTypes, payloads, digests, supersedes, labels, deadlines, actors)
+	ops, err := pgx.CollectRows(rows, scanOperation)
+	if err != nil {
+		return nil, translate(err)
+	}
+	created := make(map[uuid.UUID]Operation, len(ops))
+	for _, op := range ops {
+		created[op.ID] = op
+	}
+	if len(ops) > 0 {
+		s.wake.signal()
+		s.events.signal()
+	}
+	return created, nil
 }
 
 // replay answers a Prepare whose intent is already recorded.

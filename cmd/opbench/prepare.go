@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -33,7 +34,8 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 	if _, err := pool.Exec(ctx, `CREATE TABLE bench_insert (id bigserial PRIMARY KEY, tenant_id text NOT NULL, payload bytea NOT NULL)`); err != nil {
 		return err
 	}
-	addr, stop, err := serveAPI(ctx, store.New(pool))
+	st := store.New(pool)
+	addr, stop, err := serveAPI(ctx, st)
 	if err != nil {
 		return err
 	}
@@ -56,7 +58,7 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 	out := cmd.Root().Writer
 	period := cmd.Duration("period")
 	fmt.Fprintf(out, "PrepareOperation over gRPC vs a plain single-row INSERT, %s per measurement, durable commits\n", period)
-	fmt.Fprintf(out, "%-11s  %-30s  %-30s  %s\n", "concurrency", "PrepareOperation ops/s p50 p99", "INSERT ops/s p50 p99", "ratio")
+	fmt.Fprintf(out, "%-11s  %-30s  %-30s  %-30s  %s\n", "concurrency", "PrepareOperation ops/s p50 p99", "store.Prepare ops/s p50 p99", "INSERT ops/s p50 p99", "ratio")
 	var seq atomic.Int64
 	for _, n := range []int{1, 8, 32, 64} {
 		prepare := measure(ctx, n, period, func(ctx context.Context, worker int) error {
@@ -66,11 +68,15 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 					IntentRef: fmt.Sprintf("bench-%d", i), Payload: []byte(`{"amount":100,"currency":"EUR"}`), ContentType: "application/json"})
 			return err
 		})
+		direct := measure(ctx, n, period, func(ctx context.Context, worker int) error {
+			_, err := prepareOne(ctx, st, fmt.Sprintf("direct-%d", seq.Add(1)), `{"amount":100,"currency":"EUR"}`)
+			return err
+		})
 		insert := measure(ctx, n, period, plainInsert(pool))
-		if prepare.err != nil || insert.err != nil {
-			return fmt.Errorf("concurrency %d: %v %v", n, prepare.err, insert.err)
+		if err := errors.Join(prepare.err, direct.err, insert.err); err != nil {
+			return fmt.Errorf("concurrency %d: %w", n, err)
 		}
-		fmt.Fprintf(out, "%-11d  %-30s  %-30s  %.0f%%\n", n, prepare, insert, 100*prepare.rate/insert.rate)
+		fmt.Fprintf(out, "%-11d  %-30s  %-30s  %-30s  %.0f%%\n", n, prepare, direct, insert, 100*prepare.rate/insert.rate)
 	}
 	var version string
 	_ = pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&version)

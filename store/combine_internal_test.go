@@ -1,0 +1,81 @@
+package store
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestCombinerJoinsCallsWhileAStatementRuns: with its one writer busy, the calls that
+// arrive are written together, at most max at a time, each with its own index; a
+// caller that gives up returns at once, and neither it nor the first caller giving up
+// stops the statement the others wait for.
+func TestCombinerJoinsCallsWhileAStatementRuns(t *testing.T) {
+	t.Parallel()
+	c := newCombiner[int, []int](3, 1)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var batches [][]int
+	write := func(ctx context.Context, ps []int) ([]int, error) {
+		if ps[0] == 0 {
+			<-release
+		}
+		require.NoError(t, ctx.Err(), "no caller's cancellation reaches the statement")
+		mu.Lock()
+		batches = append(batches, slices.Clone(ps))
+		mu.Unlock()
+		out := make([]int, len(ps))
+		for i, p := range ps {
+			out[i] = p * 10
+		}
+		return out, nil
+	}
+
+	leaderCtx, cancelLeader := context.WithCancel(context.Background())
+	leader := make(chan error, 1)
+	go func() { _, _, err := c.do(leaderCtx, "k", 0, write); leader <- err }()
+	require.Eventually(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); l := c.lanes["k"]; return l != nil && l.open == nil }, time.Second, time.Millisecond,
+		"the first call is being written")
+
+	var wg sync.WaitGroup
+	got := make([]int, 7)
+	for p := 1; p <= 6; p++ {
+		wg.Go(func() {
+			r, i, err := c.do(context.Background(), "k", p, write)
+			require.NoError(t, err)
+			got[p] = r[i]
+		})
+	}
+	require.Eventually(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.lanes["k"].calls == 7 }, time.Second, time.Millisecond)
+	gaveUp, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, _, err := c.do(gaveUp, "k", 7, write)
+	require.ErrorIs(t, err, context.Canceled, "a caller that gives up returns")
+
+	other := make(chan error, 1)
+	go func() { _, _, err := c.do(context.Background(), "other", 100, write); other <- err }()
+	require.NoError(t, <-other, "another key does not wait for this one")
+
+	cancelLeader()
+	require.ErrorIs(t, <-leader, context.Canceled)
+	close(release)
+	wg.Wait()
+	require.Equal(t, []int{0, 10, 20, 30, 40, 50, 60}, got)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(batches) == 5 }, time.Second, time.Millisecond,
+		"the call that gave up is still written")
+	mu.Lock()
+	defer mu.Unlock()
+	var sizes []int
+	for _, b := range batches {
+		sizes = append(sizes, len(b))
+	}
+	slices.Sort(sizes)
+	require.Equal(t, []int{1, 1, 1, 3, 3}, sizes, "the other key, the first call and the one that gave up alone; the calls that waited, three at a time")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	require.Empty(t, c.lanes, "idle lanes are dropped")
+}

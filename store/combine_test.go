@@ -1,0 +1,118 @@
+package store_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
+)
+
+// TestConcurrentPreparesShareStatements: intents prepared at the same time by four
+// tenants' callers, each in its own tenant's scope, are written by fewer statements
+// than there are intents (each statement is one transaction, so its events share a
+// transaction id), and each caller still gets its own operation in its own tenant.
+func TestConcurrentPreparesShareStatements(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const callers = 64
+	ids := make([]uuid.UUID, callers)
+	errs := make([]error, callers)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range callers {
+		tenant := fmt.Sprint("tenant-", i%4)
+		wg.Go(func() {
+			<-start
+			op, created, err := b.store.Prepare(store.WithTenant(b.ctx, tenant),
+				prepareParams(tenant, fmt.Sprint("order-", i), fmt.Sprintf(`{"n":%d}`, i)))
+			ids[i], errs[i] = op.ID, err
+			if err == nil && !created {
+				errs[i] = fmt.Errorf("intent %d: not created", i)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i := range callers {
+		require.NoError(t, errs[i])
+		got, err := b.store.Get(b.ctx, fmt.Sprint("tenant-", i%4), ids[i])
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint("order-", i), got.IntentRef, "each caller gets its own operation")
+	}
+	require.Equal(t, callers, b.count(t, `SELECT count(*) FROM operation_events`))
+	statements := b.count(t, `SELECT count(DISTINCT xact_id) FROM operation_events`)
+	require.Less(t, statements, callers/2, "concurrent intents share statements")
+	require.Less(t, statements, b.count(t, `SELECT count(DISTINCT (xact_id, tenant_id)) FROM operation_events`),
+		"statements span tenants")
+	t.Logf("%d intents in %d statements", callers, statements)
+}
+
+// TestPrepareRefusesAnIntentOutsideItsScope: a caller in one tenant's scope cannot
+// prepare another tenant's intent, even while that tenant's own calls are being
+// written (alone, row-level security refuses it; combined with them, it would not).
+func TestPrepareRefusesAnIntentOutsideItsScope(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			_, _, err := b.store.Prepare(store.WithTenant(b.ctx, "globex"), prepareParams("globex", fmt.Sprint("own-", i), `{}`))
+			require.NoError(t, err)
+		})
+	}
+	_, _, err := b.store.Prepare(store.WithTenant(b.ctx, "acme"), prepareParams("globex", "smuggled", `{}`))
+	wg.Wait()
+	require.ErrorContains(t, err, `an intent of tenant "globex" in the scope of tenant "acme"`)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM operations WHERE intent_ref = 'smuggled'`))
+	_, _, err = b.store.Prepare(store.WithTenant(b.ctx, "acme,globex"), prepareParams("globex", "listed", `{}`))
+	require.ErrorIs(t, err, store.ErrNoScope, "a caller's scope is one tenant")
+}
+
+// TestPrepareTogetherAnswersEach: a combined statement holding a repeat of an intent
+// in the same batch, an intent already recorded, intents of two tenants in their own
+// scopes, an unknown superseded operation and a tenant id the schema refuses still
+// answers each intent as it would alone, and records only what it should.
+func TestPrepareTogetherAnswersEach(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	existing, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "old", `{"n":0}`))
+	require.NoError(t, err)
+
+	orphan := prepareParams("acme", "amend", `{"n":3}`)
+	orphan.SupersedesID = uuid.NullUUID{UUID: uuid.Must(uuid.NewV7()), Valid: true}
+	badTenant := prepareParams("Not_A_Tenant", "x", `{}`)
+	clean := []store.PrepareParams{
+		prepareParams("acme", "new-1", `{"n":1}`),
+		prepareParams("acme", "new-1", `{"n":1}`), // the same intent twice in one batch
+		prepareParams("acme", "old", `{"n":0}`),   // already recorded
+		prepareParams("globex", "new-2", `{"n":2}`),
+	}
+	ops, created, errs := b.store.PrepareTogether(b.ctx, clean, false)
+	for i := range clean {
+		require.NoError(t, errs[i], "call %d", i)
+	}
+	require.Equal(t, []bool{true, false, false, true}, created)
+	require.Equal(t, "new-1", ops[0].IntentRef)
+	require.Equal(t, "new-2", ops[3].IntentRef)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE intent_ref = 'new-1'`))
+
+	mixed := []store.PrepareParams{prepareParams("acme", "new-3", `{"n":3}`), orphan, badTenant, prepareParams("acme", "new-4", `{"n":4}`)}
+	ops, created, errs = b.store.PrepareTogether(b.ctx, mixed, true)
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], store.ErrSupersededNotFound)
+	require.ErrorContains(t, errs[2], "operations_tenant_id_format")
+	require.NoError(t, errs[3])
+	require.Equal(t, []bool{true, false, false, true}, created)
+	require.Equal(t, "new-4", ops[3].IntentRef)
+
+	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM operations`), "old, new-1, new-2, new-3 and new-4")
+	require.Equal(t, b.count(t, `SELECT count(*) FROM operations`), b.count(t, `SELECT count(*) FROM operation_events`),
+		"one creation event per operation, none for what was refused")
+	again, err := b.store.Get(b.ctx, "acme", existing.ID)
+	require.NoError(t, err)
+	require.Equal(t, existing, again)
+}

@@ -1,0 +1,31 @@
+package store
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+)
+
+// PrepareTogether records intents as one combined statement would, as if they had
+// arrived at the same time, and returns each one's answer: for tests of what a batch
+// does that concurrency alone cannot force. Each call is in its own tenant's scope, or
+// with allTenants in every tenant's.
+func (s *Store) PrepareTogether(ctx context.Context, ps []PrepareParams, allTenants bool) (ops []Operation, created []bool, errs []error) {
+	calls := make([]prepareCall, len(ps))
+	for i, p := range ps {
+		calls[i] = prepareCall{PrepareParams: p, id: uuid.Must(uuid.NewV7()), scope: p.TenantID}
+		if allTenants {
+			calls[i].scope = "*"
+		}
+	}
+	results, err := s.insertEach(ctx, calls)
+	ops, created, errs = make([]Operation, len(ps)), make([]bool, len(ps)), make([]error, len(ps))
+	for i := range ps {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		ops[i], created[i], errs[i] = results[i].op, results[i].created, results[i].err
+	}
+	return ops, created, errs
+}
