@@ -21,19 +21,28 @@ import (
 	"github.com/opbroker/opbroker/target"
 )
 
+// Sender makes the one transmission of a claim. The broker's is the HTTP connector
+// (*target.Connector); a benchmark's may do nothing, to measure the broker alone.
+type Sender interface {
+	Send(ctx context.Context, req target.Request) target.Result
+}
+
 // Config configures a dispatcher. Zero values take the defaults noted.
 type Config struct {
 	Store         *store.Store
 	Targets       *target.Targets
-	Connector     *target.Connector
+	Connector     Sender
 	Logger        *slog.Logger
 	MeterProvider metric.MeterProvider
 
 	// Worker names this dispatcher in leases and attempts; default host/pid/random.
 	Worker string
 	// PoolSize caps concurrent sends in this process (default 32); a target's
-	// contract may cap its own lower.
-	PoolSize int
+	// contract may cap its own lower. A send's slot is freed when its reply is in;
+	// Unrecorded (default 4 × PoolSize) caps the claims taken whose outcomes are not yet
+	// written, which the store writes together.
+	PoolSize   int
+	Unrecorded int
 	// ClaimBatch caps one claim (default 64); PerTenant caps one tenant's share of it
 	// (default ClaimBatch/4); MaxTenantsPerClaim caps the tenants one claim visits
 	// (default 64).
@@ -69,6 +78,7 @@ func (c *Config) setDefaults() {
 		}
 	}
 	def(&c.PoolSize, 32)
+	def(&c.Unrecorded, 4*c.PoolSize)
 	def(&c.ClaimBatch, 64)
 	def(&c.PerTenant, max(1, c.ClaimBatch/4))
 	def(&c.MaxTenantsPerClaim, 64)
@@ -91,6 +101,7 @@ type Dispatcher struct {
 	cfg     Config
 	log     *slog.Logger
 	global  chan struct{}            // send slots of the process
+	held    chan struct{}            // claims taken and not yet recorded
 	slots   map[string]chan struct{} // send slots per target
 	cursors map[string]string        // per target: the tenant the next claim starts after; owned by the claim loop
 
@@ -106,7 +117,7 @@ type Dispatcher struct {
 	loops       sync.WaitGroup
 	inFlight    sync.WaitGroup
 	stopped     chan struct{}
-	freed       chan struct{} // a send finished: capacity may be free
+	freed       chan struct{} // a send or a record finished: capacity may be free
 }
 
 // New returns a stopped dispatcher.
@@ -117,6 +128,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.With("component", "dispatcher", "worker", cfg.Worker),
 		global:  make(chan struct{}, cfg.PoolSize),
+		held:    make(chan struct{}, cfg.Unrecorded),
 		slots:   map[string]chan struct{}{},
 		cursors: map[string]string{},
 		freed:   make(chan struct{}, 1),
@@ -223,7 +235,8 @@ func (d *Dispatcher) claimLoop(ctx context.Context, wake <-chan struct{}) {
 // (more work is likely waiting). Sends continue in the background after it returns.
 func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err error) {
 	for _, contract := range d.cfg.Targets.All() {
-		free := min(cap(d.global)-len(d.global), cap(d.slots[contract.Name])-len(d.slots[contract.Name]), d.cfg.ClaimBatch)
+		free := min(cap(d.global)-len(d.global), cap(d.slots[contract.Name])-len(d.slots[contract.Name]),
+			cap(d.held)-len(d.held), d.cfg.ClaimBatch)
 		if free <= 0 {
 			continue
 		}
@@ -246,20 +259,26 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err e
 			d.cursors[contract.Name] = ops[len(ops)-1].TenantID
 		}
 		for _, op := range ops {
+			d.held <- struct{}{}
 			d.global <- struct{}{}
 			d.slots[contract.Name] <- struct{}{}
 			d.inFlight.Add(1)
 			go func() {
+				var sent sync.Once
+				replied := func() {
+					sent.Do(func() {
+						<-d.slots[contract.Name]
+						<-d.global
+						d.signalFreed()
+					})
+				}
 				defer func() {
-					<-d.slots[contract.Name]
-					<-d.global
+					replied()
+					<-d.held
 					d.inFlight.Done()
-					select {
-					case d.freed <- struct{}{}:
-					default:
-					}
+					d.signalFreed()
 				}()
-				d.Deliver(contract, op)
+				d.deliver(contract, op, replied)
 			}()
 		}
 		claimed += len(ops)
@@ -267,10 +286,23 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err e
 	return claimed, full, err
 }
 
+func (d *Dispatcher) signalFreed() {
+	select {
+	case d.freed <- struct{}{}:
+	default:
+	}
+}
+
 // Deliver makes the one transmission of a claim (the dispatcher's, or a reconciler's
 // same-key replay) and records its outcome under the claim's fence. It blocks until the
 // outcome is recorded. It works whether or not the dispatcher was started.
 func (d *Dispatcher) Deliver(contract *target.Contract, op store.Claimed) {
+	d.deliver(contract, op, func() {})
+}
+
+// deliver is Deliver, calling replied once the call is over (or was never made), before
+// the outcome is recorded.
+func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, replied func()) {
 	log := d.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.FenceToken, "target", contract.Name)
 
 	if digest, err := payload.Hash(op.ContentType, op.Payload); err != nil || !bytes.Equal(digest[:], op.PayloadSHA256) {
@@ -330,6 +362,7 @@ func (d *Dispatcher) Deliver(contract *target.Contract, op store.Claimed) {
 	})
 	stopExtending()
 	<-extended
+	replied()
 	var hitErr error
 	if p := sentErr.Load(); p != nil {
 		hitErr = *p

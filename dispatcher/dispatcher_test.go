@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -390,4 +391,44 @@ func TestNoReplayOnceTheWindowClosed(t *testing.T) {
 	got := b.get(t, op)
 	require.Equal(t, store.StateUnknown, got.State)
 	require.Equal(t, "REPLAY_WINDOW_CLOSED", got.LastObservation.Outcome)
+}
+
+// countingSender answers at once and notes the most operations IN_FLIGHT (claimed, no
+// outcome yet) it saw at a send.
+type countingSender struct {
+	b       *testBundle
+	mu      sync.Mutex
+	most, n int
+}
+
+func (s *countingSender) Send(ctx context.Context, req target.Request) target.Result {
+	var inFlight int
+	_ = s.b.pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE state = 'IN_FLIGHT'`).Scan(&inFlight)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.most, s.n = max(s.most, inFlight), s.n+1
+	return target.Result{Outcome: target.Succeeded, Class: "OK", RemoteRef: fmt.Sprint("ref_", s.n), Sent: true}
+}
+
+// TestClaimsAwaitingTheirOutcomeAreBounded: a send's slot is free once its reply is in,
+// but the claims whose outcomes are not yet written stay within Unrecorded, so a fast
+// target never lets claims run ahead of the ledger.
+func TestClaimsAwaitingTheirOutcomeAreBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	for i := range 60 {
+		b.prepare(t, fmt.Sprint("t", i%3), simtarget.DemoCharge, fmt.Sprintf("c-%d", i), fmt.Sprintf(`{"n":%d}`, i))
+	}
+	sender := &countingSender{b: b}
+	cfg := dispatcher.Config{PoolSize: 4, Unrecorded: 6, ClaimBatch: 16,
+		Store: b.store, Targets: b.targets, Connector: sender, Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider()}
+	d, err := dispatcher.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(d.Stop)
+	drain(t, b, d)
+	require.Equal(t, 60, sender.n)
+	require.LessOrEqual(t, sender.most, 6, "claims awaiting their outcome")
+	var succeeded int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operations WHERE state = 'SUCCEEDED'`).Scan(&succeeded))
+	require.Equal(t, 60, succeeded)
 }

@@ -341,3 +341,21 @@ func (s *Store) CountByState(ctx context.Context) (map[State]int64, error) {
 	}
 	return counts, nil
 }
+
+// TimesToState returns, for every operation in the context's scope that has reached
+// state, the time from its creation to the commit that first moved it there, as the
+// event log records them (for measurements).
+func (s *Store) TimesToState(ctx context.Context, state State) ([]time.Duration, error) {
+	rows := s.query(ctx, `SELECT (extract(epoch FROM min(e.created_at) - o.created_at) * 1e6)::bigint FROM operations o
+		JOIN operation_events e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id AND e.to_state = $1
+		GROUP BY o.tenant_id, o.operation_id, o.created_at`, state)
+	micros, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("store: times to state: %w", translate(err))
+	}
+	times := make([]time.Duration, len(micros))
+	for i, us := range micros {
+		times[i] = time.Duration(us) * time.Microsecond
+	}
+	return times, nil
+}

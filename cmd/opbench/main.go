@@ -1,34 +1,31 @@
 // Command opbench measures the broker and prints what it measured; it asserts nothing.
 //
-//	opbench dispatch --ops 20000 --pool-size 32 --claim-batch 64
+//	opbench prepare                       # PrepareOperation next to a plain INSERT
+//	opbench dispatch --ops 20000          # burn-down and steady stream, no-op and HTTP target
+//	opbench watch                         # memory per idle watcher, commit-to-watcher latency
+//	opbench reconcile                     # UNKNOWN operations resolved per second by lookup
+//	opbench ledger --operations 1000000   # claim and Prepare latency as the ledger grows
 //
-// dispatch prepares N operations, then times the dispatcher's burn-down from PREPARED
-// to SUCCEEDED against the simulated target in its fastest profile (in-process, over
-// loopback HTTP), with the full audit trail written. It runs against --database-url (in
-// a schema of its own, dropped afterwards) or an embedded PostgreSQL.
+// Each runs against --database-url (in schemas of its own, dropped afterwards) or an
+// embedded PostgreSQL, and prints the machine with its numbers.
 package main
 
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"runtime"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
-	"go.opentelemetry.io/otel/metric/noop"
 
-	"github.com/opbroker/opbroker/dispatcher"
 	"github.com/opbroker/opbroker/embeddedpg"
 	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
-	"github.com/opbroker/opbroker/target"
 )
 
 func main() {
@@ -46,10 +43,14 @@ func newApp() *cli.Command {
 		Usage: "measure opbroker; prints numbers, asserts nothing",
 		Commands: []*cli.Command{{
 			Name:  "dispatch",
-			Usage: "burn-down throughput PREPARED -> SUCCEEDED against the simulated target",
+			Usage: "dispatch throughput PREPARED -> SUCCEEDED: a backlog's burn-down and a steady stream, with a no-op in-process target and the simulated HTTP target",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
-				&cli.IntFlag{Name: "ops", Value: 20000, Usage: "operations to prepare and dispatch"},
+				&cli.StringSliceFlag{Name: "targets", Value: []string{"noop", "http"}, Usage: "noop (answers at once, in process: the broker alone) and/or http (the simulated target over loopback HTTP)"},
+				&cli.StringSliceFlag{Name: "modes", Value: []string{"burn-down", "steady"}, Usage: "burn-down (a prepared backlog) and/or steady (intents prepared at --rate while dispatching)"},
+				&cli.IntFlag{Name: "ops", Value: 20000, Usage: "operations in the backlog"},
+				&cli.IntFlag{Name: "rate", Value: 1000, Usage: "intents per second offered in the steady stream"},
+				&cli.DurationFlag{Name: "period", Value: 10 * time.Second, Usage: "how long the steady stream runs"},
 				&cli.IntFlag{Name: "tenants", Value: 8},
 				&cli.IntFlag{Name: "pool-size", Value: 32, Usage: "concurrent sends"},
 				&cli.IntFlag{Name: "claim-batch", Value: 64, Usage: "operations per claim statement"},
@@ -90,45 +91,41 @@ func newApp() *cli.Command {
 	}
 }
 
-// database returns a pool on a fresh, migrated schema and a function that removes it.
-// With rls the pool's role is bound by row-level security, as the broker's is; without,
-// it is the administrator's.
+// cluster returns the URL of the PostgreSQL to measure on: url, or an embedded one
+// started for the run, with a function that stops it.
+func cluster(ctx context.Context, url string) (string, func(), error) {
+	if url != "" {
+		return url, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "opbench-pg-")
+	if err != nil {
+		return "", nil, err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil { // the server may run as another user
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	pg, err := embeddedpg.Start(ctx, embeddedpg.Config{DataDir: dir})
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return pg.URL(), func() { _ = pg.Stop(); os.RemoveAll(dir) }, nil
+}
+
+// database returns a pool on a fresh, migrated schema of the cluster at url and a
+// function that removes it. With rls the pool's role is bound by row-level security, as
+// the broker's is; without, it is the administrator's.
 func database(ctx context.Context, url string, rls bool) (*pgxpool.Pool, func(), error) {
-	var cleanup []func()
-	done := func() {
-		for i := len(cleanup) - 1; i >= 0; i-- {
-			cleanup[i]()
-		}
-	}
-	if url == "" {
-		dir, err := os.MkdirTemp("", "opbench-pg-")
-		if err != nil {
-			return nil, nil, err
-		}
-		cleanup = append(cleanup, func() { os.RemoveAll(dir) })
-		if err := os.Chmod(dir, 0o755); err != nil { // the server may run as another user
-			done()
-			return nil, nil, err
-		}
-		pg, err := embeddedpg.Start(ctx, embeddedpg.Config{DataDir: dir})
-		if err != nil {
-			done()
-			return nil, nil, err
-		}
-		cleanup = append(cleanup, func() { _ = pg.Stop() })
-		url = pg.URL()
-	}
 	schema := fmt.Sprintf("opbench_%d", time.Now().UnixNano())
 	appURL, err := store.Provision(ctx, url, "opbroker_bench", schema)
 	if err != nil {
-		done()
 		return nil, nil, err
 	}
-	cleanup = append(cleanup, func() { _ = store.DropSchema(context.Background(), url, schema) })
-	// As the broker runs: an ordinary role bound by row-level security.
+	drop := func() { _ = store.DropSchema(context.Background(), url, schema) }
 	cfg, err := pgxpool.ParseConfig(appURL)
 	if err != nil {
-		done()
+		drop()
 		return nil, nil, err
 	}
 	cfg.MaxConns = 40
@@ -137,15 +134,38 @@ func database(ctx context.Context, url string, rls bool) (*pgxpool.Pool, func(),
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		done()
+		drop()
 		return nil, nil, err
 	}
-	cleanup = append(cleanup, pool.Close)
 	if err := store.Migrate(ctx, pool); err != nil {
-		done()
+		pool.Close()
+		drop()
 		return nil, nil, err
 	}
-	return pool, done, nil
+	return pool, func() { pool.Close(); drop() }, nil
+}
+
+// openDatabase is cluster and database together, for a benchmark that needs one schema.
+func openDatabase(ctx context.Context, cmd *cli.Command, rls bool) (*pgxpool.Pool, func(), error) {
+	url, stop, err := cluster(ctx, cmd.String("database-url"))
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, drop, err := database(ctx, url, rls)
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return pool, func() { drop(); stop() }, nil
+}
+
+// machine describes where the numbers were measured.
+func machine(ctx context.Context, pool *pgxpool.Pool) string {
+	var version, sharedBuffers, syncCommit, fsync string
+	_ = pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('shared_buffers'),
+		current_setting('synchronous_commit'), current_setting('fsync')`).Scan(&version, &sharedBuffers, &syncCommit, &fsync)
+	return fmt.Sprintf("machine: %d cores, %s/%s, PostgreSQL %s (shared_buffers %s, synchronous_commit %s, fsync %s) on the same machine",
+		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version, sharedBuffers, syncCommit, fsync)
 }
 
 // prepareOne records one demo.charge intent for a benchmark.
@@ -157,97 +177,4 @@ func prepareOne(ctx context.Context, st *store.Store, intent, body string) (stor
 	op, _, err := st.Prepare(store.WithTenant(ctx, "tenant-0"), store.PrepareParams{TenantID: "tenant-0", OperationType: simtarget.DemoCharge,
 		IntentRef: intent, ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "opbench"})
 	return op, err
-}
-
-func benchDispatch(ctx context.Context, cmd *cli.Command) error {
-	ctx = store.WithAllTenants(ctx)
-	n, tenants := cmd.Int("ops"), max(1, cmd.Int("tenants"))
-	pool, cleanup, err := database(ctx, cmd.String("database-url"), cmd.Bool("rls"))
-	if err != nil {
-		return err
-	}
-	defer cleanup()
-	st := store.New(pool)
-
-	sim, err := simtarget.Start(simtarget.Config{})
-	if err != nil {
-		return err
-	}
-	defer sim.Close()
-	targets, err := sim.Targets()
-	if err != nil {
-		return err
-	}
-
-	fmt.Fprintf(os.Stderr, "preparing %d operations across %d tenants ...\n", n, tenants)
-	body := []byte(`{"amount":100,"currency":"EUR"}`)
-	digest, err := payload.Hash("application/json", body)
-	if err != nil {
-		return err
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for w := range 8 {
-		wg.Go(func() {
-			for i := w; i < n; i += 8 {
-				_, _, err := st.Prepare(ctx, store.PrepareParams{TenantID: fmt.Sprintf("tenant-%d", i%tenants),
-					OperationType: simtarget.DemoCharge, IntentRef: fmt.Sprintf("bench-%d", i), ContentType: "application/json",
-					Payload: body, PayloadSHA256: digest[:], Actor: "opbench"})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return err
-	}
-
-	stopProfile, err := profile(cmd)
-	if err != nil {
-		return err
-	}
-	defer stopProfile()
-	d, err := dispatcher.New(dispatcher.Config{
-		Store: st, Targets: targets, Connector: target.NewConnector(),
-		Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider(),
-		PoolSize: cmd.Int("pool-size"), ClaimBatch: cmd.Int("claim-batch"),
-	})
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	if err := d.Start(ctx); err != nil {
-		return err
-	}
-	for {
-		counts, err := st.CountByState(ctx)
-		done := int(counts[store.StateSucceeded])
-		if err != nil {
-			return err
-		}
-		if done == n {
-			break
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	elapsed := time.Since(start)
-	d.Stop()
-
-	var version string
-	_ = pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&version)
-	out := cmd.Root().Writer
-	fmt.Fprintf(out, "dispatch burn-down: %d operations PREPARED -> SUCCEEDED in %s: %.0f operations/s\n", n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
-	fmt.Fprintf(out, "  pool size %d, claim batch %d, %d tenants; simulated target in-process over loopback HTTP, no latency\n",
-		cmd.Int("pool-size"), cmd.Int("claim-batch"), tenants)
-	fmt.Fprintf(out, "  every operation: claim + attempt record + 2 events + outcome, durable commits; row-level security %s\n",
-		map[bool]string{true: "on (an ordinary role)", false: "bypassed (the administrator)"}[cmd.Bool("rls")])
-	fmt.Fprintf(out, "  machine: %d cores, %s/%s, PostgreSQL %s\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version)
-	return nil
 }

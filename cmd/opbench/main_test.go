@@ -26,9 +26,14 @@ func TestDispatchBenchRuns(t *testing.T) {
 	var out bytes.Buffer
 	app := newApp()
 	app.Writer = &out
-	require.NoError(t, app.Run(context.Background(), []string{"opbench", "dispatch", "--database-url", storetest.URL(t), "--ops", "50"}))
-	require.Contains(t, out.String(), "dispatch burn-down: 50 operations PREPARED -> SUCCEEDED")
-	require.Contains(t, out.String(), "pool size 32, claim batch 64")
+	require.NoError(t, app.Run(context.Background(), []string{"opbench", "dispatch", "--database-url", storetest.URL(t),
+		"--ops", "50", "--rate", "100", "--period", "300ms"}))
+	require.Contains(t, out.String(), "dispatch PREPARED -> SUCCEEDED: pool size 32, claim batch 64")
+	for _, line := range []string{`burn-down noop +\d+ operations/s  \(50 in`, `burn-down http +\d+ operations/s  \(50 in`,
+		`steady +noop +\d+ operations/s  \(\d+ offered at 100/s`, `steady +http +\d+ operations/s  \(\d+ offered at 100/s`} {
+		require.Regexp(t, line, out.String())
+	}
+	require.Error(t, newApp().Run(context.Background(), []string{"opbench", "dispatch", "--targets", "nope"}), "an unknown target is refused")
 }
 
 func TestWatchBenchRuns(t *testing.T) {

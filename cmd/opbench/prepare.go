@@ -26,7 +26,7 @@ import (
 // PostgreSQL's plain single-row INSERT at the same concurrency: the physical limit of a
 // durable write per call.
 func benchPrepare(ctx context.Context, cmd *cli.Command) error {
-	pool, cleanup, err := database(ctx, cmd.String("database-url"), true)
+	pool, cleanup, err := openDatabase(ctx, cmd, true)
 	if err != nil {
 		return err
 	}

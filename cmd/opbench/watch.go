@@ -35,7 +35,7 @@ const streamsPerConn = 900
 // a commit to its watcher.
 func benchWatch(ctx context.Context, cmd *cli.Command) error {
 	n := cmd.Int("watchers")
-	pool, cleanup, err := database(ctx, cmd.String("database-url"), true)
+	pool, cleanup, err := openDatabase(ctx, cmd, true)
 	if err != nil {
 		return err
 	}

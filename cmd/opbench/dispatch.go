@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/urfave/cli/v3"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/opbroker/opbroker/dispatcher"
+	"github.com/opbroker/opbroker/payload"
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
+)
+
+// benchDispatch measures the dispatcher from PREPARED to SUCCEEDED, with the full audit
+// trail written (a claim with its event and attempt record, an outcome with its event),
+// for each target and mode asked, each on a fresh schema of the same PostgreSQL.
+func benchDispatch(ctx context.Context, cmd *cli.Command) error {
+	ctx = store.WithAllTenants(ctx)
+	for _, t := range cmd.StringSlice("targets") {
+		if t != "noop" && t != "http" {
+			return fmt.Errorf("--targets: %q is neither noop nor http", t)
+		}
+	}
+	for _, m := range cmd.StringSlice("modes") {
+		if m != "burn-down" && m != "steady" {
+			return fmt.Errorf("--modes: %q is neither burn-down nor steady", m)
+		}
+	}
+	url, stopCluster, err := cluster(ctx, cmd.String("database-url"))
+	if err != nil {
+		return err
+	}
+	defer stopCluster()
+	stopProfile, err := profile(cmd)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
+
+	out := cmd.Root().Writer
+	rls := map[bool]string{true: "on (an ordinary role)", false: "bypassed (the administrator)"}[cmd.Bool("rls")]
+	fmt.Fprintf(out, "dispatch PREPARED -> SUCCEEDED: pool size %d, claim batch %d, %d tenants, row-level security %s\n",
+		cmd.Int("pool-size"), cmd.Int("claim-batch"), cmd.Int("tenants"), rls)
+	fmt.Fprintf(out, "  every operation: claim + event + attempt record, then outcome + event + attempt finished; durable commits\n")
+	var where string
+	for _, mode := range cmd.StringSlice("modes") {
+		for _, tgt := range cmd.StringSlice("targets") {
+			run, err := newDispatchRun(ctx, cmd, url, tgt)
+			if err != nil {
+				return err
+			}
+			var line string
+			if mode == "burn-down" {
+				line, err = run.burnDown(ctx, cmd.Int("ops"))
+			} else {
+				line, err = run.steady(ctx, cmd.Int("rate"), cmd.Duration("period"))
+			}
+			if where == "" {
+				where = machine(ctx, run.pool)
+			}
+			run.close()
+			if err != nil {
+				return fmt.Errorf("%s, %s target: %w", mode, tgt, err)
+			}
+			fmt.Fprintf(out, "  %-9s %-4s  %s\n", mode, tgt, line)
+		}
+	}
+	fmt.Fprintf(out, "  noop: the target answers at once, in process; http: the simulated target, in process over loopback HTTP\n")
+	fmt.Fprintf(out, "  %s\n", where)
+	return nil
+}
+
+// noopSender answers every send at once as a success, without a network: what is left
+// is the broker's own cost per operation.
+type noopSender struct{ n atomic.Int64 }
+
+func (s *noopSender) Send(_ context.Context, req target.Request) target.Result {
+	if req.OnSent != nil {
+		req.OnSent()
+	}
+	return target.Result{Outcome: target.Succeeded, Class: "NOOP", RemoteRef: fmt.Sprint("noop_", s.n.Add(1)), Sent: true}
+}
+
+// dispatchRun is one measurement: a fresh schema, a target and a dispatcher for it.
+type dispatchRun struct {
+	pool    *pgxpool.Pool
+	st      *store.Store
+	d       *dispatcher.Dispatcher
+	tenants int
+	seq     atomic.Int64
+	close   func()
+}
+
+func newDispatchRun(ctx context.Context, cmd *cli.Command, url, tgt string) (*dispatchRun, error) {
+	pool, drop, err := database(ctx, url, cmd.Bool("rls"))
+	if err != nil {
+		return nil, err
+	}
+	sim, err := simtarget.Start(simtarget.Config{})
+	if err != nil {
+		drop()
+		return nil, err
+	}
+	closeAll := func() { sim.Close(); drop() }
+	targets, err := sim.Targets()
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	var sender dispatcher.Sender = target.NewConnector()
+	if tgt == "noop" {
+		sender = &noopSender{}
+	}
+	st := store.New(pool)
+	d, err := dispatcher.New(dispatcher.Config{
+		Store: st, Targets: targets, Connector: sender,
+		Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider(),
+		PoolSize: cmd.Int("pool-size"), ClaimBatch: cmd.Int("claim-batch"),
+	})
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return &dispatchRun{pool: pool, st: st, d: d, tenants: max(1, cmd.Int("tenants")), close: func() { d.Stop(); closeAll() }}, nil
+}
+
+var benchBody = []byte(`{"amount":100,"currency":"EUR"}`)
+
+// prepare records one new intent, in the tenants in turn.
+func (r *dispatchRun) prepare(ctx context.Context) error {
+	i := r.seq.Add(1)
+	digest, err := payload.Hash("application/json", benchBody)
+	if err != nil {
+		return err
+	}
+	tenant := fmt.Sprintf("tenant-%d", i%int64(r.tenants))
+	_, _, err = r.st.Prepare(store.WithTenant(ctx, tenant), store.PrepareParams{TenantID: tenant,
+		OperationType: simtarget.DemoCharge, IntentRef: fmt.Sprintf("bench-%d", i), ContentType: "application/json",
+		Payload: benchBody, PayloadSHA256: digest[:], Actor: "opbench"})
+	return err
+}
+
+// waitSucceeded waits until n operations are SUCCEEDED and returns when that was seen.
+func (r *dispatchRun) waitSucceeded(ctx context.Context, n int, limit time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		counts, err := r.st.CountByState(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if int(counts[store.StateSucceeded]) >= n {
+			return time.Now(), nil
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("%d of %d SUCCEEDED after %s (%v)", counts[store.StateSucceeded], n, limit, counts)
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return time.Time{}, err
+		}
+	}
+}
+
+// burnDown prepares a backlog of n, then times the dispatcher's work through it.
+func (r *dispatchRun) burnDown(ctx context.Context, n int) (string, error) {
+	var wg sync.WaitGroup
+	var failed atomic.Pointer[error]
+	for w := range 16 {
+		wg.Go(func() {
+			for i := w; i < n && failed.Load() == nil; i += 16 {
+				if err := r.prepare(ctx); err != nil {
+					failed.Store(&err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if p := failed.Load(); p != nil {
+		return "", *p
+	}
+	start := time.Now()
+	if err := r.d.Start(ctx); err != nil {
+		return "", err
+	}
+	end, err := r.waitSucceeded(ctx, n, 10*time.Minute)
+	if err != nil {
+		return "", err
+	}
+	elapsed := end.Sub(start)
+	return fmt.Sprintf("%6.0f operations/s  (%d in %s)", float64(n)/elapsed.Seconds(), n, elapsed.Round(time.Millisecond)), nil
+}
+
+// steady offers intents at rate for period while the dispatcher runs, and reports the
+// rate of completions and the time from each intent's commit to its SUCCEEDED commit,
+// read from the ledger.
+func (r *dispatchRun) steady(ctx context.Context, rate int, period time.Duration) (string, error) {
+	if err := r.d.Start(ctx); err != nil {
+		return "", err
+	}
+	inFlight := make(chan struct{}, 256) // calls outstanding at once; beyond that the offer falls behind
+	var wg sync.WaitGroup
+	var failed atomic.Pointer[error]
+	start := time.Now()
+	offered := 0
+	for ; time.Since(start) < period && failed.Load() == nil; offered++ {
+		if err := sleep(ctx, time.Until(start.Add(time.Duration(offered)*time.Second/time.Duration(rate)))); err != nil {
+			return "", err
+		}
+		inFlight <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-inFlight }()
+			if err := r.prepare(ctx); err != nil {
+				failed.Store(&err)
+			}
+		})
+	}
+	wg.Wait()
+	if p := failed.Load(); p != nil {
+		return "", *p
+	}
+	prepared := time.Since(start)
+	end, err := r.waitSucceeded(ctx, offered, 10*time.Minute)
+	if err != nil {
+		return "", err
+	}
+	latencies, err := r.st.TimesToState(ctx, store.StateSucceeded)
+	if err != nil {
+		return "", err
+	}
+	slices.Sort(latencies)
+	return fmt.Sprintf("%6.0f operations/s  (%d offered at %d/s over %s, all SUCCEEDED %s later; intent to SUCCEEDED p50 %.1f ms, p99 %.1f ms)",
+		float64(offered)/end.Sub(start).Seconds(), offered, rate, prepared.Round(time.Millisecond),
+		end.Sub(start.Add(prepared)).Round(time.Millisecond), ms(latencies[len(latencies)/2]), ms(latencies[len(latencies)*99/100])), nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
