@@ -46,6 +46,26 @@ type ClaimParams struct {
 // observed is only evidence.
 var ErrFenceLost = errors.New("store: fence lost")
 
+// rotate runs claim from p.AfterTenant and, when that comes back short, once more from
+// the first tenant for the rest: the cursor goes round the tenants, and a claim that
+// started late in the order still takes the work of the tenants before it. (Without
+// it, a claim after the last tenant with due work took nothing, and its loop slept.)
+// The second claim's error is not returned: what the first took is held and must be
+// worked; the next claim tries again.
+func rotate(p FairClaim, claim func(FairClaim) ([]Claimed, error)) ([]Claimed, error) {
+	got, err := claim(p)
+	if err != nil || p.AfterTenant == "" || len(got) >= p.Limit {
+		return got, err
+	}
+	p.AfterTenant, p.Limit = "", p.Limit-len(got)
+	p.PerTenant = min(p.PerTenant, p.Limit)
+	more, err := claim(p)
+	if err != nil {
+		return got, nil
+	}
+	return append(got, more...), nil
+}
+
 // fairPick returns the CTEs "tenants" and "picked" of a fair claim: up to $5 operations
 // in state, of the types $3, that are due, at most $4 per tenant, over at most $2
 // tenants after $1 (a rotating cursor), oldest first by order, locked and skipping rows
@@ -88,6 +108,13 @@ func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
 // claimers never take the same operation. Operations whose dispatch deadline has passed
 // are left to ExpireDeadlines.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
+	return rotate(p.FairClaim, func(f FairClaim) ([]Claimed, error) {
+		p.FairClaim = f
+		return s.claimFrom(ctx, p)
+	})
+}
+
+func (s *Store) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	rows := s.query(ctx, fairPick("PREPARED",
 		"(dispatch_deadline IS NULL OR dispatch_deadline > now())", "operation_id")+`
 		), claimed AS (

@@ -142,6 +142,37 @@ func TestClaimIsFairAcrossTenants(t *testing.T) {
 	}
 }
 
+// TestClaimGoesRoundTheTenants: a claim whose cursor is past the last tenant with due
+// work continues from the first tenant, for both the dispatcher's claim and the
+// reconciler's, instead of coming back empty.
+func TestClaimGoesRoundTheTenants(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tenant := range []string{"a", "b", "c"} {
+		b.prepareN(t, tenant, 4)
+	}
+	p := claimParams(6)
+	p.PerTenant, p.AfterTenant = 2, "b"
+	claimed, err := b.store.Claim(b.ctx, p)
+	require.NoError(t, err)
+	tenants := map[string]int{}
+	for _, c := range claimed {
+		tenants[c.TenantID]++
+	}
+	require.Equal(t, map[string]int{"c": 2, "a": 2, "b": 2}, tenants, "after b: c, then round to a and b")
+
+	for _, c := range claimed {
+		_, err := b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+			State: store.StateUnknown, Observation: store.Observation{Outcome: "TIMEOUT"}, Actor: "w"})
+		require.NoError(t, err)
+	}
+	f := p.FairClaim
+	f.AfterTenant = "c"
+	unknown, err := b.store.ClaimUnknown(b.ctx, f)
+	require.NoError(t, err)
+	require.Len(t, unknown, 6, "the reconciler's claim goes round too")
+}
+
 func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

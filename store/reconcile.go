@@ -14,6 +14,10 @@ import (
 // fence + 1 without a change of state, so two reconcilers never act on one operation at
 // once, and only the holder of the new fence can record what it finds.
 func (s *Store) ClaimUnknown(ctx context.Context, p FairClaim) ([]Claimed, error) {
+	return rotate(p, func(p FairClaim) ([]Claimed, error) { return s.claimUnknownFrom(ctx, p) })
+}
+
+func (s *Store) claimUnknownFrom(ctx context.Context, p FairClaim) ([]Claimed, error) {
 	rows := s.query(ctx, fairPick("UNKNOWN",
 		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at")+`
 		), claimed AS (

@@ -54,7 +54,8 @@ func benchDispatch(ctx context.Context, cmd *cli.Command) error {
 	var where string
 	for _, mode := range cmd.StringSlice("modes") {
 		for _, tgt := range cmd.StringSlice("targets") {
-			run, err := newDispatchRun(ctx, cmd, url, tgt)
+			run, err := newDispatchRun(ctx, url, runConfig{target: tgt, rls: cmd.Bool("rls"), tenants: cmd.Int("tenants"),
+				poolSize: cmd.Int("pool-size"), claimBatch: cmd.Int("claim-batch")})
 			if err != nil {
 				return err
 			}
@@ -94,18 +95,31 @@ func (s *noopSender) Send(_ context.Context, req target.Request) target.Result {
 type dispatchRun struct {
 	pool    *pgxpool.Pool
 	st      *store.Store
+	sim     *simtarget.Server
+	targets *target.Targets
 	d       *dispatcher.Dispatcher
 	tenants int
+	body    []byte
 	seq     atomic.Int64
 	close   func()
 }
 
-func newDispatchRun(ctx context.Context, cmd *cli.Command, url, tgt string) (*dispatchRun, error) {
-	pool, drop, err := database(ctx, url, cmd.Bool("rls"))
+// runConfig says what a dispatchRun measures with.
+type runConfig struct {
+	target               string // noop or http
+	rls                  bool
+	tenants              int
+	poolSize, claimBatch int
+	sim                  simtarget.Config
+	body                 []byte // of every intent; default benchBody
+}
+
+func newDispatchRun(ctx context.Context, url string, rc runConfig) (*dispatchRun, error) {
+	pool, drop, err := database(ctx, url, rc.rls)
 	if err != nil {
 		return nil, err
 	}
-	sim, err := simtarget.Start(simtarget.Config{})
+	sim, err := simtarget.Start(rc.sim)
 	if err != nil {
 		drop()
 		return nil, err
@@ -117,20 +131,25 @@ func newDispatchRun(ctx context.Context, cmd *cli.Command, url, tgt string) (*di
 		return nil, err
 	}
 	var sender dispatcher.Sender = target.NewConnector()
-	if tgt == "noop" {
+	if rc.target == "noop" {
 		sender = &noopSender{}
 	}
 	st := store.New(pool)
 	d, err := dispatcher.New(dispatcher.Config{
 		Store: st, Targets: targets, Connector: sender,
 		Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider(),
-		PoolSize: cmd.Int("pool-size"), ClaimBatch: cmd.Int("claim-batch"),
+		PoolSize: rc.poolSize, ClaimBatch: rc.claimBatch,
 	})
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
-	return &dispatchRun{pool: pool, st: st, d: d, tenants: max(1, cmd.Int("tenants")), close: func() { d.Stop(); closeAll() }}, nil
+	body := rc.body
+	if body == nil {
+		body = benchBody
+	}
+	return &dispatchRun{pool: pool, st: st, sim: sim, targets: targets, d: d, tenants: max(1, rc.tenants), body: body,
+		close: func() { d.Stop(); closeAll() }}, nil
 }
 
 var benchBody = []byte(`{"amount":100,"currency":"EUR"}`)
@@ -138,30 +157,30 @@ var benchBody = []byte(`{"amount":100,"currency":"EUR"}`)
 // prepare records one new intent, in the tenants in turn.
 func (r *dispatchRun) prepare(ctx context.Context) error {
 	i := r.seq.Add(1)
-	digest, err := payload.Hash("application/json", benchBody)
+	digest, err := payload.Hash("application/json", r.body)
 	if err != nil {
 		return err
 	}
 	tenant := fmt.Sprintf("tenant-%d", i%int64(r.tenants))
 	_, _, err = r.st.Prepare(store.WithTenant(ctx, tenant), store.PrepareParams{TenantID: tenant,
 		OperationType: simtarget.DemoCharge, IntentRef: fmt.Sprintf("bench-%d", i), ContentType: "application/json",
-		Payload: benchBody, PayloadSHA256: digest[:], Actor: "opbench"})
+		Payload: r.body, PayloadSHA256: digest[:], Actor: "opbench"})
 	return err
 }
 
-// waitSucceeded waits until n operations are SUCCEEDED and returns when that was seen.
-func (r *dispatchRun) waitSucceeded(ctx context.Context, n int, limit time.Duration) (time.Time, error) {
+// waitFor waits until n operations are in state and returns when that was seen.
+func (r *dispatchRun) waitFor(ctx context.Context, state store.State, n int, limit time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(limit)
 	for {
 		counts, err := r.st.CountByState(ctx)
 		if err != nil {
 			return time.Time{}, err
 		}
-		if int(counts[store.StateSucceeded]) >= n {
+		if int(counts[state]) >= n {
 			return time.Now(), nil
 		}
 		if time.Now().After(deadline) {
-			return time.Time{}, fmt.Errorf("%d of %d SUCCEEDED after %s (%v)", counts[store.StateSucceeded], n, limit, counts)
+			return time.Time{}, fmt.Errorf("%d of %d %s after %s (%v)", counts[state], n, state, limit, counts)
 		}
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
 			return time.Time{}, err
@@ -171,6 +190,23 @@ func (r *dispatchRun) waitSucceeded(ctx context.Context, n int, limit time.Durat
 
 // burnDown prepares a backlog of n, then times the dispatcher's work through it.
 func (r *dispatchRun) burnDown(ctx context.Context, n int) (string, error) {
+	if err := r.backlog(ctx, n); err != nil {
+		return "", err
+	}
+	start := time.Now()
+	if err := r.d.Start(ctx); err != nil {
+		return "", err
+	}
+	end, err := r.waitFor(ctx, store.StateSucceeded, n, 10*time.Minute)
+	if err != nil {
+		return "", err
+	}
+	elapsed := end.Sub(start)
+	return fmt.Sprintf("%6.0f operations/s  (%d in %s)", float64(n)/elapsed.Seconds(), n, elapsed.Round(time.Millisecond)), nil
+}
+
+// backlog prepares n intents, 16 at a time.
+func (r *dispatchRun) backlog(ctx context.Context, n int) error {
 	var wg sync.WaitGroup
 	var failed atomic.Pointer[error]
 	for w := range 16 {
@@ -184,18 +220,9 @@ func (r *dispatchRun) burnDown(ctx context.Context, n int) (string, error) {
 	}
 	wg.Wait()
 	if p := failed.Load(); p != nil {
-		return "", *p
+		return *p
 	}
-	start := time.Now()
-	if err := r.d.Start(ctx); err != nil {
-		return "", err
-	}
-	end, err := r.waitSucceeded(ctx, n, 10*time.Minute)
-	if err != nil {
-		return "", err
-	}
-	elapsed := end.Sub(start)
-	return fmt.Sprintf("%6.0f operations/s  (%d in %s)", float64(n)/elapsed.Seconds(), n, elapsed.Round(time.Millisecond)), nil
+	return nil
 }
 
 // steady offers intents at rate for period while the dispatcher runs, and reports the
@@ -227,7 +254,7 @@ func (r *dispatchRun) steady(ctx context.Context, rate int, period time.Duration
 		return "", *p
 	}
 	prepared := time.Since(start)
-	end, err := r.waitSucceeded(ctx, offered, 10*time.Minute)
+	end, err := r.waitFor(ctx, store.StateSucceeded, offered, 10*time.Minute)
 	if err != nil {
 		return "", err
 	}

@@ -59,6 +59,17 @@ func newApp() *cli.Command {
 			},
 			Action: benchDispatch,
 		}, {
+			Name:  "reconcile",
+			Usage: "UNKNOWN operations resolved per second by lookup at the target",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
+				&cli.IntFlag{Name: "ops", Value: 5000, Usage: "UNKNOWN operations to resolve"},
+				&cli.IntFlag{Name: "tenants", Value: 8},
+				&cli.IntFlag{Name: "concurrency", Value: 64, Usage: "lookups at once (the reconciler's default)"},
+				cpuProfileFlag(),
+			},
+			Action: benchReconcile,
+		}, {
 			Name:  "prepare",
 			Usage: "PrepareOperation throughput and latency over gRPC at concurrency 1, 8, 32, 64, next to a plain INSERT",
 			Flags: []cli.Flag{

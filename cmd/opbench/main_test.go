@@ -55,3 +55,12 @@ func TestPrepareBenchRuns(t *testing.T) {
 	require.Contains(t, out.String(), "PrepareOperation over gRPC vs a plain single-row INSERT")
 	require.Regexp(t, `(?m)^64 +\d+`, out.String(), "a row per concurrency")
 }
+
+func TestReconcileBenchRuns(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	app := newApp()
+	app.Writer, app.ErrWriter = &out, &bytes.Buffer{}
+	require.NoError(t, app.Run(context.Background(), []string{"opbench", "reconcile", "--database-url", storetest.URL(t), "--ops", "40"}))
+	require.Regexp(t, `reconciliation: 40 UNKNOWN -> SUCCEEDED by lookup in .*: \d+ resolved/s`, out.String())
+}
