@@ -14,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/opbroker/opbroker/dispatcher"
-	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
@@ -152,19 +151,10 @@ func newDispatchRun(ctx context.Context, url string, rc runConfig) (*dispatchRun
 		close: func() { d.Stop(); closeAll() }}, nil
 }
 
-var benchBody = []byte(`{"amount":100,"currency":"EUR"}`)
-
 // prepare records one new intent, in the tenants in turn.
 func (r *dispatchRun) prepare(ctx context.Context) error {
 	i := r.seq.Add(1)
-	digest, err := payload.Hash("application/json", r.body)
-	if err != nil {
-		return err
-	}
-	tenant := fmt.Sprintf("tenant-%d", i%int64(r.tenants))
-	_, _, err = r.st.Prepare(store.WithTenant(ctx, tenant), store.PrepareParams{TenantID: tenant,
-		OperationType: simtarget.DemoCharge, IntentRef: fmt.Sprintf("bench-%d", i), ContentType: "application/json",
-		Payload: r.body, PayloadSHA256: digest[:], Actor: "opbench"})
+	_, err := prepareIntent(ctx, r.st, fmt.Sprintf("tenant-%d", i%int64(r.tenants)), fmt.Sprintf("bench-%d", i), r.body)
 	return err
 }
 

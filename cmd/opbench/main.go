@@ -45,7 +45,7 @@ func newApp() *cli.Command {
 			Name:  "dispatch",
 			Usage: "dispatch throughput PREPARED -> SUCCEEDED: a backlog's burn-down and a steady stream, with a no-op in-process target and the simulated HTTP target",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
+				databaseURLFlag(),
 				&cli.StringSliceFlag{Name: "targets", Value: []string{"noop", "http"}, Usage: "noop (answers at once, in process: the broker alone) and/or http (the simulated target over loopback HTTP)"},
 				&cli.StringSliceFlag{Name: "modes", Value: []string{"burn-down", "steady"}, Usage: "burn-down (a prepared backlog) and/or steady (intents prepared at --rate while dispatching)"},
 				&cli.IntFlag{Name: "ops", Value: 20000, Usage: "operations in the backlog"},
@@ -62,7 +62,7 @@ func newApp() *cli.Command {
 			Name:  "reconcile",
 			Usage: "UNKNOWN operations resolved per second by lookup at the target",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
+				databaseURLFlag(),
 				&cli.IntFlag{Name: "ops", Value: 5000, Usage: "UNKNOWN operations to resolve"},
 				&cli.IntFlag{Name: "tenants", Value: 8},
 				&cli.IntFlag{Name: "concurrency", Value: 64, Usage: "lookups at once (the reconciler's default)"},
@@ -70,10 +70,20 @@ func newApp() *cli.Command {
 			},
 			Action: benchReconcile,
 		}, {
+			Name:  "ledger",
+			Usage: "Prepare and claim latency on an empty ledger and as it grows to --operations",
+			Flags: []cli.Flag{
+				databaseURLFlag(),
+				&cli.IntFlag{Name: "operations", Value: 1_000_000, Usage: "finished operations the ledger grows to (measured at none, a tenth and all)"},
+				&cli.IntFlag{Name: "tenants", Value: 8},
+				&cli.DurationFlag{Name: "period", Value: 3 * time.Second, Usage: "how long each Prepare measurement runs"},
+			},
+			Action: benchLedger,
+		}, {
 			Name:  "prepare",
 			Usage: "PrepareOperation throughput and latency over gRPC at concurrency 1, 8, 32, 64, next to a plain INSERT",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
+				databaseURLFlag(),
 				&cli.DurationFlag{Name: "period", Value: 5 * time.Second, Usage: "how long each measurement runs"},
 				cpuProfileFlag(),
 			},
@@ -82,7 +92,7 @@ func newApp() *cli.Command {
 			Name:  "watch",
 			Usage: "memory per idle WatchOperation stream (server and client in this process: an upper bound), and latency from commit to watcher",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"},
+				databaseURLFlag(),
 				&cli.IntFlag{Name: "watchers", Value: 10000, Usage: "idle streams for the memory measurement"},
 				&cli.IntFlag{Name: "latency-watchers", Value: 1000, Usage: "streams, one operation each, for the latency measurement"},
 				&cli.IntFlag{Name: "changes", Value: 200, Usage: "changes whose latency is measured"},
@@ -100,6 +110,12 @@ func newApp() *cli.Command {
 			Action: watchClients,
 		}},
 	}
+}
+
+// databaseURLFlag is the --database-url flag of every benchmark: a new one for each
+// command (a flag holds its parsed value).
+func databaseURLFlag() cli.Flag {
+	return &cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"}
 }
 
 // cluster returns the URL of the PostgreSQL to measure on: url, or an embedded one
@@ -179,13 +195,15 @@ func machine(ctx context.Context, pool *pgxpool.Pool) string {
 		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version, sharedBuffers, syncCommit, fsync)
 }
 
-// prepareOne records one demo.charge intent for a benchmark.
-func prepareOne(ctx context.Context, st *store.Store, intent, body string) (store.Operation, error) {
-	digest, err := payload.Hash("application/json", []byte(body))
+// prepareIntent records one demo.charge intent of tenant, in that tenant's scope.
+func prepareIntent(ctx context.Context, st *store.Store, tenant, intent string, body []byte) (store.Operation, error) {
+	digest, err := payload.Hash("application/json", body)
 	if err != nil {
 		return store.Operation{}, err
 	}
-	op, _, err := st.Prepare(store.WithTenant(ctx, "tenant-0"), store.PrepareParams{TenantID: "tenant-0", OperationType: simtarget.DemoCharge,
-		IntentRef: intent, ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "opbench"})
+	op, _, err := st.Prepare(store.WithTenant(ctx, tenant), store.PrepareParams{TenantID: tenant, OperationType: simtarget.DemoCharge,
+		IntentRef: intent, ContentType: "application/json", Payload: body, PayloadSHA256: digest[:], Actor: "opbench"})
 	return op, err
 }
+
+var benchBody = []byte(`{"amount":100,"currency":"EUR"}`)

@@ -64,3 +64,15 @@ func TestReconcileBenchRuns(t *testing.T) {
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "reconcile", "--database-url", storetest.URL(t), "--ops", "40"}))
 	require.Regexp(t, `reconciliation: 40 UNKNOWN -> SUCCEEDED by lookup in .*: \d+ resolved/s`, out.String())
 }
+
+func TestLedgerBenchRuns(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	app := newApp()
+	app.Writer, app.ErrWriter = &out, &bytes.Buffer{}
+	require.NoError(t, app.Run(context.Background(), []string{"opbench", "ledger", "--database-url", storetest.URL(t),
+		"--operations", "2000", "--period", "100ms"}))
+	for _, size := range []string{"0", "200", "2000"} {
+		require.Regexp(t, `(?m)^`+size+` +\d+ .*ms +\d+\.\d+ms +\d+\.\d+ms$`, out.String(), "a row at %s operations", size)
+	}
+}

@@ -69,7 +69,7 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 			return err
 		})
 		direct := measure(ctx, n, period, func(ctx context.Context, worker int) error {
-			_, err := prepareOne(ctx, st, fmt.Sprintf("direct-%d", seq.Add(1)), `{"amount":100,"currency":"EUR"}`)
+			_, err := prepareIntent(ctx, st, "tenant-0", fmt.Sprintf("direct-%d", seq.Add(1)), benchBody)
 			return err
 		})
 		insert := measure(ctx, n, period, plainInsert(pool))

@@ -47,7 +47,7 @@ func benchWatch(ctx context.Context, cmd *cli.Command) error {
 	}
 	defer stop()
 
-	op, err := prepareOne(ctx, st, "watched", `{"amount":1}`)
+	op, err := prepareIntent(ctx, st, "tenant-0", "watched", benchBody)
 	if err != nil {
 		return err
 	}
@@ -98,7 +98,7 @@ func watchLatency(ctx context.Context, pool *pgxpool.Pool, st *store.Store, addr
 	ops := make([]store.Operation, n)
 	received := make([]chan time.Time, n)
 	for i := range ops {
-		if ops[i], err = prepareOne(ctx, st, fmt.Sprintf("latency-%d", i), `{"amount":1}`); err != nil {
+		if ops[i], err = prepareIntent(ctx, st, "tenant-0", fmt.Sprintf("latency-%d", i), benchBody); err != nil {
 			return result{}, err
 		}
 		stream, err := opbrokerv1.NewOperationServiceClient(conn).WatchOperation(ctx,
