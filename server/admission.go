@@ -9,9 +9,6 @@ import (
 	"time"
 
 	"buf.build/go/protovalidate"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
-	grpcauth "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"golang.org/x/time/rate"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -92,9 +89,12 @@ func newAdmission(authn *auth.Authenticator, v protovalidate.Validator, log *slo
 		watches: map[string]int{}, limiters: map[string]*tenantBucket{}}
 }
 
-// authenticate is the go-grpc-middleware auth function: it puts the principal in the
-// context, or fails UNAUTHENTICATED.
+// authenticate puts the caller's principal in the context, or fails UNAUTHENTICATED.
+// Public methods (health, reflection) pass without credentials.
 func (a *admission) authenticate(ctx context.Context) (context.Context, error) {
+	if method, _ := grpc.Method(ctx); public(method) {
+		return ctx, nil
+	}
 	if a.authn == nil {
 		return auth.WithPrincipal(ctx, devPrincipal), nil
 	}
@@ -215,9 +215,19 @@ func (a *admission) openWatch(p *auth.Principal) (func(), error) {
 	}, nil
 }
 
+// The admission interceptors authenticate, then admit. Authentication is not a
+// separate interceptor (go-grpc-middleware's auth, behind a selector for the public
+// methods): every interceptor adds frames to each stream's goroutine for the stream's
+// life, and an idle watch stream's stack must stay small enough for the collector to
+// halve it (see follow).
+
 func (a *admission) unaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		ctx, err := a.admit(ctx, info.FullMethod, req)
+		ctx, err := a.authenticate(ctx)
+		if err != nil {
+			return nil, err
+		}
+		ctx, err = a.admit(ctx, info.FullMethod, req)
 		if err != nil {
 			return nil, toStatus(ctx, a.log, err)
 		}
@@ -227,8 +237,12 @@ func (a *admission) unaryInterceptor() grpc.UnaryServerInterceptor {
 
 func (a *admission) streamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx, err := a.authenticate(ss.Context())
+		if err != nil {
+			return err
+		}
 		if !public(info.FullMethod) && info.IsServerStream {
-			if p := auth.FromContext(ss.Context()); p != nil {
+			if p := auth.FromContext(ctx); p != nil {
 				done, err := a.openWatch(p)
 				if err != nil {
 					return err
@@ -236,16 +250,8 @@ func (a *admission) streamInterceptor() grpc.StreamServerInterceptor {
 				defer done()
 			}
 		}
-		return handler(srv, &admittedStream{ServerStream: ss, a: a, method: info.FullMethod, ctx: ss.Context()})
+		return handler(srv, &admittedStream{ServerStream: ss, a: a, method: info.FullMethod, ctx: ctx})
 	}
-}
-
-// authentication returns the interceptors that authenticate every call but the public
-// ones (health, reflection).
-func (a *admission) authentication() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
-	private := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool { return !public(c.FullMethod()) })
-	return selector.UnaryServerInterceptor(grpcauth.UnaryServerInterceptor(a.authenticate), private),
-		selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(a.authenticate), private)
 }
 
 // admittedStream admits the request of a server stream when the handler receives it;

@@ -107,7 +107,6 @@ func New(opts Options) (*Server, error) {
 	})
 
 	admit := newAdmission(opts.Auth, validator, log, opts.Limits)
-	authUnary, authStream := admit.authentication()
 	serverOpts := []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler(
 			otelgrpc.WithMeterProvider(opts.MeterProvider),
@@ -115,12 +114,10 @@ func New(opts Options) (*Server, error) {
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(logger, logOpts...),
 			recovery.UnaryServerInterceptor(onPanic),
-			authUnary,
 			admit.unaryInterceptor()),
 		grpc.ChainStreamInterceptor(
 			logging.StreamServerInterceptor(logger, logOpts...),
 			recovery.StreamServerInterceptor(onPanic),
-			authStream,
 			admit.streamInterceptor()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/watch"
 )
 
 // DefaultWatchHeartbeat is how often an idle watch stream says it is alive.
@@ -29,59 +31,122 @@ const (
 	maxFeedRetry = time.Second
 )
 
-// WatchOperation streams an operation's changes. It subscribes before it reads, so no
-// change is missed between the two; every message carries the full operation after the
-// change; the stream ends with OK after a terminal state.
-func (s *operationService) WatchOperation(req *opbrokerv1.WatchOperationRequest, stream opbrokerv1.OperationService_WatchOperationServer) error {
-	ctx := stream.Context()
-	tenant, id, err := parseOperationName("name", req.GetName())
-	if err != nil {
-		return toStatus(ctx, s.log, err)
-	}
-	sub := s.hub.Subscribe(store.OperationKey{TenantID: tenant, ID: id})
-	defer sub.Close()
-	op, err := s.store.Get(ctx, tenant, id)
-	if err != nil {
-		return toStatus(ctx, s.log, err)
-	}
+// A watch stream's goroutine lives as long as the stream, so what it holds while idle
+// is what 10,000 idle watchers cost. Each handler therefore keeps its state in a
+// follower on the heap and waits in follow, whose frame is small; the work of a wake
+// runs in calls that return. (An idle stack must stay under a quarter of its size for
+// the collector to halve it: with the work's locals in the waiting frame it did not,
+// and every watcher kept 16 KB of stack.)
 
-	last, state := req.GetStartAfterRevision(), op.State
-	if last == 0 || last >= op.Revision {
-		if err := stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Snapshot{Snapshot: operationToProto(op)}}); err != nil {
-			return err
-		}
-		last = op.Revision
-	} else if last, state, err = s.sendChanges(stream, op, last, state); err != nil {
-		return err
-	}
-	if state.Terminal() {
-		return nil
-	}
+// follower is one watch stream's state and what it does when woken.
+type follower interface {
+	// catchUp sends what changed since the last call, and reports when the stream is
+	// complete (the operation reached a terminal state).
+	catchUp() (done bool, err error)
+	heartbeat() error
+	// shuttingDown is the status that ends the stream when the server stops.
+	shuttingDown() error
+	// woken fires on a change that may concern the stream; again, when set, on a
+	// retry the follower asked for.
+	woken() <-chan struct{}
+	again() <-chan time.Time
+	close()
+}
 
-	heartbeat := time.NewTicker(s.heartbeat)
-	defer heartbeat.Stop()
+// follow waits for wakes and heartbeats until the stream ends.
+func (s *operationService) follow(ctx context.Context, f follower) error {
+	defer f.close()
+	beat := time.NewTicker(s.heartbeat)
+	defer beat.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return toStatus(ctx, s.log, ctx.Err())
 		case <-s.closing:
-			return newStatus(codes.Unavailable, fmt.Sprintf("the server is shutting down; resume with start_after_revision %d", last),
-				ReasonShuttingDown, map[string]string{"revision": fmt.Sprint(last)})
-		case <-heartbeat.C:
-			if err := stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Heartbeat_{
-				Heartbeat: &opbrokerv1.WatchOperationResponse_Heartbeat{Revision: last}}}); err != nil {
+			return f.shuttingDown()
+		case <-beat.C:
+			if err := f.heartbeat(); err != nil {
 				return err
 			}
-		case <-sub.C:
-			if last, state, err = s.sendChanges(stream, op, last, state); err != nil {
-				return err
-			}
-			if state.Terminal() {
-				return nil
-			}
+			continue
+		case <-f.woken():
+		case <-f.again():
+		}
+		if done, err := f.catchUp(); done || err != nil {
+			return err
 		}
 	}
 }
+
+// WatchOperation streams an operation's changes. It subscribes before it reads, so no
+// change is missed between the two; every message carries the full operation after the
+// change; the stream ends with OK after a terminal state.
+func (s *operationService) WatchOperation(req *opbrokerv1.WatchOperationRequest, stream opbrokerv1.OperationService_WatchOperationServer) error {
+	f, err := s.openOperationWatch(req, stream)
+	if f == nil {
+		return err
+	}
+	return s.follow(stream.Context(), f)
+}
+
+// operationFollower follows one operation.
+type operationFollower struct {
+	s      *operationService
+	stream opbrokerv1.OperationService_WatchOperationServer
+	sub    *watch.Subscription
+	op     store.Operation
+	last   int64
+	state  store.State
+}
+
+// openOperationWatch sends the operation as it is (or its changes after the requested
+// revision) and returns its follower, or nil when the stream is already complete or
+// failed.
+func (s *operationService) openOperationWatch(req *opbrokerv1.WatchOperationRequest, stream opbrokerv1.OperationService_WatchOperationServer) (*operationFollower, error) {
+	ctx := stream.Context()
+	tenant, id, err := parseOperationName("name", req.GetName())
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	f := &operationFollower{s: s, stream: stream, sub: s.hub.Subscribe(store.OperationKey{TenantID: tenant, ID: id})}
+	f.op, err = s.store.Get(ctx, tenant, id)
+	if err != nil {
+		f.close()
+		return nil, toStatus(ctx, s.log, err)
+	}
+	f.last, f.state = req.GetStartAfterRevision(), f.op.State
+	if f.last == 0 || f.last >= f.op.Revision {
+		err = stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Snapshot{Snapshot: operationToProto(f.op)}})
+		f.last = f.op.Revision
+	} else {
+		f.last, f.state, err = s.sendChanges(stream, f.op, f.last, f.state)
+	}
+	if err != nil || f.state.Terminal() {
+		f.close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *operationFollower) catchUp() (bool, error) {
+	var err error
+	f.last, f.state, err = f.s.sendChanges(f.stream, f.op, f.last, f.state)
+	return f.state.Terminal(), err
+}
+
+func (f *operationFollower) heartbeat() error {
+	return f.stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Heartbeat_{
+		Heartbeat: &opbrokerv1.WatchOperationResponse_Heartbeat{Revision: f.last}}})
+}
+
+func (f *operationFollower) shuttingDown() error {
+	return newStatus(codes.Unavailable, fmt.Sprintf("the server is shutting down; resume with start_after_revision %d", f.last),
+		ReasonShuttingDown, map[string]string{"revision": fmt.Sprint(f.last)})
+}
+
+func (f *operationFollower) woken() <-chan struct{}  { return f.sub.C }
+func (f *operationFollower) again() <-chan time.Time { return nil }
+func (f *operationFollower) close()                  { f.sub.Close() }
 
 // sendChanges sends every event of op after revision last, as the operation after each
 // change, and returns the last revision sent with its state (state, unchanged, when
@@ -113,74 +178,95 @@ func (s *operationService) sendChanges(stream opbrokerv1.OperationService_WatchO
 // WatchOperations streams a tenant's feed: each change once, each operation's in
 // revision order, every message with the token to resume after it.
 func (s *operationService) WatchOperations(req *opbrokerv1.WatchOperationsRequest, stream opbrokerv1.OperationService_WatchOperationsServer) error {
-	ctx := stream.Context()
-	states := statesFromProto(req.GetStates())
-	scope := newScope(req.GetTenant(), states)
-	sub := s.hub.SubscribeAll()
-	defer sub.Close()
-	var cursor store.FeedCursor
-	var err error
-	if req.GetResumeToken() == "" {
-		cursor, err = s.store.FeedHead(ctx)
-	} else {
-		cursor, err = decodeResumeToken(req.GetResumeToken(), scope)
-	}
-	if err != nil {
-		return toStatus(ctx, s.log, err)
-	}
-	heartbeat := func() error {
-		return stream.Send(&opbrokerv1.WatchOperationsResponse{
-			Event:       &opbrokerv1.WatchOperationsResponse_Heartbeat_{Heartbeat: &opbrokerv1.WatchOperationsResponse_Heartbeat{}},
-			ResumeToken: encodeResumeToken(scope, cursor)})
-	}
-	if err := heartbeat(); err != nil {
+	f, err := s.openTenantWatch(req, stream)
+	if f == nil {
 		return err
 	}
+	return s.follow(stream.Context(), f)
+}
 
-	beat := time.NewTicker(s.heartbeat)
-	defer beat.Stop()
-	params := store.FeedParams{TenantID: req.GetTenant(), States: states, Limit: eventsPerRead}
-	retry := minFeedRetry
+// tenantFollower follows a tenant's feed.
+type tenantFollower struct {
+	s      *operationService
+	stream opbrokerv1.OperationService_WatchOperationsServer
+	sub    *watch.Subscription
+	scope  tokenScope
+	params store.FeedParams
+	cursor store.FeedCursor
+	// retry is set while committed changes are held back by an older transaction.
+	retry   <-chan time.Time
+	backoff time.Duration
+}
+
+// openTenantWatch starts the feed at its head or the resume token, says so with a
+// heartbeat carrying the start token, sends what is already there, and returns the
+// follower (nil when the stream failed).
+func (s *operationService) openTenantWatch(req *opbrokerv1.WatchOperationsRequest, stream opbrokerv1.OperationService_WatchOperationsServer) (*tenantFollower, error) {
+	ctx := stream.Context()
+	states := statesFromProto(req.GetStates())
+	f := &tenantFollower{s: s, stream: stream, sub: s.hub.SubscribeAll(), scope: newScope(req.GetTenant(), states),
+		params: store.FeedParams{TenantID: req.GetTenant(), States: states, Limit: eventsPerRead}, backoff: minFeedRetry}
+	var err error
+	if req.GetResumeToken() == "" {
+		f.cursor, err = s.store.FeedHead(ctx)
+	} else {
+		f.cursor, err = decodeResumeToken(req.GetResumeToken(), f.scope)
+	}
+	if err != nil {
+		f.close()
+		return nil, toStatus(ctx, s.log, err)
+	}
+	if err := f.heartbeat(); err != nil {
+		f.close()
+		return nil, err
+	}
+	if _, err := f.catchUp(); err != nil {
+		f.close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// catchUp sends the feed from the cursor to its end (a tenant's feed never completes).
+func (f *tenantFollower) catchUp() (bool, error) {
+	ctx := f.stream.Context()
 	for {
-		batch, err := s.store.ReadFeed(ctx, params, cursor)
+		batch, err := f.s.store.ReadFeed(ctx, f.params, f.cursor)
 		if err != nil {
-			return toStatus(ctx, s.log, err)
+			return false, toStatus(ctx, f.s.log, err)
 		}
 		for _, e := range batch.Events {
-			if err := stream.Send(&opbrokerv1.WatchOperationsResponse{
+			if err := f.stream.Send(&opbrokerv1.WatchOperationsResponse{
 				Event:       &opbrokerv1.WatchOperationsResponse_Change{Change: operationToProto(e.Operation)},
-				ResumeToken: encodeResumeToken(scope, e.Cursor)}); err != nil {
-				return err
+				ResumeToken: encodeResumeToken(f.scope, e.Cursor)}); err != nil {
+				return false, err
 			}
 		}
-		cursor = batch.Cursor
+		f.cursor = batch.Cursor
 		if batch.More {
 			continue
 		}
-		var again <-chan time.Time
+		f.retry = nil
 		if batch.Pending {
-			again, retry = time.After(retry), min(2*retry, maxFeedRetry)
+			f.retry, f.backoff = time.After(f.backoff), min(2*f.backoff, maxFeedRetry)
 		} else {
-			retry = minFeedRetry
+			f.backoff = minFeedRetry
 		}
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				return toStatus(ctx, s.log, ctx.Err())
-			case <-s.closing:
-				token := encodeResumeToken(scope, cursor)
-				return newStatus(codes.Unavailable, "the server is shutting down; resume with the last resume_token",
-					ReasonShuttingDown, map[string]string{"resumeToken": token})
-			case <-beat.C:
-				if err := heartbeat(); err != nil {
-					return err
-				}
-			case <-sub.C:
-				break wait
-			case <-again:
-				break wait
-			}
-		}
+		return false, nil
 	}
 }
+
+func (f *tenantFollower) heartbeat() error {
+	return f.stream.Send(&opbrokerv1.WatchOperationsResponse{
+		Event:       &opbrokerv1.WatchOperationsResponse_Heartbeat_{Heartbeat: &opbrokerv1.WatchOperationsResponse_Heartbeat{}},
+		ResumeToken: encodeResumeToken(f.scope, f.cursor)})
+}
+
+func (f *tenantFollower) shuttingDown() error {
+	return newStatus(codes.Unavailable, "the server is shutting down; resume with the last resume_token",
+		ReasonShuttingDown, map[string]string{"resumeToken": encodeResumeToken(f.scope, f.cursor)})
+}
+
+func (f *tenantFollower) woken() <-chan struct{}  { return f.sub.C }
+func (f *tenantFollower) again() <-chan time.Time { return f.retry }
+func (f *tenantFollower) close()                  { f.sub.Close() }

@@ -54,18 +54,18 @@ func benchWatch(ctx context.Context, cmd *cli.Command) error {
 	name := fmt.Sprintf("tenants/%s/operations/%s", op.TenantID, op.ID)
 
 	// The server alone: the clients run in a child process.
-	before := heap()
+	before := inUse()
 	child, err := startWatchClients(addr, name, n)
 	if err != nil {
 		return err
 	}
-	serverOnly := heap()
+	serverOnly := inUse()
 	if err := child(); err != nil {
 		return err
 	}
 	out := cmd.Root().Writer
-	fmt.Fprintf(out, "watch: %d idle WatchOperation streams: %.1f KB per watcher in the server (heap and stacks; the clients run in another process)\n",
-		n, perWatcher(before, serverOnly, n))
+	fmt.Fprintf(out, "watch: %d idle WatchOperation streams: %.1f KB per watcher in the server (%.1f KB goroutine stacks, %.1f KB heap; the clients run in another process)\n",
+		n, perWatcher(before.total(), serverOnly.total(), n), perWatcher(before.stacks, serverOnly.stacks, n), perWatcher(before.heap, serverOnly.heap, n))
 
 	latency, err := watchLatency(context.WithoutCancel(ctx), pool, st, addr, cmd.Int("latency-watchers"), cmd.Int("changes"))
 	if err != nil {
@@ -147,12 +147,20 @@ func perWatcher(before, after uint64, n int) float64 {
 	return float64(int64(after)-int64(before)) / float64(n) / 1024
 }
 
-// heap returns the bytes of heap and goroutine stacks in use after a collection.
-func heap() uint64 {
+// memory is the bytes of heap and of goroutine stacks in use.
+type memory struct{ heap, stacks uint64 }
+
+func (m memory) total() uint64 { return m.heap + m.stacks }
+
+// inUse returns the memory in use after two collections: as a server that has been
+// running a while holds it (a collection halves a goroutine's stack at most once, when
+// it uses under a quarter of it).
+func inUse() memory {
+	runtime.GC()
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return m.HeapInuse + m.StackInuse
+	return memory{heap: m.HeapInuse, stacks: m.StackInuse}
 }
 
 // serveAPI runs the broker's gRPC API (no dispatcher, no credentials) over st on a
