@@ -37,6 +37,8 @@ bench:
 	go run ./cmd/opbench prepare
 	go run ./cmd/opbench dispatch --ops 20000
 	go run ./cmd/opbench watch --watchers 10000
+	go run ./cmd/opbench reconcile --ops 5000
+	go run ./cmd/opbench ledger --operations 1000000
 
 # A short run of each fuzz target (the seed corpora also run in `make test`).
 fuzz:

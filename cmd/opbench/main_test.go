@@ -73,6 +73,6 @@ func TestLedgerBenchRuns(t *testing.T) {
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "ledger", "--database-url", storetest.URL(t),
 		"--operations", "2000", "--period", "100ms"}))
 	for _, size := range []string{"0", "200", "2000"} {
-		require.Regexp(t, `(?m)^`+size+` +\d+ .*ms +\d+\.\d+ms +\d+\.\d+ms$`, out.String(), "a row at %s operations", size)
+		require.Regexp(t, `(?m)^`+size+` +\d+ .*ms +\d+\.\d+ms +\d+\.\d+ms +\d+\.\d+ms +\d+\.\d+ms$`, out.String(), "a row at %s operations", size)
 	}
 }
