@@ -85,6 +85,7 @@ func newApp() *cli.Command {
 			Flags: []cli.Flag{
 				databaseURLFlag(),
 				&cli.DurationFlag{Name: "period", Value: 5 * time.Second, Usage: "how long each measurement runs"},
+				&cli.IntSliceFlag{Name: "concurrency", Value: []int{1, 8, 32, 64}, Usage: "calls at once, one measurement each"},
 				cpuProfileFlag(),
 			},
 			Action: benchPrepare,

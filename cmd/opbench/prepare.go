@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sync"
@@ -60,7 +59,7 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 	fmt.Fprintf(out, "PrepareOperation over gRPC vs a plain single-row INSERT, %s per measurement, durable commits\n", period)
 	fmt.Fprintf(out, "%-11s  %-30s  %-30s  %-30s  %s\n", "concurrency", "PrepareOperation ops/s p50 p99", "store.Prepare ops/s p50 p99", "INSERT ops/s p50 p99", "ratio")
 	var seq atomic.Int64
-	for _, n := range []int{1, 8, 32, 64} {
+	for _, n := range cmd.IntSlice("concurrency") {
 		prepare := measure(ctx, n, period, func(ctx context.Context, worker int) error {
 			i := seq.Add(1)
 			_, err := opbrokerv1.NewOperationServiceClient(conns[worker%len(conns)]).PrepareOperation(ctx,
@@ -78,10 +77,7 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 		}
 		fmt.Fprintf(out, "%-11d  %-30s  %-30s  %-30s  %.0f%%\n", n, prepare, direct, insert, 100*prepare.rate/insert.rate)
 	}
-	var version string
-	_ = pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&version)
-	fmt.Fprintf(out, "  machine: %d cores, %s/%s, PostgreSQL %s; client, server and PostgreSQL on the same machine\n",
-		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version)
+	fmt.Fprintf(out, "  %s; client, server and PostgreSQL share it\n", machine(ctx, pool))
 	return nil
 }
 
