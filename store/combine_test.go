@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -115,4 +116,46 @@ func TestPrepareTogetherAnswersEach(t *testing.T) {
 	again, err := b.store.Get(b.ctx, "acme", existing.ID)
 	require.NoError(t, err)
 	require.Equal(t, existing, again)
+}
+
+// TestCombinedPrepareDoesNotWaitOnAStalledDuplicate: an intent whose duplicate is being
+// written by a transaction that does not finish holds up only itself: the intents
+// combined with it are recorded within the combined statement's lock wait, and it is
+// recorded as soon as the other transaction ends.
+func TestCombinedPrepareDoesNotWaitOnAStalledDuplicate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stalled, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer stalled.Rollback(b.ctx) //nolint:errcheck // ended below
+	_, err = stalled.Exec(b.ctx, `SELECT set_config('opbroker.tenant', '*', true)`)
+	require.NoError(t, err)
+	_, err = stalled.Exec(b.ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type, payload, payload_sha256)
+		VALUES ('acme', gen_random_uuid(), 'demo.charge', 'contended', 'application/json', '{}', sha256('{}'))`)
+	require.NoError(t, err)
+
+	type answer struct {
+		created []bool
+		errs    []error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		_, created, errs := b.store.PrepareTogether(b.ctx, []store.PrepareParams{
+			prepareParams("acme", "contended", `{}`), prepareParams("acme", "free-1", `{}`), prepareParams("globex", "free-2", `{}`)}, true)
+		done <- answer{created, errs}
+	}()
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM operations WHERE intent_ref IN ('free-1', 'free-2')`) == 2
+	}, 10*time.Second, 20*time.Millisecond, "the others are recorded while the duplicate's writer stalls")
+	select {
+	case <-done:
+		t.Fatal("the contended intent did not wait for the other transaction")
+	default:
+	}
+	require.NoError(t, stalled.Rollback(b.ctx))
+	got := <-done
+	require.Equal(t, []bool{true, true, true}, got.created, "the other transaction rolled back: the intent is new")
+	for _, err := range got.errs {
+		require.NoError(t, err)
+	}
 }

@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -69,6 +71,14 @@ func scopeOf(ctx context.Context) (string, error) {
 	return "", ErrNoScope
 }
 
+type lockTimeoutKey struct{}
+
+// withLockTimeout returns ctx whose statements give up waiting for a lock after d
+// (PostgreSQL's lock_timeout, for the statement's transaction only).
+func withLockTimeout(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, lockTimeoutKey{}, d)
+}
+
 // query runs one statement in the context's scope, in one round trip.
 func (s *Store) query(ctx context.Context, sql string, args ...any) pgx.Rows {
 	scope, err := scopeOf(ctx)
@@ -77,11 +87,18 @@ func (s *Store) query(ctx context.Context, sql string, args ...any) pgx.Rows {
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(setScope, scope)
+	setup := 1
+	if d, ok := ctx.Value(lockTimeoutKey{}).(time.Duration); ok {
+		batch.Queue(`SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", max(1, d.Milliseconds())))
+		setup++
+	}
 	batch.Queue(sql, args...)
 	results := s.pool.SendBatch(ctx, batch)
-	if _, err := results.Exec(); err != nil {
-		results.Close()
-		return &failedRows{err: err}
+	for range setup {
+		if _, err := results.Exec(); err != nil {
+			results.Close()
+			return &failedRows{err: err}
+		}
 	}
 	rows, _ := results.Query()
 	return &batchRows{Rows: rows, results: results}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -135,15 +136,26 @@ type prepared struct {
 
 // insertEach records intents together, in the scope of their callers' tenants, and
 // answers each. When the combined statement fails for anything but the database being
-// unreachable (one intent breaks a constraint, say), each intent is recorded on its own
-// in its own caller's scope, so each gets its own answer.
+// unreachable (one intent breaks a constraint, say), each intent is recorded on its
+// own, all at once, in its own caller's scope, so each gets its own answer.
+//
+// A combined statement waits for a lock at most combinedLockWait: an intent whose
+// duplicate is still being written by a transaction that does not finish (its client
+// stalled between the statement and the commit) must not hold up every other intent
+// written with it. Alone, it waits as long as its caller does.
 func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared, error) {
-	created, err := s.insertOperations(scopeOfCalls(ctx, calls), calls)
+	combined := ctx
+	if len(calls) > 1 {
+		combined = withLockTimeout(ctx, combinedLockWait)
+	}
+	created, err := s.insertOperations(scopeOfCalls(combined, calls), calls)
 	if err != nil && len(calls) > 1 && !errors.Is(err, ErrUnavailable) {
 		results := make([]prepared, len(calls))
+		var wg sync.WaitGroup
 		for i, c := range calls {
-			results[i] = s.insertOne(ctx, c)
+			wg.Go(func() { results[i] = s.insertOne(ctx, c) })
 		}
+		wg.Wait()
 		return results, nil
 	}
 	if err != nil {
@@ -155,6 +167,9 @@ func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared
 	}
 	return results, nil
 }
+
+// combinedLockWait bounds a combined insert's wait for a lock (see insertEach).
+const combinedLockWait = time.Second
 
 func (s *Store) insertOne(ctx context.Context, c prepareCall) prepared {
 	created, err := s.insertOperations(scopeOfCalls(ctx, []prepareCall{c}), []prepareCall{c})
