@@ -140,7 +140,8 @@ func (c *cluster) startTargets() error {
 	}
 	c.sims = []*simtarget.Server{stripe, forgetful}
 
-	charge, notify := simtarget.DemoContracts(stripe.URL)[0], simtarget.DemoContracts(stripe.URL)[1]
+	demo := simtarget.DemoContracts(stripe.URL)
+	charge, notify := demo[0], demo[1]
 	charge.Name, charge.OperationTypes = "chaos-payments", []string{typeCharge}
 	notify.Name, notify.OperationTypes = "chaos-notify", []string{typeNotify}
 	provision := simtarget.DemoContracts(forgetful.URL)[0]

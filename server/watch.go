@@ -40,6 +40,9 @@ const (
 
 // follower is one watch stream's state and what it does when woken.
 type follower interface {
+	// start sends what the stream begins with, and reports when that already completes
+	// it.
+	start() (done bool, err error)
 	// catchUp sends what changed since the last call, and reports when the stream is
 	// complete (the operation reached a terminal state).
 	catchUp() (done bool, err error)
@@ -53,9 +56,12 @@ type follower interface {
 	close()
 }
 
-// follow waits for wakes and heartbeats until the stream ends.
+// follow starts the stream, then waits for wakes and heartbeats until it ends.
 func (s *operationService) follow(ctx context.Context, f follower) error {
 	defer f.close()
+	if done, err := f.start(); done || err != nil {
+		return err
+	}
 	beat := time.NewTicker(s.heartbeat)
 	defer beat.Stop()
 	for {
@@ -82,11 +88,13 @@ func (s *operationService) follow(ctx context.Context, f follower) error {
 // change is missed between the two; every message carries the full operation after the
 // change; the stream ends with OK after a terminal state.
 func (s *operationService) WatchOperation(req *opbrokerv1.WatchOperationRequest, stream opbrokerv1.OperationService_WatchOperationServer) error {
-	f, err := s.openOperationWatch(req, stream)
-	if f == nil {
-		return err
+	tenant, id, err := parseOperationName("name", req.GetName())
+	if err != nil {
+		return toStatus(stream.Context(), s.log, err)
 	}
-	return s.follow(stream.Context(), f)
+	key := store.OperationKey{TenantID: tenant, ID: id}
+	return s.follow(stream.Context(), &operationFollower{s: s, stream: stream, sub: s.hub.Subscribe(key),
+		key: key, last: req.GetStartAfterRevision()})
 }
 
 // operationFollower follows one operation.
@@ -94,38 +102,29 @@ type operationFollower struct {
 	s      *operationService
 	stream opbrokerv1.OperationService_WatchOperationServer
 	sub    *watch.Subscription
+	key    store.OperationKey
 	op     store.Operation
 	last   int64
 	state  store.State
 }
 
-// openOperationWatch sends the operation as it is (or its changes after the requested
-// revision) and returns its follower, or nil when the stream is already complete or
-// failed.
-func (s *operationService) openOperationWatch(req *opbrokerv1.WatchOperationRequest, stream opbrokerv1.OperationService_WatchOperationServer) (*operationFollower, error) {
-	ctx := stream.Context()
-	tenant, id, err := parseOperationName("name", req.GetName())
+// start sends the operation as it is, or its changes after the requested revision. The
+// subscription was taken before this read, so no change falls between the two.
+func (f *operationFollower) start() (bool, error) {
+	ctx := f.stream.Context()
+	var err error
+	f.op, err = f.s.store.Get(ctx, f.key.TenantID, f.key.ID)
 	if err != nil {
-		return nil, toStatus(ctx, s.log, err)
+		return false, toStatus(ctx, f.s.log, err)
 	}
-	f := &operationFollower{s: s, stream: stream, sub: s.hub.Subscribe(store.OperationKey{TenantID: tenant, ID: id})}
-	f.op, err = s.store.Get(ctx, tenant, id)
-	if err != nil {
-		f.close()
-		return nil, toStatus(ctx, s.log, err)
-	}
-	f.last, f.state = req.GetStartAfterRevision(), f.op.State
+	f.state = f.op.State
 	if f.last == 0 || f.last >= f.op.Revision {
-		err = stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Snapshot{Snapshot: operationToProto(f.op)}})
+		err = f.stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Snapshot{Snapshot: operationToProto(f.op)}})
 		f.last = f.op.Revision
 	} else {
-		f.last, f.state, err = s.sendChanges(stream, f.op, f.last, f.state)
+		f.last, f.state, err = f.s.sendChanges(f.stream, f.op, f.last, f.state)
 	}
-	if err != nil || f.state.Terminal() {
-		f.close()
-		return nil, err
-	}
-	return f, nil
+	return f.state.Terminal(), err
 }
 
 func (f *operationFollower) catchUp() (bool, error) {
@@ -178,53 +177,43 @@ func (s *operationService) sendChanges(stream opbrokerv1.OperationService_WatchO
 // WatchOperations streams a tenant's feed: each change once, each operation's in
 // revision order, every message with the token to resume after it.
 func (s *operationService) WatchOperations(req *opbrokerv1.WatchOperationsRequest, stream opbrokerv1.OperationService_WatchOperationsServer) error {
-	f, err := s.openTenantWatch(req, stream)
-	if f == nil {
-		return err
-	}
-	return s.follow(stream.Context(), f)
+	states := statesFromProto(req.GetStates())
+	return s.follow(stream.Context(), &tenantFollower{s: s, stream: stream, sub: s.hub.SubscribeAll(),
+		scope: newScope(req.GetTenant(), states), resumeToken: req.GetResumeToken(),
+		params: store.FeedParams{TenantID: req.GetTenant(), States: states, Limit: eventsPerRead}, backoff: minFeedRetry})
 }
 
 // tenantFollower follows a tenant's feed.
 type tenantFollower struct {
-	s      *operationService
-	stream opbrokerv1.OperationService_WatchOperationsServer
-	sub    *watch.Subscription
-	scope  tokenScope
-	params store.FeedParams
-	cursor store.FeedCursor
+	s           *operationService
+	stream      opbrokerv1.OperationService_WatchOperationsServer
+	sub         *watch.Subscription
+	scope       tokenScope
+	resumeToken string // where the stream starts; empty: the feed's head
+	params      store.FeedParams
+	cursor      store.FeedCursor
 	// retry is set while committed changes are held back by an older transaction.
 	retry   <-chan time.Time
 	backoff time.Duration
 }
 
-// openTenantWatch starts the feed at its head or the resume token, says so with a
-// heartbeat carrying the start token, sends what is already there, and returns the
-// follower (nil when the stream failed).
-func (s *operationService) openTenantWatch(req *opbrokerv1.WatchOperationsRequest, stream opbrokerv1.OperationService_WatchOperationsServer) (*tenantFollower, error) {
-	ctx := stream.Context()
-	states := statesFromProto(req.GetStates())
-	f := &tenantFollower{s: s, stream: stream, sub: s.hub.SubscribeAll(), scope: newScope(req.GetTenant(), states),
-		params: store.FeedParams{TenantID: req.GetTenant(), States: states, Limit: eventsPerRead}, backoff: minFeedRetry}
+// start places the feed at its head or the resume token, says so with a heartbeat
+// carrying the start token, and sends what is already there.
+func (f *tenantFollower) start() (bool, error) {
+	ctx := f.stream.Context()
 	var err error
-	if req.GetResumeToken() == "" {
-		f.cursor, err = s.store.FeedHead(ctx)
+	if f.resumeToken == "" {
+		f.cursor, err = f.s.store.FeedHead(ctx)
 	} else {
-		f.cursor, err = decodeResumeToken(req.GetResumeToken(), f.scope)
+		f.cursor, err = decodeResumeToken(f.resumeToken, f.scope)
 	}
 	if err != nil {
-		f.close()
-		return nil, toStatus(ctx, s.log, err)
+		return false, toStatus(ctx, f.s.log, err)
 	}
 	if err := f.heartbeat(); err != nil {
-		f.close()
-		return nil, err
+		return false, err
 	}
-	if _, err := f.catchUp(); err != nil {
-		f.close()
-		return nil, err
-	}
-	return f, nil
+	return f.catchUp()
 }
 
 // catchUp sends the feed from the cursor to its end (a tenant's feed never completes).

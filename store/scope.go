@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,21 +42,19 @@ type tenantList string
 // withTenants returns ctx limited to the data of the tenants of scopes, each a single
 // tenant's scope.
 func withTenants(ctx context.Context, scopes []string) context.Context {
-	seen := make(map[string]bool, len(scopes))
-	var list []string
-	for _, s := range scopes {
-		if !seen[s] {
-			seen[s] = true
-			list = append(list, s)
-		}
-	}
-	return context.WithValue(ctx, scopeKey{}, tenantList(strings.Join(list, ",")))
+	tenants := slices.Compact(slices.Sorted(slices.Values(scopes)))
+	return context.WithValue(ctx, scopeKey{}, tenantList(strings.Join(tenants, ",")))
 }
 
 // ErrNoScope means a context reached the ledger without a tenant scope: a bug.
 var ErrNoScope = errors.New("store: no tenant scope in the context (store.WithTenant or store.WithAllTenants)")
 
-const setScope = `SELECT set_config('opbroker.tenant', $1, true)`
+// The statements sent ahead of each statement, in its transaction: its scope, and when
+// the context asks for one, its lock timeout.
+const (
+	setScope            = `SELECT set_config('opbroker.tenant', $1, true)`
+	setScopeLockTimeout = `SELECT set_config('opbroker.tenant', $1, true), set_config('lock_timeout', $2, true)`
+)
 
 // scopeOf returns the scope of ctx as the setting spells it. A single tenant's scope
 // holding a comma would name several tenants: it is refused (tenant ids never hold one).
@@ -86,19 +85,16 @@ func (s *Store) query(ctx context.Context, sql string, args ...any) pgx.Rows {
 		return &failedRows{err: err}
 	}
 	batch := &pgx.Batch{}
-	batch.Queue(setScope, scope)
-	setup := 1
 	if d, ok := ctx.Value(lockTimeoutKey{}).(time.Duration); ok {
-		batch.Queue(`SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", max(1, d.Milliseconds())))
-		setup++
+		batch.Queue(setScopeLockTimeout, scope, fmt.Sprintf("%dms", max(1, d.Milliseconds())))
+	} else {
+		batch.Queue(setScope, scope)
 	}
 	batch.Queue(sql, args...)
 	results := s.pool.SendBatch(ctx, batch)
-	for range setup {
-		if _, err := results.Exec(); err != nil {
-			results.Close()
-			return &failedRows{err: err}
-		}
+	if _, err := results.Exec(); err != nil {
+		results.Close()
+		return &failedRows{err: err}
 	}
 	rows, _ := results.Query()
 	return &batchRows{Rows: rows, results: results}

@@ -64,7 +64,7 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 			i := seq.Add(1)
 			_, err := opbrokerv1.NewOperationServiceClient(conns[worker%len(conns)]).PrepareOperation(ctx,
 				&opbrokerv1.PrepareOperationRequest{Tenant: fmt.Sprintf("tenant-%d", i%8), OperationType: simtarget.DemoCharge,
-					IntentRef: fmt.Sprintf("bench-%d", i), Payload: []byte(`{"amount":100,"currency":"EUR"}`), ContentType: "application/json"})
+					IntentRef: fmt.Sprintf("bench-%d", i), Payload: benchBody, ContentType: "application/json"})
 			return err
 		})
 		direct := measure(ctx, n, period, func(ctx context.Context, worker int) error {
@@ -107,7 +107,7 @@ func profile(cmd *cli.Command) (func(), error) {
 func plainInsert(pool *pgxpool.Pool) func(context.Context, int) error {
 	return func(ctx context.Context, worker int) error {
 		_, err := pool.Exec(ctx, `INSERT INTO bench_insert (tenant_id, payload) VALUES ($1, $2)`,
-			fmt.Sprintf("tenant-%d", worker%8), []byte(`{"amount":100,"currency":"EUR"}`))
+			fmt.Sprintf("tenant-%d", worker%8), benchBody)
 		return err
 	}
 }
