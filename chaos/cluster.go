@@ -122,31 +122,36 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 }
 
 // startTargets starts the two simulated providers with the run's fault mix and writes
-// the contracts that describe them.
+// the contracts that describe them (simtarget.Contracts: what each key saves and how
+// long it keeps it, as the simulator does).
 func (c *cluster) startTargets() error {
 	rates := map[simtarget.Fault]float64{}
 	for _, f := range simtarget.Faults {
 		rates[f] = c.cfg.FaultRate / float64(len(simtarget.Faults))
 	}
-	stripe, err := simtarget.Start(simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed, LookupLag: 0, SlowDelay: 4 * time.Second})
+	// Lookups fail as often as a create gets any one fault: a failed lookup must never
+	// let a replay through that the key does not cover.
+	lookupFailures := c.cfg.FaultRate / float64(len(simtarget.Faults))
+	stripeCfg := simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed, LookupFailures: lookupFailures, SlowDelay: 4 * time.Second}
+	stripe, err := simtarget.Start(stripeCfg)
 	if err != nil {
 		return err
 	}
-	forgetful, err := simtarget.Start(simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed + 1, SaveOnlySuccesses: true,
-		Retention: provisionRetention, SlowDelay: 4 * time.Second})
+	forgetfulCfg := simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed + 1, SaveOnlySuccesses: true,
+		Retention: provisionRetention, LookupFailures: lookupFailures, SlowDelay: 4 * time.Second}
+	forgetful, err := simtarget.Start(forgetfulCfg)
 	if err != nil {
 		stripe.Close()
 		return err
 	}
 	c.sims = []*simtarget.Server{stripe, forgetful}
 
-	demo := simtarget.DemoContracts(stripe.URL)
+	demo := simtarget.Contracts(stripe.URL, stripeCfg)
 	charge, notify := demo[0], demo[1]
 	charge.Name, charge.OperationTypes = "chaos-payments", []string{typeCharge}
 	notify.Name, notify.OperationTypes = "chaos-notify", []string{typeNotify}
-	provision := simtarget.DemoContracts(forgetful.URL)[0]
+	provision := simtarget.Contracts(forgetful.URL, forgetfulCfg)[0]
 	provision.Name, provision.OperationTypes = "chaos-provisioning", []string{typeProvision}
-	provision.Idempotency.Retention = target.Duration(provisionRetention)
 	data, err := target.Encode([]*target.Contract{charge, provision, notify})
 	if err != nil {
 		return err

@@ -12,9 +12,20 @@ const (
 	DemoNotify = "demo.notify" // capability D: no idempotency, no lookup
 )
 
-// DemoContracts returns the recorded contracts of a simulated target at baseURL, as a
-// vendor's documentation would give them.
-func DemoContracts(baseURL string) []*target.Contract {
+// DemoContracts returns the recorded contracts of a simulated target at baseURL with
+// the default Config, as a vendor's documentation would give them.
+func DemoContracts(baseURL string) []*target.Contract { return Contracts(baseURL, Config{}) }
+
+// Contracts returns the recorded contracts of a simulated target at baseURL configured
+// with cfg: what its key saves and how long it keeps it say what the target does.
+func Contracts(baseURL string, cfg Config) []*target.Contract {
+	saves, retention := target.SavesEveryAnswer, 24*time.Hour
+	if cfg.SaveOnlySuccesses {
+		saves = target.SavesSuccessesOnly
+	}
+	if cfg.Retention > 0 {
+		retention = cfg.Retention
+	}
 	docs := target.Documentation{URL: "https://github.com/opbroker/opbroker/blob/main/simtarget/simtarget.go", Checked: "2026-11-29"}
 	owner := target.Owner{Team: "demo-oncall", Escalation: "README.md#operations"}
 	data := target.DataOwnership{Owner: "demo data owner", Retention: target.Duration(30 * 24 * time.Hour)}
@@ -23,8 +34,8 @@ func DemoContracts(baseURL string) []*target.Contract {
 			Name: "demo-payments", Documentation: docs, Owner: owner, Data: data,
 			OperationTypes: []string{DemoCharge},
 			Endpoint:       target.Endpoint{Method: "POST", URL: baseURL + "/v1/charges", Timeout: target.Duration(3 * time.Second)},
-			Idempotency: &target.Idempotency{Header: "Idempotency-Key", Retention: target.Duration(24 * time.Hour),
-				Scope: "the API account", ParameterMismatch: "rejects"},
+			Idempotency: &target.Idempotency{Header: "Idempotency-Key", Retention: target.Duration(retention),
+				Scope: "the API account", ParameterMismatch: "rejects", Saves: saves},
 			Lookup: &target.Lookup{Method: "GET", URL: baseURL + "/v1/charges?reference={remote_key}",
 				VisibilityDelay: target.Duration(2 * time.Second),
 				Found:           target.ResponseClass{Status: []int{200}, RemoteRef: "/id", Reference: "/reference"},

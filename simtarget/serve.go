@@ -34,7 +34,7 @@ func (s *Server) Close() {
 	s.srv.Close()
 }
 
-// Targets returns the demo contracts of this server (DemoContracts at its URL).
+// Targets returns the contracts of this server (Contracts at its URL, for its Config).
 func (s *Server) Targets() (*target.Targets, error) {
-	return target.New(DemoContracts(s.URL)...)
+	return target.New(Contracts(s.URL, s.cfg)...)
 }

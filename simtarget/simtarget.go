@@ -47,6 +47,10 @@ const (
 	FaultRedirect          Fault = "redirect"            // 307 to another host; no effect
 	FaultDecline           Fault = "decline"             // 402, documented as creating no charge
 	FaultLookupLag         Fault = "lookup_lag"          // makes the effect, invisible to lookups for LookupLag
+
+	// FaultLookupUnavailable is a lookup answered 503 (Config.LookupFailures); it is
+	// counted in the ground truth, and a create cannot ask for it.
+	FaultLookupUnavailable Fault = "lookup_unavailable"
 )
 
 // Faults lists every fault, for tests and the chaos run.
@@ -77,6 +81,9 @@ type Config struct {
 	// LookupLag hides every new effect from lookups for this long (and FaultLookupLag
 	// hides one).
 	LookupLag time.Duration
+	// LookupFailures is the share of lookups, drawn with Seed, that answer 503 as a
+	// lookup API in an outage would (1: every lookup).
+	LookupFailures float64
 	// SlowDelay is how long FaultSlowCommit waits; default 2s.
 	SlowDelay time.Duration
 	// Latency delays every create before it is handled, as a real API's processing
@@ -227,12 +234,12 @@ func (t *Target) chooseFault(body []byte) Fault {
 	return FaultNone
 }
 
-// Heal stops the configured faults: from now on a request gets a fault only if its
-// payload names one. Provider behaviours (saved responses, retention, lookup lag) stay.
+// Heal stops the configured faults, lookup failures included: from now on a request
+// gets a fault only if its payload names one. Provider behaviours (saved responses, retention, lookup lag) stay.
 func (t *Target) Heal() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.cfg.Fault, t.cfg.FaultRates = FaultNone, nil
+	t.cfg.Fault, t.cfg.FaultRates, t.cfg.LookupFailures = FaultNone, nil, 0
 }
 
 func hashOf(body []byte) string {
@@ -434,6 +441,12 @@ func (t *Target) lookupCharge(w http.ResponseWriter, r *http.Request) {
 	key := r.URL.Query().Get("reference")
 	now := t.cfg.Now()
 	t.mu.Lock()
+	if t.cfg.LookupFailures > 0 && t.rng.Float64() < t.cfg.LookupFailures {
+		t.truth.Faults[FaultLookupUnavailable]++
+		t.mu.Unlock()
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "lookups are unavailable"})
+		return
+	}
 	var found *Effect
 	for _, e := range t.byKey[key] {
 		if !now.Before(e.visibleAt) {

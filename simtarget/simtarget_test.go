@@ -131,15 +131,26 @@ func TestLookupLag(t *testing.T) {
 	var created map[string]string
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&created))
 
-	lookup := func() int {
-		resp, err := http.Get(srv.URL + "/v1/charges?reference=k")
-		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	lookup := func() int { return lookupStatus(t, srv.URL, "k") }
 	require.Equal(t, 404, lookup(), "not yet visible")
 	now = now.Add(2 * time.Minute)
+	require.Equal(t, 200, lookup())
+}
+
+// TestLookupFailuresUntilHealed: a lookup outage answers 503, is counted, and ends with
+// Heal.
+func TestLookupFailuresUntilHealed(t *testing.T) {
+	t.Parallel()
+	target := New(Config{LookupFailures: 1})
+	srv := httptest.NewServer(target)
+	defer srv.Close()
+	_, err := post(t, srv.URL, "k", `{"amount":1}`)
+	require.NoError(t, err)
+	lookup := func() int { return lookupStatus(t, srv.URL, "k") }
+	require.Equal(t, 503, lookup())
+	require.Equal(t, 503, lookup())
+	require.Equal(t, 2, target.Snapshot().Faults[FaultLookupUnavailable])
+	target.Heal()
 	require.Equal(t, 200, lookup())
 }
 
@@ -154,4 +165,14 @@ func TestRandomFaultsAreSeeded(t *testing.T) {
 		return out
 	}
 	require.Equal(t, pick(), pick())
+}
+
+// lookupStatus looks the charge made with key up and returns the answer's status.
+func lookupStatus(t *testing.T, baseURL, key string) int {
+	t.Helper()
+	resp, err := http.Get(baseURL + "/v1/charges?reference=" + key)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -75,7 +75,28 @@ type Idempotency struct {
 	// ParameterMismatch is what the target does when a key is reused with other
 	// parameters: "rejects", "replays_original" or "undocumented".
 	ParameterMismatch string `yaml:"parameter_mismatch"`
+	// Saves is what the target keeps under a key, and so which earlier attempts a
+	// repeat of the key cannot execute again: SavesEveryAnswer or SavesSuccessesOnly.
+	// Where it is unsaid, the contract fails go/no-go control 1.
+	Saves string `yaml:"saves"`
 }
+
+// What a target saves under an idempotency key (Idempotency.Saves).
+const (
+	// SavesEveryAnswer: once the target began executing a request, the first answer it
+	// made, an error or a 5xx included, is saved under the key and returned to every
+	// repeat (Stripe's API v1). A repeat never executes again, whatever the first
+	// attempt answered.
+	SavesEveryAnswer = "every_answer"
+	// SavesSuccessesOnly: only a success is saved; a repeat after an error, a 5xx, a
+	// reset or a timeout executes the request again. The key protects only attempts
+	// whose success the target saved.
+	SavesSuccessesOnly = "successes_only"
+)
+
+// CoversEveryAttempt reports whether a repeat of the key can never execute an attempt
+// that already began executing: the target saves and returns every answer.
+func (i *Idempotency) CoversEveryAttempt() bool { return i != nil && i.Saves == SavesEveryAnswer }
 
 // Lookup finds an effect by the operation's remote key (capability B).
 type Lookup struct {
@@ -84,9 +105,9 @@ type Lookup struct {
 	URL string `yaml:"url"`
 	// VisibilityDelay is how long a write may take to become visible to lookups.
 	VisibilityDelay Duration `yaml:"visibility_delay"`
-	// AbsenceFinalAfter, when set, is the time after the first send past which the
-	// target documents that a request can no longer take effect, so that absence is
-	// final. Unset: absence is never final.
+	// AbsenceFinalAfter, when set, is the time after a send past which the target
+	// documents that the request can no longer take effect, so that absence is final
+	// (counted from the last send). Unset: absence is never final.
 	AbsenceFinalAfter Duration `yaml:"absence_final_after"`
 	// Found is the answer that means "found": its remote_ref is the target's reference,
 	// its reference the JSON pointer at which the object carries our remote key.
@@ -375,6 +396,9 @@ func (i *Idempotency) validate(bad func(field, format string, args ...any)) {
 	}
 	if !slices.Contains([]string{"rejects", "replays_original", "undocumented"}, i.ParameterMismatch) {
 		bad("idempotency.parameter_mismatch", "must be rejects, replays_original or undocumented")
+	}
+	if i.Saves != "" && i.Saves != SavesEveryAnswer && i.Saves != SavesSuccessesOnly {
+		bad("idempotency.saves", "must be %s or %s", SavesEveryAnswer, SavesSuccessesOnly)
 	}
 }
 

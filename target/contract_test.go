@@ -21,6 +21,7 @@ func TestLoadFile(t *testing.T) {
 	require.Equal(t, "acme-payments", payments.Name)
 	require.Equal(t, 24*time.Hour, payments.Idempotency.Retention.D())
 	require.Equal(t, target.Capabilities{Replay: true, Lookup: true}, payments.Capabilities())
+	require.True(t, payments.Idempotency.CoversEveryAttempt())
 	mailer, ok := targets.ByName("acme-mailer")
 	require.True(t, ok)
 	require.True(t, mailer.Capabilities().None())
@@ -38,20 +39,22 @@ func TestLoadErrorsNameFileTargetAndField(t *testing.T) {
 		from, to string
 		want     []string
 	}{
-		"unknown field":       {"    concurrency: 16", "    concurency: 16", []string{"t.yaml", "concurency"}},
-		"bad duration":        {"timeout: 10s", "timeout: ten seconds", []string{"t.yaml", "line 18", `"ten seconds" is not a duration`}},
-		"bad method":          {"method: POST\n      url: http://127.0.0.1:8081", "method: GET\n      url: http://127.0.0.1:8081", []string{`t.yaml: target "acme-payments": endpoint.method`}},
-		"relative url":        {"url: http://127.0.0.1:8082/send", "url: /send", []string{`target "acme-mailer": endpoint.url`}},
-		"lookup without key":  {"?reference={remote_key}", "?reference=x", []string{`target "acme-payments": lookup.url: must contain {remote_key}`}},
-		"duplicate type":      {"operation_types: [mail.send]", "operation_types: [payments.charge]", []string{`target "acme-mailer": operation_types: "payments.charge" is already served by target "acme-payments"`}},
-		"status in two lists": {"- status: [402]", "- status: [409]", []string{`responses.`, `409 is also listed`}},
-		"bad date":            {"checked: 2026-11-01", "checked: last week", []string{`target "acme-mailer": documentation.checked`}},
-		"5xx as success":      {"- status: [200, 201]", "- status: [200, 503]", []string{`go/no-go control 6 (unknown handling) fails: 503 is listed as success`}},
-		"success without ref": {"      - status: [200]\n          remote_ref: /message_id", "      - status: [200]", []string{`target "acme-mailer": go/no-go control 7`}},
-		"undocumented reject": {`documented: "Declined payments create no charge (errors page, card_declined)"`, `documented: ""`, []string{`go/no-go control 8`}},
-		"no owner":            {"team: messaging", "team: \"\"", []string{`target "acme-mailer": go/no-go control 9 (escalation path) fails: owner.team is missing`}},
-		"no data owner":       {"owner: messaging\n", "owner: \"\"\n", []string{`target "acme-mailer": go/no-go control 10`}},
-		"no documentation":    {"url: https://docs.example.com/mailer", "url: \"\"", []string{`target "acme-mailer": go/no-go control 1`}},
+		"unknown field":        {"    concurrency: 16", "    concurency: 16", []string{"t.yaml", "concurency"}},
+		"bad duration":         {"timeout: 10s", "timeout: ten seconds", []string{"t.yaml", "line 18", `"ten seconds" is not a duration`}},
+		"bad method":           {"method: POST\n      url: http://127.0.0.1:8081", "method: GET\n      url: http://127.0.0.1:8081", []string{`t.yaml: target "acme-payments": endpoint.method`}},
+		"relative url":         {"url: http://127.0.0.1:8082/send", "url: /send", []string{`target "acme-mailer": endpoint.url`}},
+		"lookup without key":   {"?reference={remote_key}", "?reference=x", []string{`target "acme-payments": lookup.url: must contain {remote_key}`}},
+		"duplicate type":       {"operation_types: [mail.send]", "operation_types: [payments.charge]", []string{`target "acme-mailer": operation_types: "payments.charge" is already served by target "acme-payments"`}},
+		"status in two lists":  {"- status: [402]", "- status: [409]", []string{`responses.`, `409 is also listed`}},
+		"bad date":             {"checked: 2026-11-01", "checked: last week", []string{`target "acme-mailer": documentation.checked`}},
+		"5xx as success":       {"- status: [200, 201]", "- status: [200, 503]", []string{`go/no-go control 6 (unknown handling) fails: 503 is listed as success`}},
+		"success without ref":  {"      - status: [200]\n          remote_ref: /message_id", "      - status: [200]", []string{`target "acme-mailer": go/no-go control 7`}},
+		"undocumented reject":  {`documented: "Declined payments create no charge (errors page, card_declined)"`, `documented: ""`, []string{`go/no-go control 8`}},
+		"no owner":             {"team: messaging", "team: \"\"", []string{`target "acme-mailer": go/no-go control 9 (escalation path) fails: owner.team is missing`}},
+		"no data owner":        {"owner: messaging\n", "owner: \"\"\n", []string{`target "acme-mailer": go/no-go control 10`}},
+		"no documentation":     {"url: https://docs.example.com/mailer", "url: \"\"", []string{`target "acme-mailer": go/no-go control 1`}},
+		"key coverage unsaid":  {"      saves: every_answer\n", "", []string{`target "acme-payments": go/no-go control 1 (target contract recorded) fails: idempotency.saves is missing`}},
+		"key coverage unknown": {"saves: every_answer", "saves: errors", []string{`target "acme-payments": idempotency.saves: must be every_answer or successes_only`}},
 	} {
 		mutated := strings.Replace(string(good), tc.from, tc.to, 1)
 		require.NotEqual(t, string(good), mutated, "%s: the mutation must apply", name)
@@ -104,4 +107,21 @@ func TestEncodeRoundTrips(t *testing.T) {
 	again, err := target.Encode(back)
 	require.NoError(t, err)
 	require.Equal(t, string(data), string(again))
+}
+
+// TestControlOneSaysWhatTheKeyCovers: targets check shows, for a keyed target, whether
+// a replay can execute an earlier attempt again.
+func TestControlOneSaysWhatTheKeyCovers(t *testing.T) {
+	t.Parallel()
+	for saves, want := range map[string]string{
+		target.SavesEveryAnswer:   "the key saves every answer: a replay never executes an earlier attempt again",
+		target.SavesSuccessesOnly: "the key saves only successes: after an answer that may have executed, a replay needs a lookup that proves absence",
+	} {
+		c := simtarget.DemoContracts("http://127.0.0.1:9")[0]
+		c.Idempotency.Saves = saves
+		control := c.Controls()[0]
+		require.True(t, control.Pass, control.Reason)
+		require.Contains(t, control.Reason, want)
+		require.Equal(t, saves == target.SavesEveryAnswer, c.Idempotency.CoversEveryAttempt())
+	}
 }

@@ -30,7 +30,7 @@ func (c *Contract) Controls() []ControlResult {
 	}
 	return []ControlResult{
 		judge(1, "target contract recorded", c.contractProblems(),
-			fmt.Sprintf("documented at %s, checked %s; capabilities: %s", c.Documentation.URL, c.Documentation.Checked, c.Capabilities())),
+			fmt.Sprintf("documented at %s, checked %s; capabilities: %s%s", c.Documentation.URL, c.Documentation.Checked, c.Capabilities(), c.keySummary())),
 		pass(2, "durable operation identity",
 			"the ledger row is committed before any send, unique per (tenant, operation type, intent_ref), and its remote key is random and never regenerated"),
 		pass(3, "payload binding",
@@ -67,7 +67,23 @@ func (c *Contract) contractProblems() []string {
 	if c.Idempotency != nil && c.Idempotency.ParameterMismatch == "undocumented" && c.Lookup == nil {
 		p = append(p, "the key's parameter-mismatch behaviour is undocumented and there is no lookup to check a replay against")
 	}
+	if c.Idempotency != nil && c.Idempotency.Saves == "" {
+		p = append(p, fmt.Sprintf("idempotency.saves is missing: say whether a repeat of the key returns the first answer, errors included (%s), or executes again after anything but a success (%s; the reading to take when the documentation is unclear)",
+			SavesEveryAnswer, SavesSuccessesOnly))
+	}
 	return p
+}
+
+// keySummary says, for control 1, what a repeat of the target's key does.
+func (c *Contract) keySummary() string {
+	switch {
+	case c.Idempotency == nil:
+		return ""
+	case c.Idempotency.CoversEveryAttempt():
+		return "; the key saves every answer: a replay never executes an earlier attempt again"
+	default:
+		return "; the key saves only successes: after an answer that may have executed, a replay needs a lookup that proves absence"
+	}
 }
 
 func (c *Contract) unknownProblems() []string {

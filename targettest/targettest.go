@@ -12,8 +12,8 @@ import (
 	"github.com/opbroker/opbroker/target"
 )
 
-// Demo runs a simulated target with cfg for the test and returns it with its demo
-// contracts, tuned for fast tests (1s timeouts, lookups visible after 300ms) and then
+// Demo runs a simulated target with cfg for the test and returns it with the contracts
+// that describe it (simtarget.Contracts), tuned for fast tests (1s timeouts, lookups visible after 300ms) and then
 // changed by adjust. Both are closed at cleanup.
 func Demo(t testing.TB, cfg simtarget.Config, adjust ...func(*target.Contract)) (*simtarget.Target, *target.Targets) {
 	t.Helper()
@@ -21,7 +21,7 @@ func Demo(t testing.TB, cfg simtarget.Config, adjust ...func(*target.Contract)) 
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
 	t.Cleanup(sim.Close)
-	contracts := simtarget.DemoContracts(srv.URL)
+	contracts := simtarget.Contracts(srv.URL, cfg)
 	for _, c := range contracts {
 		c.Endpoint.Timeout = target.Duration(time.Second)
 		if c.Lookup != nil {

@@ -243,7 +243,7 @@ const demoTargetsYAML = `targets:
     data: {owner: demo, retention: 720h}
     operation_types: [demo.charge]
     endpoint: {method: POST, url: "%s/v1/charges", timeout: 3s}
-    idempotency: {header: Idempotency-Key, retention: 24h, scope: the API account, parameter_mismatch: rejects}
+    idempotency: {header: Idempotency-Key, retention: 24h, scope: the API account, parameter_mismatch: rejects, saves: every_answer}
     lookup:
       method: GET
       url: "%s/v1/charges?reference={remote_key}"
@@ -373,6 +373,7 @@ func TestTargetsCheck(t *testing.T) {
 	require.NoError(t, err, string(out))
 	require.Contains(t, string(out), "PASS   7 verified acknowledgment")
 	require.Contains(t, string(out), "capabilities: D none")
+	require.Contains(t, string(out), "the key saves every answer: a replay never executes an earlier attempt again")
 	require.Contains(t, string(out), "every control passes")
 
 	good, err := os.ReadFile("../../target/testdata/targets.yaml")
@@ -383,6 +384,13 @@ func TestTargetsCheck(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, string(out), "FAIL   9 escalation path                owner.team is missing")
 	require.Contains(t, string(out), "1 control(s) fail")
+
+	unsaid := filepath.Join(t.TempDir(), "unsaid.yaml")
+	require.NoError(t, os.WriteFile(unsaid, []byte(strings.Replace(string(good), "      saves: every_answer\n", "", 1)), 0o644))
+	out, err = exec.Command(binary, "targets", "check", "--targets", unsaid).CombinedOutput()
+	require.Error(t, err, "a keyed target must say what its key saves")
+	require.Contains(t, string(out), "FAIL   1 target contract recorded")
+	require.Contains(t, string(out), "idempotency.saves is missing")
 
 	out, err = exec.Command(binary, "serve", "--database-url", "postgres://127.0.0.1:1/x", "--targets", bad).CombinedOutput()
 	require.Error(t, err)
