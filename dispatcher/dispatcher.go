@@ -327,6 +327,12 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, replie
 		}
 	}
 
+	// Sending again? A claim of the dispatcher's own is the operation's first send: only
+	// PREPARED operations are claimed, and the schema never lets a sent one be PREPARED
+	// again. A claim from BeginReplay is a same-key replay that the reconciler allowed
+	// only where no earlier attempt can execute again (see reconciler.Decide); the two
+	// checks below hold the claim and the key's window to the moment of the send.
+	//
 	// A claim whose lease is over, or nearly, may belong to someone else already: the
 	// sweeper may have made it UNKNOWN and a reconciler be replaying it under a new
 	// fence. A send now would be a second one under an old fence, which a provider that
@@ -424,7 +430,7 @@ func (d *Dispatcher) record(log *slog.Logger, contract *target.Contract, op stor
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.sendCtx), d.cfg.RecordTimeout)
 	defer cancel()
 	params := store.OutcomeParams{
-		TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken, State: state, RemoteRef: res.RemoteRef,
+		TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken, State: state, RemoteRef: res.RemoteRef, NotSent: !res.Sent,
 		Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: res.Class,
 			HTTPStatus: res.HTTPStatus, Summary: res.Summary},
 		Actor: "dispatcher:" + d.cfg.Worker,

@@ -43,19 +43,31 @@ type Evidence struct {
 type Input struct {
 	Evidence Evidence
 
-	// Capabilities of the target (seed 000): Replay is A, Lookup is B.
+	// Capabilities of the target: Replay is A (same-key replay), Lookup is B (lookup by
+	// reference).
 	Replay bool
 	Lookup bool
+	// KeyCoversEveryAttempt: the target saves every answer under the key, errors
+	// included, so a repeat of the key never executes an attempt that already began.
+	// Without it the target saves only successes, and a replay after an attempt that
+	// may have executed would execute it again.
+	KeyCoversEveryAttempt bool
 	// Retention is the target's key retention window, counted from the first send.
 	Retention time.Duration
 	// VisibilityDelay is how long a write may take to become visible to lookups.
 	VisibilityDelay time.Duration
-	// AbsenceFinalAfter, if set, is when after the first send the target documents that
-	// the request can no longer take effect.
+	// AbsenceFinalAfter, if set, is how long after a send the target documents that the
+	// request can no longer take effect.
 	AbsenceFinalAfter time.Duration
 
-	// SinceFirstSend is the time since the operation was first sent.
+	// MayHaveExecuted: some earlier attempt may have reached the target (anything but a
+	// send that provably never left).
+	MayHaveExecuted bool
+	// SinceFirstSend is the time since the operation was first sent; SinceLastSend the
+	// time since the broker stopped waiting for its last send. A lookup's "not found"
+	// says nothing of that send's write until VisibilityDelay has passed since then.
 	SinceFirstSend time.Duration
+	SinceLastSend  time.Duration
 	// BusinessDeadlinePassed: the business no longer wants the effect created (the
 	// dispatch deadline passed), so nothing may be sent that could create it.
 	BusinessDeadlinePassed bool
@@ -114,12 +126,17 @@ const (
 // Decide chooses the next action for an UNKNOWN operation. It is conservative:
 //   - a found effect is a success only if it matches the approved payload, and is
 //     escalated otherwise, never accepted;
-//   - "not found" becomes a failure only when absence is provably final (seed 000's
-//     three conditions: visibility delay waited out, the target documents that the
-//     request can no longer take effect, and no same-key replay is possible);
+//   - "not found" counts only once the visibility delay has passed since the last send
+//     ended; it becomes a failure only when absence is provably final (the visibility
+//     delay waited out, the target documents that the request can no longer take
+//     effect, and no same-key replay is possible);
 //   - a replay happens only with capability A, inside the retention window, before the
 //     business deadline, within its budget, and never after the target accepted the
 //     request without finishing it;
+//   - a replay never follows an attempt that may have executed unless the key covers
+//     that attempt (the target saves every answer) or a lookup proved its absence:
+//     never after a failed lookup, never without a lookup, for a target whose key
+//     saves only successes;
 //   - waiting never loops forever: when the look budget or the resolution deadline is
 //     spent, the operation is escalated.
 func Decide(in Input) Decision {
@@ -135,40 +152,44 @@ func Decide(in Input) Decision {
 	}
 
 	budgetSpent := in.ResolutionLeft <= 0 || (in.MaxLooks > 0 && in.Looks >= in.MaxLooks)
-	replayable, whyNot := in.replayable()
 
 	switch ev.Kind {
 	case InProgress:
 		return in.waitOrEscalate(budgetSpent, ev.RetryAfter, "the target accepted the request and has not finished it; no replay, keep looking")
 	case NotFound:
-		if in.SinceFirstSend < in.VisibilityDelay {
-			return in.waitOrEscalate(budgetSpent, in.VisibilityDelay-in.SinceFirstSend, "not found, but a write may not be visible yet")
+		if in.SinceLastSend < in.VisibilityDelay {
+			return in.waitOrEscalate(budgetSpent, in.VisibilityDelay-in.SinceLastSend, "not found, but the last send's write may not be visible yet")
 		}
+		// A lookup that finds nothing this late proves that no attempt took effect.
+		replayable, whyNot := in.replayable(in.Lookup)
 		if in.absenceFinal(replayable) {
 			return Decision{Action: RecordFailure, Reason: "not found after the visibility delay, past the time the target documents a request can take effect, and no replay is possible"}
 		}
 		if replayable {
-			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "not found; a same-key replay is safe inside the retention window"}
+			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "not found after the visibility delay; a same-key replay is safe inside the retention window"}
 		}
 		return in.waitOrEscalate(budgetSpent, 0, "not found, and absence is not provably final: "+whyNot)
 	case LookupFailed:
+		replayable, whyNot := in.replayable(false)
 		if replayable {
-			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "the lookup failed; a same-key replay is safe inside the retention window"}
+			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "the lookup failed; a same-key replay is safe: the key covers every earlier attempt, inside its retention window"}
 		}
-		return in.waitOrEscalate(budgetSpent, ev.RetryAfter, "the lookup failed; look again")
+		return in.waitOrEscalate(budgetSpent, ev.RetryAfter, "the lookup failed; look again (no replay: "+whyNot+")")
 	default: // NoEvidence
 		if in.Lookup {
 			return in.waitOrEscalate(budgetSpent, 0, "look the operation up at the target")
 		}
+		replayable, whyNot := in.replayable(false)
 		if replayable {
-			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "no lookup; a same-key replay is safe inside the retention window"}
+			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "no lookup; a same-key replay is safe: the key covers every earlier attempt, inside its retention window"}
 		}
 		return Decision{Action: Escalate, Reason: "the outcome is unknown and the target offers no way to find out: " + whyNot}
 	}
 }
 
 // replayable reports whether a same-key replay is allowed now, and if not, why.
-func (in Input) replayable() (bool, string) {
+// absenceProven says that a lookup has shown that no earlier attempt took effect.
+func (in Input) replayable(absenceProven bool) (bool, string) {
 	switch {
 	case !in.Replay:
 		return false, "the target has no idempotency key to replay with"
@@ -180,16 +201,23 @@ func (in Input) replayable() (bool, string) {
 		return false, "the target accepted the request earlier without finishing it"
 	case in.MaxReplays > 0 && in.Replays >= in.MaxReplays:
 		return false, "the replay budget is spent"
+	case !absenceProven && in.mayExecuteAgain():
+		return false, "an earlier attempt may have executed, and the target's key saves only successes, so a replay would execute it again; only a lookup that proves absence allows one"
 	}
 	return true, ""
 }
 
-// absenceFinal applies seed 000's three conditions for turning "not found" into a
-// failure.
+// mayExecuteAgain reports whether a same-key replay could execute an earlier attempt a
+// second time: one may have executed, and the key does not cover it.
+func (in Input) mayExecuteAgain() bool { return in.MayHaveExecuted && !in.KeyCoversEveryAttempt }
+
+// absenceFinal applies the three conditions for turning "not found" into a failure:
+// the write of the last send would be visible, the target documents that a request sent
+// that long ago can no longer take effect, and no same-key replay is possible.
 func (in Input) absenceFinal(replayable bool) bool {
 	return in.Lookup &&
-		in.SinceFirstSend >= in.VisibilityDelay &&
-		in.AbsenceFinalAfter > 0 && in.SinceFirstSend >= in.AbsenceFinalAfter &&
+		in.SinceLastSend >= in.VisibilityDelay &&
+		in.AbsenceFinalAfter > 0 && in.SinceLastSend >= in.AbsenceFinalAfter &&
 		!replayable
 }
 

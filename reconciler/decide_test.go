@@ -7,19 +7,34 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// stripeLike is a target with capabilities A and B: a 24h key window, lookups visible
-// after 5s, absence never final.
+// stripeLike is a target with capabilities A and B whose key saves every answer: a 24h
+// key window, lookups visible after 5s, absence never final. The operation was sent a
+// minute ago, and that send may have executed.
 func stripeLike() Input {
 	return Input{
-		Replay: true, Lookup: true, Retention: 24 * time.Hour, VisibilityDelay: 5 * time.Second,
-		SinceFirstSend: time.Minute, ResolutionLeft: 48 * time.Hour, MaxReplays: 3, MaxLooks: 20, Jitter: 0.5,
+		Replay: true, Lookup: true, KeyCoversEveryAttempt: true, Retention: 24 * time.Hour, VisibilityDelay: 5 * time.Second,
+		MayHaveExecuted: true, SinceFirstSend: time.Minute, SinceLastSend: time.Minute,
+		ResolutionLeft: 48 * time.Hour, MaxReplays: 3, MaxLooks: 20, Jitter: 0.5,
 	}
+}
+
+// successesOnly is stripeLike for a target whose key saves only successes: a replay
+// after an attempt that executed and then failed executes again.
+func successesOnly() Input {
+	in := stripeLike()
+	in.KeyCoversEveryAttempt = false
+	return in
 }
 
 func TestDecideTable(t *testing.T) {
 	t.Parallel()
 	with := func(f func(*Input)) Input {
 		in := stripeLike()
+		f(&in)
+		return in
+	}
+	withOnlySuccesses := func(f func(*Input)) Input {
+		in := successesOnly()
 		f(&in)
 		return in
 	}
@@ -31,9 +46,13 @@ func TestDecideTable(t *testing.T) {
 		"found without reference":             {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, Matches: true} }), Escalate},
 		"found but mismatched":                {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, RemoteRef: "ch_1"} }), Escalate},
 		"replay rejected without side effect": {with(func(in *Input) { in.Evidence = Evidence{Kind: Rejected} }), RecordFailure},
-		"not found before visible":            {with(func(in *Input) { in.Evidence.Kind = NotFound; in.SinceFirstSend = time.Second }), Wait},
-		"not found inside the window":         {with(func(in *Input) { in.Evidence.Kind = NotFound }), Replay},
-		"not found after the window":          {with(func(in *Input) { in.Evidence.Kind = NotFound; in.SinceFirstSend = 25 * time.Hour }), Wait},
+		"not found before visible":            {with(func(in *Input) { in.Evidence.Kind = NotFound; in.SinceLastSend = time.Second }), Wait},
+		"not found before a replay's write is visible": {with(func(in *Input) {
+			in.Evidence.Kind = NotFound
+			in.SinceFirstSend, in.SinceLastSend = time.Hour, time.Second
+		}), Wait},
+		"not found inside the window": {with(func(in *Input) { in.Evidence.Kind = NotFound }), Replay},
+		"not found after the window":  {with(func(in *Input) { in.Evidence.Kind = NotFound; in.SinceFirstSend = 25 * time.Hour }), Wait},
 		"not found after the business deadline": {with(func(in *Input) {
 			in.Evidence.Kind = NotFound
 			in.BusinessDeadlinePassed = true
@@ -43,18 +62,24 @@ func TestDecideTable(t *testing.T) {
 			in.Evidence.Kind = NotFound
 			in.Replay = false
 			in.AbsenceFinalAfter = time.Hour
-			in.SinceFirstSend = 2 * time.Hour
+			in.SinceFirstSend, in.SinceLastSend = 2*time.Hour, 2*time.Hour
 		}), RecordFailure},
 		"not found, absence final but replay still possible": {with(func(in *Input) {
 			in.Evidence.Kind = NotFound
 			in.AbsenceFinalAfter = time.Hour
-			in.SinceFirstSend = 2 * time.Hour
+			in.SinceFirstSend, in.SinceLastSend = 2*time.Hour, 2*time.Hour
 		}), Replay},
 		"not found, absence not yet final": {with(func(in *Input) {
 			in.Evidence.Kind = NotFound
 			in.Replay = false
 			in.AbsenceFinalAfter = 3 * time.Hour
-			in.SinceFirstSend = 2 * time.Hour
+			in.SinceFirstSend, in.SinceLastSend = 2*time.Hour, 2*time.Hour
+		}), Wait},
+		"not found, absence final counts from the last send": {with(func(in *Input) {
+			in.Evidence.Kind = NotFound
+			in.Replay = false
+			in.AbsenceFinalAfter = time.Hour
+			in.SinceFirstSend, in.SinceLastSend = 2*time.Hour, 30*time.Minute
 		}), Wait},
 		"not found, budget spent":   {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replay = false; in.Looks = 20 }), Escalate},
 		"not found, deadline spent": {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replay = false; in.ResolutionLeft = 0 }), Escalate},
@@ -73,6 +98,30 @@ func TestDecideTable(t *testing.T) {
 			in.SinceFirstSend = 25 * time.Hour
 		}), Escalate},
 		"capability D": {Input{ResolutionLeft: time.Hour}, Escalate},
+
+		// A key that saves only successes does not cover an attempt that executed and
+		// then failed: only a lookup that proves absence allows a replay.
+		"successes only: lookup failed after an attempt that may have executed": {withOnlySuccesses(func(in *Input) {
+			in.Evidence.Kind = LookupFailed
+		}), Wait},
+		"successes only: lookup failed, nothing can have executed": {withOnlySuccesses(func(in *Input) {
+			in.Evidence.Kind = LookupFailed
+			in.MayHaveExecuted = false
+		}), Replay},
+		"successes only: not found after the visibility delay": {withOnlySuccesses(func(in *Input) { in.Evidence.Kind = NotFound }), Replay},
+		"successes only: not found before the last send's write is visible": {withOnlySuccesses(func(in *Input) {
+			in.Evidence.Kind = NotFound
+			in.SinceLastSend = time.Second
+		}), Wait},
+		"successes only: no lookup, an attempt may have executed": {withOnlySuccesses(func(in *Input) { in.Lookup = false }), Escalate},
+		"successes only: no lookup, nothing can have executed": {withOnlySuccesses(func(in *Input) {
+			in.Lookup = false
+			in.MayHaveExecuted = false
+		}), Replay},
+		"successes only: lookup failed, budget spent": {withOnlySuccesses(func(in *Input) {
+			in.Evidence.Kind = LookupFailed
+			in.Looks = 20
+		}), Escalate},
 	} {
 		got := Decide(tc.in)
 		require.Equal(t, tc.want, got.Action, "%s: %s", name, got.Reason)
@@ -109,20 +158,28 @@ func TestWaitBacksOffWithJitterAndRespectsRetryAfter(t *testing.T) {
 
 // FuzzDecide checks the properties the promise rests on, for any input.
 func FuzzDecide(f *testing.F) {
-	f.Add(uint8(NotFound), "ch_1", true, true, true, int64(time.Hour), int64(time.Second), int64(0), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5)
-	f.Add(uint8(Found), "", false, false, true, int64(0), int64(0), int64(time.Hour), int64(2*time.Hour), true, int64(0), 5, 3, 10, 10, true, 0.1)
+	f.Add(uint8(NotFound), "ch_1", true, true, true, int64(time.Hour), int64(time.Second), int64(0), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5,
+		false, true, int64(time.Minute))
+	f.Add(uint8(Found), "", false, false, true, int64(0), int64(0), int64(time.Hour), int64(2*time.Hour), true, int64(0), 5, 3, 10, 10, true, 0.1,
+		true, true, int64(time.Hour))
+	f.Add(uint8(LookupFailed), "", false, true, true, int64(time.Hour), int64(time.Second), int64(0), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5,
+		false, true, int64(time.Millisecond))
 	f.Fuzz(func(t *testing.T, kind uint8, ref string, matches, replay, lookup bool, retention, visibility, absenceFinal, since int64,
-		deadlinePassed bool, resolutionLeft int64, replays, maxReplays, looks, maxLooks int, accepted bool, jitter float64) {
+		deadlinePassed bool, resolutionLeft int64, replays, maxReplays, looks, maxLooks int, accepted bool, jitter float64,
+		keyCovers, mayHaveExecuted bool, sinceLast int64) {
 		if jitter < 0 || jitter >= 1 || jitter != jitter {
 			jitter = 0.5
 		}
 		in := Input{
 			Evidence: Evidence{Kind: EvidenceKind(kind % 6), RemoteRef: ref, Matches: matches},
-			Replay:   replay, Lookup: lookup, Retention: time.Duration(retention), VisibilityDelay: time.Duration(visibility),
-			AbsenceFinalAfter: time.Duration(absenceFinal), SinceFirstSend: time.Duration(since),
+			Replay:   replay, Lookup: lookup, KeyCoversEveryAttempt: keyCovers,
+			Retention: time.Duration(retention), VisibilityDelay: time.Duration(visibility),
+			AbsenceFinalAfter: time.Duration(absenceFinal), MayHaveExecuted: mayHaveExecuted,
+			SinceFirstSend: time.Duration(since), SinceLastSend: time.Duration(sinceLast),
 			BusinessDeadlinePassed: deadlinePassed, ResolutionLeft: time.Duration(resolutionLeft),
 			Replays: replays, MaxReplays: maxReplays, Looks: looks, MaxLooks: maxLooks, AcceptedBefore: accepted, Jitter: jitter,
 		}
+		absenceProven := in.Evidence.Kind == NotFound && in.Lookup && in.SinceLastSend >= in.VisibilityDelay
 		d := Decide(in)
 		require.GreaterOrEqual(t, int(d.Action), int(RecordSuccess))
 		require.LessOrEqual(t, int(d.Action), int(Escalate))
@@ -134,16 +191,17 @@ func FuzzDecide(f *testing.F) {
 			require.False(t, in.BusinessDeadlinePassed, "never replay after the business deadline")
 			require.False(t, in.AcceptedBefore, "never replay after the target accepted the request")
 			require.True(t, in.MaxReplays <= 0 || in.Replays < in.MaxReplays, "never beyond the replay budget")
+			require.True(t, in.KeyCoversEveryAttempt || !in.MayHaveExecuted || absenceProven,
+				"a replay never follows an attempt that may have executed unless the key covers it or a lookup proved absence")
 		case RecordSuccess:
 			require.Equal(t, Found, in.Evidence.Kind)
 			require.True(t, in.Evidence.Matches, "a mismatched effect is never accepted")
 			require.NotEmpty(t, d.RemoteRef)
 		case RecordFailure:
 			if in.Evidence.Kind != Rejected {
-				require.Equal(t, NotFound, in.Evidence.Kind)
-				require.True(t, in.Lookup && in.AbsenceFinalAfter > 0 && in.SinceFirstSend >= in.AbsenceFinalAfter &&
-					in.SinceFirstSend >= in.VisibilityDelay, "not found becomes a failure only when absence is provably final")
-				replayable, _ := in.replayable()
+				require.True(t, absenceProven && in.AbsenceFinalAfter > 0 && in.SinceLastSend >= in.AbsenceFinalAfter,
+					"not found becomes a failure only when absence is provably final")
+				replayable, _ := in.replayable(true)
 				require.False(t, replayable)
 			}
 		case Wait:

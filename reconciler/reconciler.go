@@ -177,7 +177,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 
 // claim takes up to limit due UNKNOWN operations, fairly across tenants. The tenant
 // cursor is the loop's alone.
-func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.Claimed, error) {
+func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.UnknownClaim, error) {
 	if len(r.types) == 0 || limit <= 0 {
 		return nil, nil
 	}
@@ -196,7 +196,7 @@ func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.Claimed, err
 }
 
 // reconcile gathers evidence for one claimed operation, decides, and acts.
-func (r *Reconciler) reconcile(ctx context.Context, op store.Claimed) {
+func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim) {
 	log := r.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.FenceToken)
 	contract, ok := r.cfg.Targets.ForType(op.OperationType)
 	if !ok {
@@ -207,15 +207,18 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.Claimed) {
 	evidence, obs := r.evidence(ctx, log, contract, op)
 	caps := contract.Capabilities()
 	in := Input{
-		Evidence:       evidence,
-		Replay:         caps.Replay,
-		Lookup:         caps.Lookup,
-		Replays:        int(op.Replays),
-		MaxReplays:     r.cfg.MaxReplays,
-		Looks:          int(op.Checks),
-		MaxLooks:       r.cfg.MaxLooks,
-		AcceptedBefore: op.AcceptedUnfinished || evidence.Kind == InProgress,
-		Jitter:         rand.Float64(),
+		Evidence:              evidence,
+		Replay:                caps.Replay,
+		Lookup:                caps.Lookup,
+		KeyCoversEveryAttempt: contract.Idempotency.CoversEveryAttempt(),
+		MayHaveExecuted:       op.MayHaveExecuted,
+		SinceLastSend:         op.SinceLastSend,
+		Replays:               int(op.Replays),
+		MaxReplays:            r.cfg.MaxReplays,
+		Looks:                 int(op.Checks),
+		MaxLooks:              r.cfg.MaxLooks,
+		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress,
+		Jitter:                rand.Float64(),
 	}
 	if contract.Idempotency != nil {
 		in.Retention = contract.Idempotency.Retention.D()
@@ -248,6 +251,9 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.Claimed) {
 		r.escalate(ctx, log, op, contract, d.Reason)
 		return
 	case Replay:
+		// Sending again: Decide allowed it only where no earlier attempt can execute
+		// again (the key covers every attempt, none was sent, or a lookup proved
+		// absence); the dispatcher checks the lease and the key's window at the send.
 		if d.After > 0 { // the target asked to wait first
 			err = r.check(ctx, op, obs, now.Add(d.After), in.AcceptedBefore)
 			break
@@ -273,7 +279,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.Claimed) {
 
 // evidence looks the operation up (capability B) or falls back on what is known; a
 // stale worker's verified success counts, checked like any other observation.
-func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *target.Contract, op store.Claimed) (Evidence, store.Observation) {
+func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *target.Contract, op store.UnknownClaim) (Evidence, store.Observation) {
 	obs := store.Observation{ObservedAt: time.Now(), Source: "LOOKUP"}
 	if contract.Lookup != nil {
 		res := r.cfg.Connector.Lookup(ctx, contract, op.RemoteKey, op.Payload)
@@ -310,13 +316,13 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 	return Evidence{Kind: NoEvidence}, obs
 }
 
-func (r *Reconciler) check(ctx context.Context, op store.Claimed, obs store.Observation, next time.Time, accepted bool) error {
+func (r *Reconciler) check(ctx context.Context, op store.UnknownClaim, obs store.Observation, next time.Time, accepted bool) error {
 	_, err := r.cfg.Store.RecordCheck(ctx, store.CheckParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
 		Observation: obs, NextCheckAt: next, AcceptedUnfinished: accepted, Actor: r.actor()})
 	return err
 }
 
-func (r *Reconciler) escalate(ctx context.Context, log *slog.Logger, op store.Claimed, contract *target.Contract, reason string) {
+func (r *Reconciler) escalate(ctx context.Context, log *slog.Logger, op store.UnknownClaim, contract *target.Contract, reason string) {
 	owner := "unassigned: no contract"
 	if contract != nil {
 		owner = contract.Owner.Team

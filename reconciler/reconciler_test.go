@@ -204,6 +204,61 @@ func TestProvidersThatCacheOrForgetErrors(t *testing.T) {
 	}
 }
 
+// TestNoReplayOfAnUncoveredAttemptAfterAFailedLookup reproduces a duplicate the chaos run
+// found: the provider saves only successes, the first attempt commits and answers 500
+// (so nothing is saved under its key), and the lookup fails. A same-key replay would
+// execute again; the reconciler must look again instead, and resolve by the lookup once
+// it answers.
+func TestNoReplayOfAnUncoveredAttemptAfterAFailedLookup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{SaveOnlySuccesses: true, LookupFailures: 1})
+	op := b.prepare(t, simtarget.DemoCharge, "provision-1", fault(simtarget.Fault5xxAfterCommit))
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	b.waitState(t, op, store.StateUnknown)
+
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	require.Eventually(t, func() bool { got := b.get(t, op); return got.Checks >= 2 || got.Replays > 0 },
+		30*time.Second, 10*time.Millisecond)
+	got := b.get(t, op)
+	require.Zero(t, got.Replays, "no replay after a failed lookup: %s", got.LastObservation.Summary)
+	require.Equal(t, "LOOKUP_FAILED", got.LastObservation.Outcome)
+	require.Contains(t, got.LastObservation.Summary, "saves only successes")
+	require.Equal(t, 1, b.truth(t, op).Attempts)
+	require.Equal(t, 1, b.truth(t, op).Effects)
+
+	b.sim.Heal() // the lookup answers again
+	got = b.waitState(t, op, store.StateSucceeded)
+	require.Equal(t, "FOUND", got.LastObservation.Outcome)
+	require.Equal(t, b.truth(t, op).IDs, []string{got.RemoteRef}, "one effect, the first attempt's")
+	require.Equal(t, 1, b.truth(t, op).Attempts)
+}
+
+// TestReplayAfterProvenAbsence: on a provider that saves only successes, an attempt
+// that answered 503 without executing is replayed once a lookup made after the
+// visibility delay proves its absence, never sooner; the intent completes with one
+// effect.
+func TestReplayAfterProvenAbsence(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{SaveOnlySuccesses: true, Fault: simtarget.Fault5xxBeforeCommit})
+	op := b.prepare(t, simtarget.DemoCharge, "provision-2", `{"amount":100}`)
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	b.waitState(t, op, store.StateUnknown)
+	b.sim.Heal() // the replay goes through
+
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	got := b.waitState(t, op, store.StateSucceeded)
+	require.Equal(t, int32(1), got.Replays)
+	kt := b.truth(t, op)
+	require.Equal(t, 2, kt.Attempts, "the original arrived and executed nothing; the replay executed")
+	require.Equal(t, 1, kt.Effects)
+
+	var replayedAfter time.Duration
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT r.created_at - u.created_at FROM operation_events u, operation_events r
+		WHERE u.operation_id = $1 AND r.operation_id = $1 AND u.to_state = 'UNKNOWN' AND u.from_state = 'IN_FLIGHT'
+		  AND r.reason = 'SAME_KEY_REPLAY'`, op.ID).Scan(&replayedAfter))
+	require.GreaterOrEqual(t, replayedAfter, 300*time.Millisecond, "absence counts only after the visibility delay")
+}
+
 // TestUnkeyedTargetEscalatesToItsOwner: capability D is never retried.
 func TestUnkeyedTargetEscalatesToItsOwner(t *testing.T) {
 	t.Parallel()

@@ -52,7 +52,7 @@ var ErrFenceLost = errors.New("store: fence lost")
 // it, a claim after the last tenant with due work took nothing, and its loop slept.)
 // The second claim's error is not returned: what the first took is held and must be
 // worked; the next claim tries again.
-func rotate(p FairClaim, claim func(FairClaim) ([]Claimed, error)) ([]Claimed, error) {
+func rotate[C any](p FairClaim, claim func(FairClaim) ([]C, error)) ([]C, error) {
 	got, err := claim(p)
 	if err != nil || p.AfterTenant == "" || len(got) >= p.Limit {
 		return got, err
@@ -98,8 +98,13 @@ const claimedColumns = operationColumns + `, payload, remote_key, lease_expires_
 
 func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
 	var c Claimed
-	err := row.Scan(append(operationDest(&c.Operation), &c.Payload, &c.RemoteKey, &c.LeaseExpiresAt)...)
+	err := row.Scan(claimedDest(&c)...)
 	return c, err
+}
+
+// claimedDest returns the scan destinations of claimedColumns.
+func claimedDest(c *Claimed) []any {
+	return append(operationDest(&c.Operation), &c.Payload, &c.RemoteKey, &c.LeaseExpiresAt)
 }
 
 // Claim moves up to Limit PREPARED operations of the given types to IN_FLIGHT with one
@@ -147,8 +152,11 @@ type OutcomeParams struct {
 	ID       uuid.UUID
 	Fence    int64
 	// State is SUCCEEDED, FAILED_TERMINAL or UNKNOWN.
-	State       State
-	RemoteRef   string // required for SUCCEEDED
+	State     State
+	RemoteRef string // required for SUCCEEDED
+	// NotSent records that the request provably never left (nothing can have executed).
+	// The zero value, "it may have been sent", is the safe one.
+	NotSent     bool
 	Observation Observation
 	Actor       string
 }
@@ -198,8 +206,9 @@ func (s *Store) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Ope
 	tenants, ids, fences := make([]string, n), make([]uuid.UUID, n), make([]int64, n)
 	states, refs, observations := make([]string, n), make([]*string, n), make([]string, n)
 	actors, outcomes, statuses, summaries := make([]string, n), make([]string, n), make([]*int, n), make([]string, n)
+	sent := make([]bool, n)
 	for i, p := range ps {
-		tenants[i], ids[i], fences[i], states[i] = p.TenantID, p.ID, p.Fence, string(p.State)
+		tenants[i], ids[i], fences[i], states[i], sent[i] = p.TenantID, p.ID, p.Fence, string(p.State), !p.NotSent
 		if p.RemoteRef != "" {
 			refs[i] = &p.RemoteRef
 		}
@@ -213,8 +222,8 @@ func (s *Store) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Ope
 	rows := s.query(ctx, `
 		WITH u AS (
 			SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::text[]::operation_state[], $5::text[],
-				$6::text[]::jsonb[], $7::text[], $8::text[], $9::int[], $10::text[])
-				AS u (tenant_id, operation_id, fence, state, remote_ref, observation, actor, outcome, http_status, summary)
+				$6::text[]::jsonb[], $7::text[], $8::text[], $9::int[], $10::text[], $11::boolean[])
+				AS u (tenant_id, operation_id, fence, state, remote_ref, observation, actor, outcome, http_status, summary, sent)
 		), upd AS (
 			UPDATE operations o SET
 				state = u.state, revision = o.revision + 1, remote_ref = coalesce(u.remote_ref, o.remote_ref),
@@ -225,14 +234,14 @@ func (s *Store) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Ope
 			RETURNING o.*, u.actor AS outcome_actor, u.outcome AS outcome_reason
 		), ev AS (`+eventsFrom("upd", "'IN_FLIGHT'", "outcome_actor", "outcome_reason", "last_observation")+`), att AS (
 			UPDATE operation_attempts a SET finished_at = now(), outcome = u.outcome, http_status = u.http_status,
-				remote_ref = u.remote_ref, summary = u.summary,
+				remote_ref = u.remote_ref, summary = u.summary, sent = u.sent,
 				applied = EXISTS (SELECT 1 FROM upd WHERE upd.tenant_id = u.tenant_id AND upd.operation_id = u.operation_id
 					AND upd.fence_token = u.fence)
 			FROM u
 			WHERE a.tenant_id = u.tenant_id AND a.operation_id = u.operation_id AND a.fence_token = u.fence AND a.finished_at IS NULL
 		)
 		SELECT `+operationColumns+` FROM upd`,
-		tenants, ids, fences, states, refs, observations, actors, outcomes, statuses, summaries)
+		tenants, ids, fences, states, refs, observations, actors, outcomes, statuses, summaries, sent)
 	moved, err := pgx.CollectRows(rows, scanOperation)
 	if err != nil {
 		return nil, fmt.Errorf("store: record outcome: %w", translate(err))

@@ -10,14 +10,31 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// UnknownClaim is a reconciler's claim of an UNKNOWN operation, with what the ledger
+// knows of the operation's sends, measured when it was claimed.
+type UnknownClaim struct {
+	Claimed
+	// MayHaveExecuted reports that some attempt may have reached the target: any attempt
+	// not recorded as provably never sent (OutcomeParams.NotSent), stale workers'
+	// included.
+	MayHaveExecuted bool
+	// SinceLastSend is how long ago, by the database's clock, the broker stopped waiting
+	// for the operation's last send: its outcome was recorded (by the holder of its
+	// fence or, later, by a stale one) or its lease expired. A lookup cannot see a write
+	// that send made until the target's visibility delay has passed since then.
+	SinceLastSend time.Duration
+}
+
 // ClaimUnknown takes due UNKNOWN operations for reconciliation: each gets a lease and
 // fence + 1 without a change of state, so two reconcilers never act on one operation at
 // once, and only the holder of the new fence can record what it finds.
-func (s *Store) ClaimUnknown(ctx context.Context, p FairClaim) ([]Claimed, error) {
-	return rotate(p, func(p FairClaim) ([]Claimed, error) { return s.claimUnknownFrom(ctx, p) })
+func (s *Store) ClaimUnknown(ctx context.Context, p FairClaim) ([]UnknownClaim, error) {
+	return rotate(p, func(p FairClaim) ([]UnknownClaim, error) { return s.claimUnknownFrom(ctx, p) })
 }
 
-func (s *Store) claimUnknownFrom(ctx context.Context, p FairClaim) ([]Claimed, error) {
+func (s *Store) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClaim, error) {
+	// The last send ended at the operation's last exit from IN_FLIGHT (an UNKNOWN
+	// operation's is to UNKNOWN) or at a stale worker's later record of its attempt.
 	rows := s.query(ctx, fairPick("UNKNOWN",
 		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at")+`
 		), claimed AS (
@@ -26,9 +43,23 @@ func (s *Store) claimUnknownFrom(ctx context.Context, p FairClaim) ([]Claimed, e
 			WHERE o.tenant_id = picked.tenant_id AND o.operation_id = picked.operation_id AND o.state = 'UNKNOWN'
 			RETURNING o.*
 		)
-		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
+		SELECT `+claimedColumns+`,
+			EXISTS (SELECT 1 FROM operation_attempts a
+				WHERE a.tenant_id = claimed.tenant_id AND a.operation_id = claimed.operation_id AND a.sent IS DISTINCT FROM false),
+			coalesce(floor(extract(epoch FROM now() - greatest(
+				(SELECT max(e.created_at) FROM operation_events e
+				 WHERE e.tenant_id = claimed.tenant_id AND e.operation_id = claimed.operation_id AND e.from_state = 'IN_FLIGHT'),
+				(SELECT max(a.finished_at) FROM operation_attempts a
+				 WHERE a.tenant_id = claimed.tenant_id AND a.operation_id = claimed.operation_id))) * 1e6), 0)::bigint
+		FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease)
-	claimed, err := pgx.CollectRows(rows, scanClaimed)
+	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (UnknownClaim, error) {
+		var c UnknownClaim
+		var sinceMicros int64
+		err := row.Scan(append(claimedDest(&c.Claimed), &c.MayHaveExecuted, &sinceMicros)...)
+		c.SinceLastSend = time.Duration(sinceMicros) * time.Microsecond
+		return c, err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("store: claim unknown: %w", translate(err))
 	}

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/store"
@@ -12,14 +13,21 @@ import (
 // unknownOp prepares, claims and records an operation as UNKNOWN, as a timeout would.
 func unknownOp(t *testing.T, b *testBundle, tenant, intent string) store.Operation {
 	t.Helper()
+	return unknownAfter(t, b, tenant, intent, store.OutcomeParams{Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}})
+}
+
+// unknownAfter prepares and claims an operation, then records outcome (its state and
+// key filled in) as its send's.
+func unknownAfter(t *testing.T, b *testBundle, tenant, intent string, outcome store.OutcomeParams) store.Operation {
+	t.Helper()
 	op, _, err := b.store.Prepare(b.ctx, prepareParams(tenant, intent, `{"amount":1}`))
 	require.NoError(t, err)
 	claimed, err := b.store.Claim(b.ctx, claimParams(100))
 	require.NoError(t, err)
 	for _, c := range claimed {
 		if c.ID == op.ID {
-			got, err := b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: tenant, ID: op.ID, Fence: c.FenceToken,
-				State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "test"})
+			outcome.TenantID, outcome.ID, outcome.Fence, outcome.State, outcome.Actor = tenant, op.ID, c.FenceToken, store.StateUnknown, "test"
+			got, err := b.store.RecordOutcome(b.ctx, outcome)
 			require.NoError(t, err)
 			require.NotNil(t, got.NextCheckAt, "entering UNKNOWN schedules a check")
 			return got
@@ -124,4 +132,71 @@ func TestBeginReplayIsAFencedTransition(t *testing.T) {
 	_, err = b.store.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
 		Target: "demo", Worker: "rec", Lease: time.Minute})
 	require.ErrorIs(t, err, store.ErrFenceLost, "a fence replays once")
+}
+
+// TestClaimUnknownReportsTheSends: a reconciler's claim says whether an attempt may have
+// reached the target (only one recorded as never sent did not) and how long ago, by the
+// database's clock, the broker stopped waiting for the last send, a stale worker's late
+// record included.
+func TestClaimUnknownReportsTheSends(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	timedOut := unknownOp(t, b, "acme", "u-timeout")
+	neverSent := unknownAfter(t, b, "acme", "u-never-sent", store.OutcomeParams{NotSent: true,
+		Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}})
+
+	// A send whose lease expired, whose stale worker records its answer later.
+	stale, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "u-stale", `{"amount":1}`))
+	require.NoError(t, err)
+	claimed, err := b.store.Claim(b.ctx, claimParams(1))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	swept, err := b.store.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
+	require.NoError(t, err)
+	require.Equal(t, 1, swept)
+	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: stale.ID, Fence: claimed[0].FenceToken,
+		State: store.StateUnknown, NotSent: true, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "stale"})
+	require.ErrorIs(t, err, store.ErrFenceLost)
+
+	claims, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, claims, 3)
+	byID := map[uuid.UUID]store.UnknownClaim{}
+	for _, c := range claims {
+		byID[c.ID] = c
+	}
+	require.True(t, byID[timedOut.ID].MayHaveExecuted, "a timeout may have executed")
+	require.False(t, byID[neverSent.ID].MayHaveExecuted, "a send that never left cannot have")
+	require.False(t, byID[stale.ID].MayHaveExecuted, "the stale worker's own record says it never sent")
+
+	for id, c := range byID {
+		var lastEnded time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT greatest(
+				(SELECT max(created_at) FROM operation_events WHERE operation_id = $1 AND from_state = 'IN_FLIGHT'),
+				(SELECT max(finished_at) FROM operation_attempts WHERE operation_id = $1))`, id).Scan(&lastEnded))
+		claimedAt := c.LeaseExpiresAt.Add(-unknownParams().Lease)
+		require.InDelta(t, claimedAt.Sub(lastEnded), c.SinceLastSend, float64(time.Microsecond), c.IntentRef)
+		require.Positive(t, c.SinceLastSend, c.IntentRef)
+	}
+	var sweptAt, staleRecordedAt time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT (SELECT created_at FROM operation_events WHERE operation_id = $1 AND from_state = 'IN_FLIGHT'),
+		(SELECT finished_at FROM operation_attempts WHERE operation_id = $1)`, stale.ID).Scan(&sweptAt, &staleRecordedAt))
+	require.True(t, staleRecordedAt.After(sweptAt), "the stale worker's record, later than the sweep, is the end of its send")
+}
+
+// TestClaimUnknownCountsAnUnfinishedAttemptAsSent: an attempt nobody finished (a crash,
+// an expired lease) may have reached the target.
+func TestClaimUnknownCountsAnUnfinishedAttemptAsSent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "u-crashed", `{"amount":1}`))
+	require.NoError(t, err)
+	_, err = b.store.Claim(b.ctx, claimParams(1))
+	require.NoError(t, err)
+	_, err = b.store.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
+	require.NoError(t, err)
+	claims, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, claims, 1)
+	require.True(t, claims[0].MayHaveExecuted)
 }

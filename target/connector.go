@@ -106,7 +106,9 @@ func NewConnector() *Connector {
 		TLSHandshakeTimeout: 5 * time.Second,
 	}
 	return &Connector{client: &http.Client{
-		Transport:     transport,
+		Transport: transport,
+		// A redirect is never followed: it would send the same body again, to another
+		// address than the contract's.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}
 }
