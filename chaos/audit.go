@@ -117,7 +117,7 @@ func (c *cluster) truth() map[string]*simtarget.KeyTruth {
 
 var terminal = []string{"SUCCEEDED", "FAILED_TERMINAL", "CANCELLED"}
 
-// audit checks the invariants of ../shared/TESTING.md (I1–I10) and fills the report's
+// audit checks invariants I1–I10 (docs/testing.md#the-chaos-run) and fills the report's
 // counts.
 func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyTruth, h *history) {
 	inv := map[string][]string{}

@@ -4,10 +4,10 @@
 // kill -9 and SIGSTOP of replicas, PostgreSQL restarted in immediate mode and its
 // connections terminated, while clients prepare, retry, duplicate, amend and probe other
 // tenants. Then everything heals, the run waits for the work to settle, and the audit
-// checks invariants I1–I10 of ../shared/TESTING.md against the targets' ground truth,
-// the ledger and the clients' history. A run is reproducible from its seed as far as the
-// workload, the fault schedule and the targets' faults go; processes and the network add
-// their own timing.
+// checks invariants I1–I10 (docs/testing.md#the-chaos-run) against the targets' ground
+// truth, the ledger and the clients' history. A run is reproducible from its seed as far
+// as the workload, the fault schedule and the targets' faults go; processes and the
+// network add their own timing.
 package chaos
 
 import (

@@ -99,9 +99,9 @@ func (b *testBundle) truth(t *testing.T, op store.Operation) *simtarget.KeyTruth
 
 func fault(f simtarget.Fault) string { return `{"amount":100,"sim":{"fault":"` + string(f) + `"}}` }
 
-// TestCommittedThenDroppedResolvesByLookup (seed fault-injection test 1): the server
-// commits and the response is dropped: UNKNOWN, then SUCCEEDED after reconciliation,
-// exactly one remote object, no second send.
+// TestCommittedThenDroppedResolvesByLookup (fault-injection test 1, docs/testing.md):
+// the server commits and the response is dropped: UNKNOWN, then SUCCEEDED after
+// reconciliation, exactly one remote object, no second send.
 func TestCommittedThenDroppedResolvesByLookup(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
@@ -118,8 +118,8 @@ func TestCommittedThenDroppedResolvesByLookup(t *testing.T) {
 	require.Equal(t, "FOUND", got.LastObservation.Outcome)
 }
 
-// TestNotFoundWhileSlowStaysUnknown (seed fault-injection test 5): a lookup that finds
-// nothing while the target lags never makes the operation FAILED_TERMINAL.
+// TestNotFoundWhileSlowStaysUnknown (fault-injection test 5, docs/testing.md): a lookup
+// that finds nothing while the target lags never makes the operation FAILED_TERMINAL.
 func TestNotFoundWhileSlowStaysUnknown(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{LookupLag: time.Hour}, func(c *target.Contract) {
@@ -145,8 +145,8 @@ func TestNotFoundWhileSlowStaysUnknown(t *testing.T) {
 func TestReplayInsideTheWindow(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
-	// The fault applies to the first request only: the replay carries the same bytes, so
-	// the target is configured to fail once through its random source instead.
+	// The first send is recorded as one that never left (CONNECT_FAILED): no attempt can
+	// have executed, so a replay is safe on the key alone.
 	op := b.prepare(t, simtarget.DemoCharge, "order-2", `{"amount":100}`)
 	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
@@ -204,11 +204,10 @@ func TestProvidersThatCacheOrForgetErrors(t *testing.T) {
 	}
 }
 
-// TestNoReplayOfAnUncoveredAttemptAfterAFailedLookup reproduces a duplicate the chaos run
-// found: the provider saves only successes, the first attempt commits and answers 500
-// (so nothing is saved under its key), and the lookup fails. A same-key replay would
-// execute again; the reconciler must look again instead, and resolve by the lookup once
-// it answers.
+// TestNoReplayOfAnUncoveredAttemptAfterAFailedLookup: the provider saves only successes,
+// the first attempt commits and answers 500 (so nothing is saved under its key), and the
+// lookup fails. A same-key replay would execute again and make a second effect; the
+// reconciler must look again instead, and resolve by the lookup once it answers.
 func TestNoReplayOfAnUncoveredAttemptAfterAFailedLookup(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{SaveOnlySuccesses: true, LookupFailures: 1})

@@ -33,7 +33,7 @@ import (
 // Fault is what the target does wrong with one request.
 type Fault string
 
-// The faults of ../shared/TESTING.md.
+// The faults, each with what the broker must do about it in docs/testing.md#faults.
 const (
 	FaultNone              Fault = ""
 	FaultResetBeforeCommit Fault = "reset_before_commit" // closes the connection; no effect

@@ -49,7 +49,7 @@ type Owner struct {
 }
 
 // DataOwnership names who owns what the broker stores about this target's operations
-// (seed control 10).
+// (go/no-go control 10, docs/targets.md).
 type DataOwnership struct {
 	Owner     string   `yaml:"owner"`
 	Retention Duration `yaml:"retention"`
@@ -173,7 +173,7 @@ func (d *Duration) UnmarshalYAML(node ast.Node) error {
 	return nil
 }
 
-// Capabilities of a target, from seed 000.
+// Capabilities of a target: A to D of docs/targets.md#capabilities.
 type Capabilities struct {
 	Replay      bool // A: same-key replay inside the retention window
 	Lookup      bool // B: lookup by reference

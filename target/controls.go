@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// ControlResult is one go/no-go control of seed 000 judged for one target: pass or fail
-// with the reason, never a score.
+// ControlResult is one go/no-go control (docs/targets.md#the-gono-go-controls) judged for
+// one target: pass or fail with the reason, never a score.
 type ControlResult struct {
 	Number int
 	Name   string
