@@ -64,6 +64,10 @@ type Config struct {
 	// PayloadRetention is how long a terminal operation keeps its payload bytes before
 	// the sweeper purges them (the hash and the events stay); 0 keeps them.
 	PayloadRetention time.Duration
+	// Clock reads the time (default time.Now). Every safety decision compares its
+	// readings only with each other: a lease or a window the database measured becomes
+	// a deadline on this clock, so a host whose clock is off by seconds decides the same.
+	Clock func() time.Time
 }
 
 func (c *Config) setDefaults() {
@@ -87,6 +91,9 @@ func (c *Config) setDefaults() {
 	defDur(&c.SweepInterval, time.Second)
 	defDur(&c.ShutdownGrace, 20*time.Second)
 	defDur(&c.RecordTimeout, 15*time.Second)
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
 	if c.Worker == "" {
 		host, _ := os.Hostname()
 		c.Worker = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
@@ -100,10 +107,10 @@ const sweepBatch = 500
 type Dispatcher struct {
 	cfg     Config
 	log     *slog.Logger
-	global  chan struct{}            // send slots of the process
-	held    chan struct{}            // claims taken and not yet recorded
-	slots   map[string]chan struct{} // send slots per target
-	cursors map[string]string        // per target: the tenant the next claim starts after; owned by the claim loop
+	global  chan struct{}     // send slots of the process
+	held    chan struct{}     // claims taken and not yet recorded
+	limiter *target.Limiter   // each target's slots, shared with the reconciler's replays and lookups
+	cursors map[string]string // per target: the tenant the next claim starts after; owned by the claim loop
 
 	sends   metric.Int64Counter
 	swept   metric.Int64Counter
@@ -129,16 +136,9 @@ func New(cfg Config) (*Dispatcher, error) {
 		log:     cfg.Logger.With("component", "dispatcher", "worker", cfg.Worker),
 		global:  make(chan struct{}, cfg.PoolSize),
 		held:    make(chan struct{}, cfg.Unrecorded),
-		slots:   map[string]chan struct{}{},
+		limiter: target.NewLimiter(cfg.Targets, cfg.PoolSize),
 		cursors: map[string]string{},
 		freed:   make(chan struct{}, 1),
-	}
-	for _, c := range cfg.Targets.All() {
-		n := c.Concurrency
-		if n <= 0 || n > cfg.PoolSize {
-			n = cfg.PoolSize
-		}
-		d.slots[c.Name] = make(chan struct{}, n)
 	}
 	var err error
 	if d.sends, err = meter.Int64Counter("opbroker.dispatch.sends",
@@ -235,11 +235,16 @@ func (d *Dispatcher) claimLoop(ctx context.Context, wake <-chan struct{}) {
 // (more work is likely waiting). Sends continue in the background after it returns.
 func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err error) {
 	for _, contract := range d.cfg.Targets.All() {
-		free := min(cap(d.global)-len(d.global), cap(d.slots[contract.Name])-len(d.slots[contract.Name]),
-			cap(d.held)-len(d.held), d.cfg.ClaimBatch)
+		free := min(cap(d.global)-len(d.global), cap(d.held)-len(d.held), d.cfg.ClaimBatch)
 		if free <= 0 {
 			continue
 		}
+		// The target's slots are taken before the claim: the reconciler's replays and
+		// lookups take them too, and a claim must not wait for one while its lease runs.
+		if free = d.limiter.Reserve(contract.Name, free); free == 0 {
+			continue
+		}
+		asOf := d.cfg.Clock()
 		ops, claimErr := d.cfg.Store.Claim(ctx, store.ClaimParams{Target: contract.Name, FairClaim: store.FairClaim{
 			OperationTypes: contract.OperationTypes,
 			Worker:         d.cfg.Worker,
@@ -249,6 +254,7 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err e
 			MaxTenants:     d.cfg.MaxTenantsPerClaim,
 			AfterTenant:    d.cursors[contract.Name],
 		}})
+		d.limiter.Release(contract.Name, free-len(ops))
 		if claimErr != nil {
 			err = errors.Join(err, claimErr)
 			continue
@@ -261,13 +267,12 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err e
 		for _, op := range ops {
 			d.held <- struct{}{}
 			d.global <- struct{}{}
-			d.slots[contract.Name] <- struct{}{}
 			d.inFlight.Add(1)
 			go func() {
 				var sent sync.Once
 				replied := func() {
 					sent.Do(func() {
-						<-d.slots[contract.Name]
+						d.limiter.Release(contract.Name, 1)
 						<-d.global
 						d.signalFreed()
 					})
@@ -278,7 +283,7 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err e
 					d.inFlight.Done()
 					d.signalFreed()
 				}()
-				d.deliver(contract, op, replied)
+				d.deliver(contract, op, asOf, replied)
 			}()
 		}
 		claimed += len(ops)
@@ -293,17 +298,27 @@ func (d *Dispatcher) signalFreed() {
 	}
 }
 
+// Limiter returns the targets' concurrency slots that the dispatcher's sends take: a
+// caller of Deliver, and anyone else who sends to or looks up a target, takes one too.
+func (d *Dispatcher) Limiter() *target.Limiter { return d.limiter }
+
 // Deliver makes the one transmission of a claim (the dispatcher's, or a reconciler's
-// same-key replay) and records its outcome under the claim's fence. It blocks until the
-// outcome is recorded. It works whether or not the dispatcher was started.
-func (d *Dispatcher) Deliver(contract *target.Contract, op store.Claimed) {
-	d.deliver(contract, op, func() {})
+// same-key replay) and records its outcome under the claim's fence. asOf is a reading
+// of the dispatcher's Clock taken before the claim was asked for: the claim's lease,
+// window and deadline count from it. The caller holds a slot of the target's (Limiter)
+// for the call. It blocks until the outcome is recorded. It works whether or not the
+// dispatcher was started.
+func (d *Dispatcher) Deliver(contract *target.Contract, op store.Claimed, asOf time.Time) {
+	d.deliver(contract, op, asOf, func() {})
 }
 
 // deliver is Deliver, calling replied once the call is over (or was never made), before
 // the outcome is recorded.
-func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, replied func()) {
+func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf time.Time, replied func()) {
 	log := d.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.FenceToken, "target", contract.Name)
+	// The claim's times as deadlines on this clock: asOf precedes the database's
+	// measurement, so each falls no later than the database's.
+	leaseEnd := asOf.Add(op.LeaseLeft)
 
 	if digest, err := payload.Hash(op.ContentType, op.Payload); err != nil || !bytes.Equal(digest[:], op.PayloadSHA256) {
 		log.Error("payload does not match its recorded hash; not sending")
@@ -318,8 +333,8 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, replie
 	// The call is bounded by the contract's timeout and the dispatch deadline here, and
 	// by the lease through extendLease, which cuts it when the lease cannot be kept.
 	var timeout time.Duration
-	if op.DispatchDeadline != nil {
-		timeout = time.Until(*op.DispatchDeadline)
+	if op.DeadlineLeft != nil {
+		timeout = asOf.Add(*op.DeadlineLeft).Sub(d.cfg.Clock())
 		if timeout <= 0 {
 			d.record(log, contract, op, target.Result{Outcome: target.Rejected, Class: "DISPATCH_DEADLINE_PASSED",
 				Summary: "the dispatch deadline passed before the send; nothing was sent"})
@@ -339,15 +354,15 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, replie
 	// saves only successes executes again. (A process paused between this check and the
 	// write is caught only by a target that checks the fence header.)
 	margin := max(d.cfg.Lease/10, 100*time.Millisecond)
-	if time.Until(op.LeaseExpiresAt) < margin {
+	if leaseEnd.Sub(d.cfg.Clock()) < margin {
 		log.Warn("the lease is over or nearly before the send; not sending (the sweeper makes it UNKNOWN)")
 		return
 	}
 	// A replay is safe only while the target still knows the key: the reconciler decided
 	// inside the window, but the send happens now, and a target that has forgotten the
 	// key executes it again.
-	if op.AttemptCount > 1 && contract.Idempotency != nil && op.FirstSentAt != nil &&
-		time.Since(*op.FirstSentAt) > contract.Idempotency.Retention.D()-margin {
+	if op.AttemptCount > 1 && contract.Idempotency != nil &&
+		op.SinceFirstSend+d.cfg.Clock().Sub(asOf) > contract.Idempotency.Retention.D()-margin {
 		log.Warn("the key's retention window closed before the replay was sent; not sending")
 		d.record(log, contract, op, target.Result{Outcome: target.Unknown, Class: "REPLAY_WINDOW_CLOSED",
 			Summary: "the key's retention window closed before the replay was sent; nothing was sent"})
@@ -355,7 +370,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, replie
 	}
 	callCtx, stopExtending := context.WithCancel(d.sendCtx)
 	extended := make(chan struct{})
-	go func() { defer close(extended); d.extendLease(callCtx, stopExtending, log, op) }()
+	go func() { defer close(extended); d.extendLease(callCtx, stopExtending, log, op, leaseEnd) }()
 	var sentErr atomic.Pointer[error] // set on the transport's goroutine
 	res := d.cfg.Connector.Send(callCtx, target.Request{
 		Contract: contract, Payload: op.Payload, ContentType: op.ContentType,
@@ -387,26 +402,26 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, replie
 // extendLease keeps the claim's lease ahead of a long call until ctx ends. A call never
 // outlives the lease its sender holds: when the fence is lost, or the lease cannot be
 // renewed before it runs out, the call is cut (and recorded, as evidence, as a timeout).
-func (d *Dispatcher) extendLease(ctx context.Context, cutCall context.CancelFunc, log *slog.Logger, op store.Claimed) {
+func (d *Dispatcher) extendLease(ctx context.Context, cutCall context.CancelFunc, log *slog.Logger, op store.Claimed, expires time.Time) {
 	every := d.cfg.Lease / 3
-	expires := op.LeaseExpiresAt
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(every):
 		}
-		renewed, err := d.cfg.Store.ExtendLease(ctx, op.TenantID, op.ID, op.FenceToken, d.cfg.Lease)
+		asked := d.cfg.Clock()
+		left, err := d.cfg.Store.ExtendLease(ctx, op.TenantID, op.ID, op.FenceToken, d.cfg.Lease)
 		switch {
 		case err == nil:
-			expires = renewed
+			expires = asked.Add(left)
 		case ctx.Err() != nil:
 			return
 		case errors.Is(err, store.ErrFenceLost):
 			log.Warn("fence lost during the call; cutting it")
 			cutCall()
 			return
-		case time.Until(expires) < every:
+		case expires.Sub(d.cfg.Clock()) < every:
 			log.Warn("lease cannot be renewed before it expires; cutting the call", "error", err)
 			cutCall()
 			return
@@ -431,7 +446,7 @@ func (d *Dispatcher) record(log *slog.Logger, contract *target.Contract, op stor
 	defer cancel()
 	params := store.OutcomeParams{
 		TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken, State: state, RemoteRef: res.RemoteRef, NotSent: !res.Sent,
-		Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: res.Class,
+		Observation: store.Observation{ObservedAt: d.cfg.Clock(), Source: "DISPATCH", Outcome: res.Class,
 			HTTPStatus: res.HTTPStatus, Summary: res.Summary},
 		Actor: "dispatcher:" + d.cfg.Worker,
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/opbroker/opbroker/clocktest"
 	"github.com/opbroker/opbroker/dispatcher"
 	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/simtarget"
@@ -149,7 +151,7 @@ func TestUnkeyedTargetIsSentOnce(t *testing.T) {
 }
 
 // TestRacingDispatchersSendEachOnce: several pools over many operations give exactly one
-// send per claim and no double claim (seed fault-injection test 3).
+// send per claim and no double claim (fault-injection test 3 of docs/testing.md).
 func TestRacingDispatchersSendEachOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
@@ -176,7 +178,7 @@ func TestRacingDispatchersSendEachOnce(t *testing.T) {
 	}
 }
 
-// TestChangedPayloadIsNeverSent (seed fault-injection test 4).
+// TestChangedPayloadIsNeverSent (fault-injection test 4 of docs/testing.md).
 func TestChangedPayloadIsNeverSent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
@@ -344,27 +346,32 @@ func TestSweepPurgesPayloadsAfterRetention(t *testing.T) {
 
 // TestNoSendOnAnExpiredLease: a claim delivered after its lease ran out (a worker that
 // was paused or starved between claim and send) is not sent: the operation may already
-// be another actor's.
+// be another actor's. The dispatcher's clock may be off the database's by seconds.
 func TestNoSendOnAnExpiredLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
-	op := b.prepare(t, "acme", simtarget.DemoCharge, "late-send", `{"amount":1}`)
-	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: "slow", Lease: time.Second, Limit: 1, PerTenant: 1, MaxTenants: 1}})
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
 	contract, ok := b.targets.ByName("demo-payments")
 	require.True(t, ok)
+	for _, skew := range clocktest.Skews {
+		clock := clocktest.New(skew)
+		op := b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprint("late-send", skew), `{"amount":1}`)
+		asOf := clock.Now()
+		claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+			OperationTypes: []string{simtarget.DemoCharge}, Worker: "slow", Lease: time.Second, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
 
-	time.Sleep(time.Until(claimed[0].LeaseExpiresAt))
-	b.dispatcher(t, dispatcher.Config{Lease: time.Second}).Deliver(contract, claimed[0])
-	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "never sent")
-	require.Equal(t, store.StateInFlight, b.get(t, op).State, "left to the sweeper")
+		clock.Advance(time.Second) // the worker stalls past its lease
+		b.dispatcher(t, dispatcher.Config{Lease: time.Second, Clock: clock.Now}).Deliver(contract, claimed[0], asOf)
+		require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "skew %s: never sent", skew)
+		require.Equal(t, store.StateInFlight, b.get(t, op).State, "left to the sweeper")
+	}
 }
 
 // TestNoReplayOnceTheWindowClosed: a replay decided inside the key's retention window
 // but delivered after it closed is not sent (the target may have forgotten the key and
-// would execute it again); the operation goes back to UNKNOWN.
+// would execute it again); the operation goes back to UNKNOWN. The dispatcher's clock
+// may be off the database's by seconds.
 func TestNoReplayOnceTheWindowClosed(t *testing.T) {
 	t.Parallel()
 	const retention = 300 * time.Millisecond
@@ -373,29 +380,69 @@ func TestNoReplayOnceTheWindowClosed(t *testing.T) {
 			c.Idempotency.Retention = target.Duration(retention)
 		}
 	})
-	op := b.prepare(t, "acme", simtarget.DemoCharge, "late-replay", `{"amount":1}`)
+	contract, ok := b.targets.ByName("demo-payments")
+	require.True(t, ok)
+	for _, skew := range clocktest.Skews {
+		clock := clocktest.New(skew)
+		op := b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprint("late-replay", skew), `{"amount":1}`)
+		replay, asOf := b.replayClaim(t, op)
+		clock.Advance(retention) // the replay is sent late
+		b.dispatcher(t, dispatcher.Config{Clock: clock.Now}).Deliver(contract, replay, asOf.Add(skew))
+		require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "skew %s: never sent", skew)
+		got := b.get(t, op)
+		require.Equal(t, store.StateUnknown, got.State)
+		require.Equal(t, "REPLAY_WINDOW_CLOSED", got.LastObservation.Outcome)
+	}
+}
+
+// TestClockSkewDoesNotStopSends: a dispatcher whose clock is ten seconds off the
+// database's sends a fresh claim under a short lease and a replay inside a short
+// window, as one in step does.
+func TestClockSkewDoesNotStopSends(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{}, func(c *target.Contract) {
+		if c.Idempotency != nil {
+			c.Idempotency.Retention = target.Duration(5 * time.Second)
+		}
+	})
+	contract, ok := b.targets.ByName("demo-payments")
+	require.True(t, ok)
+	for _, skew := range clocktest.Skews {
+		clock := clocktest.New(skew)
+		d := b.dispatcher(t, dispatcher.Config{Lease: 3 * time.Second, Clock: clock.Now})
+		replayed := b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprint("replayed", skew), `{"amount":2}`)
+		replay, asOf := b.replayClaim(t, replayed)
+		d.Deliver(contract, replay, asOf.Add(skew))
+		got := b.get(t, replayed)
+		require.Equal(t, store.StateSucceeded, got.State, "skew %s: the replay inside the window is sent: %+v", skew, got.LastObservation)
+
+		sent := b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprint("sent", skew), `{"amount":1}`)
+		drain(t, b, d)
+		require.Equal(t, store.StateSucceeded, b.get(t, sent).State, "skew %s: sent under a short lease", skew)
+	}
+}
+
+// replayClaim takes op through a first send that never left (UNKNOWN) to a same-key
+// replay's claim, and returns it with the real time read before it was asked for.
+func (b *testBundle) replayClaim(t *testing.T, op store.Operation) (store.Claimed, time.Time) {
+	t.Helper()
 	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 	require.NoError(t, err)
+	require.Len(t, claimed, 1, "op is the only PREPARED operation")
 	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
-		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "w"})
+		State: store.StateUnknown, NotSent: true, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "w"})
 	require.NoError(t, err)
 	unknown, err := b.store.ClaimUnknown(b.ctx, store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "r",
-		Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1})
+		Lease: time.Minute, Limit: 100, PerTenant: 100, MaxTenants: 1})
 	require.NoError(t, err)
-	require.Len(t, unknown, 1)
-	replay, err := b.store.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: unknown[0].FenceToken,
+	i := slices.IndexFunc(unknown, func(u store.UnknownClaim) bool { return u.ID == op.ID })
+	require.GreaterOrEqual(t, i, 0)
+	asOf := time.Now()
+	replay, err := b.store.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: unknown[i].FenceToken,
 		Target: "demo-payments", Worker: "r", Lease: time.Minute})
 	require.NoError(t, err)
-	contract, ok := b.targets.ByName("demo-payments")
-	require.True(t, ok)
-
-	time.Sleep(time.Until(replay.FirstSentAt.Add(retention)))
-	b.dispatcher(t, dispatcher.Config{}).Deliver(contract, replay)
-	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "never sent")
-	got := b.get(t, op)
-	require.Equal(t, store.StateUnknown, got.State)
-	require.Equal(t, "REPLAY_WINDOW_CLOSED", got.LastObservation.Outcome)
+	return replay, asOf
 }
 
 // countingSender answers at once and notes the most operations IN_FLIGHT (claimed, no

@@ -18,9 +18,13 @@ import (
 	"github.com/opbroker/opbroker/target"
 )
 
-// Deliverer sends a claim once and records its outcome (the dispatcher does).
+// Deliverer sends a claim once and records its outcome (the dispatcher does); asOf is
+// a reading of the shared Clock taken before the claim was asked for. Its Limiter holds
+// the targets' concurrency slots, which the reconciler's lookups and replays share with
+// the dispatcher's sends.
 type Deliverer interface {
-	Deliver(contract *target.Contract, op store.Claimed)
+	Deliver(contract *target.Contract, op store.Claimed, asOf time.Time)
+	Limiter() *target.Limiter
 }
 
 // Config configures a reconciler. Zero values take the defaults noted.
@@ -48,6 +52,10 @@ type Config struct {
 	// the operation is escalated.
 	MaxReplays, MaxLooks int
 	ResolutionDeadline   time.Duration
+	// Clock reads the time (default time.Now); the Deliverer must read the same one.
+	// Times the database measured become deadlines on it, never compared with
+	// timestamps the database wrote.
+	Clock func() time.Time
 }
 
 func (c *Config) setDefaults() {
@@ -70,6 +78,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ResolutionDeadline <= 0 {
 		c.ResolutionDeadline = 72 * time.Hour
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
 	}
 	if c.Worker == "" {
 		host, _ := os.Hostname()
@@ -128,6 +139,7 @@ func (r *Reconciler) Start(ctx context.Context) error {
 			case <-ctx.Done():
 				return
 			}
+			asOf := r.cfg.Clock()
 			ops, err := r.claim(ctx, min(r.cfg.Batch, cap(slots)-len(slots)))
 			if err != nil && ctx.Err() == nil {
 				r.log.Warn("reconcile claim failed", "error", err)
@@ -136,7 +148,7 @@ func (r *Reconciler) Start(ctx context.Context) error {
 				slots <- struct{}{}
 				inHand.Go(func() {
 					defer func() { <-slots }()
-					r.reconcile(context.WithoutCancel(ctx), op)
+					r.reconcile(ctx, op, asOf)
 				})
 			}
 			if len(ops) > 0 {
@@ -166,10 +178,11 @@ func (r *Reconciler) Stop() {
 // RunOnce claims the due UNKNOWN operations (up to Batch), decides each, all at once,
 // and returns how many it claimed once they are decided.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
+	asOf := r.cfg.Clock()
 	ops, err := r.claim(ctx, r.cfg.Batch)
 	var wg sync.WaitGroup
 	for _, op := range ops {
-		wg.Go(func() { r.reconcile(context.WithoutCancel(ctx), op) })
+		wg.Go(func() { r.reconcile(ctx, op, asOf) })
 	}
 	wg.Wait()
 	return len(ops), err
@@ -195,15 +208,19 @@ func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.UnknownClaim
 	return ops, nil
 }
 
-// reconcile gathers evidence for one claimed operation, decides, and acts.
-func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim) {
+// reconcile gathers evidence for one claimed operation, decides, and acts. asOf is a
+// reading of the clock taken before the claim was asked for. It gives up when ctx ends
+// (Stop) or the claim's lease does: what it leaves undone is decided again, by whoever
+// claims the operation next, and a fenced write never lands twice.
+func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf time.Time) {
+	ctx, cancel := context.WithTimeout(ctx, asOf.Add(op.LeaseLeft).Sub(r.cfg.Clock()))
+	defer cancel()
 	log := r.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.FenceToken)
 	contract, ok := r.cfg.Targets.ForType(op.OperationType)
 	if !ok {
 		r.escalate(ctx, log, op, nil, "no recorded contract serves this operation type any more")
 		return
 	}
-	now := time.Now()
 	evidence, obs := r.evidence(ctx, log, contract, op)
 	caps := contract.Capabilities()
 	in := Input{
@@ -227,13 +244,14 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim) {
 		in.VisibilityDelay = contract.Lookup.VisibilityDelay.D()
 		in.AbsenceFinalAfter = contract.Lookup.AbsenceFinalAfter.D()
 	}
-	firstSent := op.CreatedAt
-	if op.FirstSentAt != nil {
-		firstSent = *op.FirstSentAt
-	}
-	in.SinceFirstSend = now.Sub(firstSent)
-	in.ResolutionLeft = firstSent.Add(r.cfg.ResolutionDeadline).Sub(now)
-	in.BusinessDeadlinePassed = op.DispatchDeadline != nil && now.After(*op.DispatchDeadline)
+	// The database measured these at the claim; what passed since is added by this
+	// clock, from a reading taken before the claim, so each errs towards the later
+	// time. (SinceLastSend is not advanced: it must not overstate how long a lookup
+	// waited.)
+	sinceClaim := r.cfg.Clock().Sub(asOf)
+	in.SinceFirstSend = op.SinceFirstSend + sinceClaim
+	in.ResolutionLeft = r.cfg.ResolutionDeadline - in.SinceFirstSend
+	in.BusinessDeadlinePassed = op.DeadlineLeft != nil && *op.DeadlineLeft <= sinceClaim
 
 	d := Decide(in)
 	r.actions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", d.Action.String())))
@@ -255,17 +273,12 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim) {
 		// again (the key covers every attempt, none was sent, or a lookup proved
 		// absence); the dispatcher checks the lease and the key's window at the send.
 		if d.After > 0 { // the target asked to wait first
-			err = r.check(ctx, op, obs, now.Add(d.After), in.AcceptedBefore)
+			err = r.check(ctx, op, obs, d.After, in.AcceptedBefore)
 			break
 		}
-		var claim store.Claimed
-		claim, err = r.cfg.Store.BeginReplay(ctx, store.BeginReplayParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
-			Target: contract.Name, Worker: r.cfg.Worker, Lease: r.cfg.Lease})
-		if err == nil {
-			r.cfg.Deliverer.Deliver(contract, claim)
-		}
+		err = r.replay(ctx, contract, op)
 	case Wait:
-		err = r.check(ctx, op, obs, now.Add(d.After), in.AcceptedBefore)
+		err = r.check(ctx, op, obs, d.After, in.AcceptedBefore)
 	}
 	switch {
 	case errors.Is(err, store.ErrFenceLost):
@@ -277,12 +290,35 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim) {
 	}
 }
 
+// replay sends the operation again with the same key, holding a slot of the target's.
+func (r *Reconciler) replay(ctx context.Context, contract *target.Contract, op store.UnknownClaim) error {
+	limiter := r.cfg.Deliverer.Limiter()
+	if err := limiter.Acquire(ctx, contract.Name); err != nil {
+		return err
+	}
+	defer limiter.Release(contract.Name, 1)
+	asOf := r.cfg.Clock()
+	claim, err := r.cfg.Store.BeginReplay(ctx, store.BeginReplayParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+		Target: contract.Name, Worker: r.cfg.Worker, Lease: r.cfg.Lease})
+	if err != nil {
+		return err
+	}
+	r.cfg.Deliverer.Deliver(contract, claim, asOf)
+	return nil
+}
+
 // evidence looks the operation up (capability B) or falls back on what is known; a
 // stale worker's verified success counts, checked like any other observation.
 func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *target.Contract, op store.UnknownClaim) (Evidence, store.Observation) {
-	obs := store.Observation{ObservedAt: time.Now(), Source: "LOOKUP"}
+	obs := store.Observation{ObservedAt: r.cfg.Clock(), Source: "LOOKUP"}
 	if contract.Lookup != nil {
+		limiter := r.cfg.Deliverer.Limiter()
+		if err := limiter.Acquire(ctx, contract.Name); err != nil {
+			obs.Outcome = "LOOKUP_FAILED"
+			return Evidence{Kind: LookupFailed}, obs
+		}
 		res := r.cfg.Connector.Lookup(ctx, contract, op.RemoteKey, op.Payload)
+		limiter.Release(contract.Name, 1)
 		obs.HTTPStatus = res.HTTPStatus
 		switch res.Outcome {
 		case target.LookupFound:
@@ -316,9 +352,9 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 	return Evidence{Kind: NoEvidence}, obs
 }
 
-func (r *Reconciler) check(ctx context.Context, op store.UnknownClaim, obs store.Observation, next time.Time, accepted bool) error {
+func (r *Reconciler) check(ctx context.Context, op store.UnknownClaim, obs store.Observation, after time.Duration, accepted bool) error {
 	_, err := r.cfg.Store.RecordCheck(ctx, store.CheckParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
-		Observation: obs, NextCheckAt: next, AcceptedUnfinished: accepted, Actor: r.actor()})
+		Observation: obs, CheckAfter: after, AcceptedUnfinished: accepted, Actor: r.actor()})
 	return err
 }
 
@@ -331,8 +367,8 @@ func (r *Reconciler) escalate(ctx context.Context, log *slog.Logger, op store.Un
 		}
 	}
 	_, err := r.cfg.Store.ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
-		State: store.StateEscalated, Observation: store.Observation{ObservedAt: time.Now(), Source: "BROKER", Outcome: "ESCALATED", Summary: reason},
-		Escalation: &store.Escalation{Owner: owner, Reason: reason, EscalatedAt: time.Now()}, Actor: r.actor()})
+		State: store.StateEscalated, Observation: store.Observation{ObservedAt: r.cfg.Clock(), Source: "BROKER", Outcome: "ESCALATED", Summary: reason},
+		Escalation: &store.Escalation{Owner: owner, Reason: reason, EscalatedAt: r.cfg.Clock()}, Actor: r.actor()})
 	if err != nil {
 		log.Error("escalation not recorded; it is decided again when the lease expires", "error", err)
 		return

@@ -86,8 +86,8 @@ type Config struct {
 	LookupFailures float64
 	// SlowDelay is how long FaultSlowCommit waits; default 2s.
 	SlowDelay time.Duration
-	// Latency delays every create before it is handled, as a real API's processing
-	// time; 0 is the fastest profile.
+	// Latency delays every create and lookup before it is handled, as a real API's
+	// processing time; 0 is the fastest profile.
 	Latency time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -117,7 +117,7 @@ type Truth struct {
 	Unkeyed  int                  `json:"unkeyed_effects"`
 	Faults   map[Fault]int        `json:"faults"`
 	Requests int                  `json:"requests"`
-	// MaxConcurrent is the most create requests ever in progress at once.
+	// MaxConcurrent is the most requests (creates and lookups) ever in progress at once.
 	MaxConcurrent int `json:"max_concurrent"`
 }
 
@@ -140,7 +140,7 @@ type Target struct {
 	byKey map[string][]*Effect
 	truth Truth
 	seq   int
-	busy  int           // create requests in progress
+	busy  int           // requests in progress
 	hang  chan struct{} // closed by Close: releases hanging requests
 	once  sync.Once
 	mux   *http.ServeMux
@@ -396,7 +396,7 @@ func (t *Target) chargeBodyLocked(key string) []byte {
 	return b
 }
 
-// delay counts a create in progress and applies the configured latency; the returned
+// delay counts a request in progress and applies the configured latency; the returned
 // function ends it.
 func (t *Target) delay() func() {
 	t.mu.Lock()
@@ -438,6 +438,7 @@ func (t *Target) keyTruth(key string) *KeyTruth {
 
 // lookupCharge finds the charge created with a key, once it is visible.
 func (t *Target) lookupCharge(w http.ResponseWriter, r *http.Request) {
+	defer t.delay()()
 	key := r.URL.Query().Get("reference")
 	now := t.cfg.Now()
 	t.mu.Lock()

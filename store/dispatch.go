@@ -14,9 +14,20 @@ import (
 // Claimed is an operation the caller now holds: it may send it once, with this fence.
 type Claimed struct {
 	Operation
-	Payload        []byte
-	RemoteKey      uuid.UUID
-	LeaseExpiresAt time.Time
+	Payload   []byte
+	RemoteKey uuid.UUID
+
+	// Times the database measured, by its own clock, when the claim was taken. A caller
+	// turns them into deadlines on its own clock from a reading taken before it asked
+	// for the claim, so that each falls no later than the database's; it never compares
+	// a timestamp the database wrote with its own clock, which may be off by seconds.
+	//
+	// LeaseLeft is what was left of the lease; SinceFirstSend how long ago the
+	// operation was first sent (zero before any send); DeadlineLeft what was left
+	// before the dispatch deadline (nil without one; negative once it passed).
+	LeaseLeft      time.Duration
+	SinceFirstSend time.Duration
+	DeadlineLeft   *time.Duration
 }
 
 // FairClaim selects what one claim takes, fairly across tenants: up to Limit operations
@@ -93,18 +104,40 @@ func fairPick(state, due, order string) string {
 			LIMIT $5`
 }
 
-// claimedColumns is what Claim returns, read by scanClaimed.
-const claimedColumns = operationColumns + `, payload, remote_key, lease_expires_at`
+// claimedColumns is what a claim returns, read by scanClaimed: the operation, its
+// payload and key, and the durations of Claimed, in microseconds.
+var claimedColumns = operationColumns + `, payload, remote_key, ` +
+	micros("lease_expires_at - now()") + `, coalesce(` + micros("now() - first_sent_at") + `, 0), ` +
+	micros("dispatch_deadline - now()")
+
+// micros returns the SQL of an interval expression in whole microseconds (NULL stays
+// NULL); interval is a constant of this package, never input.
+func micros(interval string) string {
+	return `floor(extract(epoch FROM ` + interval + `) * 1e6)::bigint`
+}
+
+// duration converts microseconds from micros.
+func duration(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
 
 func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
 	var c Claimed
-	err := row.Scan(claimedDest(&c)...)
-	return c, err
+	return c, scanClaimedInto(row, &c)
 }
 
-// claimedDest returns the scan destinations of claimedColumns.
-func claimedDest(c *Claimed) []any {
-	return append(operationDest(&c.Operation), &c.Payload, &c.RemoteKey, &c.LeaseExpiresAt)
+// scanClaimedInto scans claimedColumns, then extra destinations, into c.
+func scanClaimedInto(row pgx.CollectableRow, c *Claimed, extra ...any) error {
+	var leaseLeft, sinceFirst int64
+	var deadlineLeft *int64
+	dest := append(operationDest(&c.Operation), &c.Payload, &c.RemoteKey, &leaseLeft, &sinceFirst, &deadlineLeft)
+	if err := row.Scan(append(dest, extra...)...); err != nil {
+		return err
+	}
+	c.LeaseLeft, c.SinceFirstSend = duration(leaseLeft), duration(sinceFirst)
+	if deadlineLeft != nil {
+		left := duration(*deadlineLeft)
+		c.DeadlineLeft = &left
+	}
+	return nil
 }
 
 // Claim moves up to Limit PREPARED operations of the given types to IN_FLIGHT with one
@@ -263,20 +296,21 @@ func nullIfZero(n int) *int {
 	return &n
 }
 
-// ExtendLease pushes the lease of a claim the caller still holds to now + lease and
-// returns the new expiry, or ErrFenceLost.
-func (s *Store) ExtendLease(ctx context.Context, tenantID string, id uuid.UUID, fence int64, lease time.Duration) (time.Time, error) {
-	var expires time.Time
+// ExtendLease pushes the lease of a claim the caller still holds to now + lease, by the
+// database's clock, and returns what is left of it as the database measured it, or
+// ErrFenceLost.
+func (s *Store) ExtendLease(ctx context.Context, tenantID string, id uuid.UUID, fence int64, lease time.Duration) (time.Duration, error) {
+	var left int64
 	err := s.queryRow(ctx, `UPDATE operations SET lease_expires_at = now() + $4::interval
 		WHERE tenant_id = $1 AND operation_id = $2 AND state = 'IN_FLIGHT' AND fence_token = $3
-		RETURNING lease_expires_at`, tenantID, id, fence, lease).Scan(&expires)
+		RETURNING `+micros("lease_expires_at - now()"), tenantID, id, fence, lease).Scan(&left)
 	if err != nil {
 		if err = translate(err); errors.Is(err, ErrNotFound) {
-			return time.Time{}, ErrFenceLost
+			return 0, ErrFenceLost
 		}
-		return time.Time{}, fmt.Errorf("store: extend lease: %w", err)
+		return 0, fmt.Errorf("store: extend lease: %w", err)
 	}
-	return expires, nil
+	return duration(left), nil
 }
 
 // SweepParams bound one pass of a sweeper.

@@ -47,7 +47,9 @@ func TestClaimTakesPreparedOnce(t *testing.T) {
 		require.NotNil(t, c.FirstSentAt)
 		require.NotEmpty(t, c.Payload)
 		require.NotEqual(t, uuid.Nil, c.RemoteKey)
-		require.True(t, c.LeaseExpiresAt.After(time.Now()))
+		require.Equal(t, time.Minute, c.LeaseLeft, "measured by the database")
+		require.Zero(t, c.SinceFirstSend, "first sent by this claim")
+		require.Nil(t, c.DeadlineLeft)
 	}
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_attempts WHERE fence_token = 1 AND finished_at IS NULL AND target = 'demo'`))
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_events WHERE from_state = 'PREPARED' AND to_state = 'IN_FLIGHT'`))
@@ -65,7 +67,7 @@ func TestClaimTakesPreparedOnce(t *testing.T) {
 }
 
 // TestConcurrentClaimersNeverShare: many claimers racing over many operations give
-// exactly one claim per operation (seed fault-injection test 3, at the store).
+// exactly one claim per operation (fault-injection test 3 of docs/testing.md, at the store).
 func TestConcurrentClaimersNeverShare(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -221,9 +223,9 @@ func TestExtendLease(t *testing.T) {
 	b.prepareN(t, "acme", 1)
 	claimed, err := b.store.Claim(b.ctx, claimParams(1))
 	require.NoError(t, err)
-	expires, err := b.store.ExtendLease(b.ctx, "acme", claimed[0].ID, 1, time.Hour)
+	left, err := b.store.ExtendLease(b.ctx, "acme", claimed[0].ID, 1, time.Hour)
 	require.NoError(t, err)
-	require.True(t, expires.After(claimed[0].LeaseExpiresAt))
+	require.Equal(t, time.Hour, left, "measured by the database")
 	_, err = b.store.ExtendLease(b.ctx, "acme", claimed[0].ID, 2, time.Hour)
 	require.ErrorIs(t, err, store.ErrFenceLost)
 	n, err := b.store.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(30 * time.Minute), Limit: 10})
@@ -321,4 +323,24 @@ func TestConcurrentOutcomesEachGetTheirOwnAnswer(t *testing.T) {
 		require.NotEqual(t, "ch_stale", got.RemoteRef)
 	}
 	require.Equal(t, 80, b.count(t, `SELECT count(*) FROM operation_attempts WHERE applied`))
+}
+
+// TestClaimMeasuresTheDeadlineByTheDatabase: a claim says what is left before the
+// dispatch deadline by the database's clock.
+func TestClaimMeasuresTheDeadlineByTheDatabase(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := prepareParams("acme", "with-deadline", `{"amount":1}`)
+	deadline := time.Now().Add(time.Hour)
+	p.DispatchDeadline = &deadline
+	_, _, err := b.store.Prepare(b.ctx, p)
+	require.NoError(t, err)
+	claimed, err := b.store.Claim(b.ctx, claimParams(1))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	var wantMicros int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT floor(extract(epoch FROM dispatch_deadline - (lease_expires_at - interval '1 minute')) * 1e6)::bigint
+		FROM operations WHERE operation_id = $1`, claimed[0].ID).Scan(&wantMicros))
+	require.NotNil(t, claimed[0].DeadlineLeft)
+	require.Equal(t, time.Duration(wantMicros)*time.Microsecond, *claimed[0].DeadlineLeft)
 }

@@ -46,18 +46,18 @@ func (s *Store) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownCla
 		SELECT `+claimedColumns+`,
 			EXISTS (SELECT 1 FROM operation_attempts a
 				WHERE a.tenant_id = claimed.tenant_id AND a.operation_id = claimed.operation_id AND a.sent IS DISTINCT FROM false),
-			coalesce(floor(extract(epoch FROM now() - greatest(
+			coalesce(`+micros(`now() - greatest(
 				(SELECT max(e.created_at) FROM operation_events e
 				 WHERE e.tenant_id = claimed.tenant_id AND e.operation_id = claimed.operation_id AND e.from_state = 'IN_FLIGHT'),
 				(SELECT max(a.finished_at) FROM operation_attempts a
-				 WHERE a.tenant_id = claimed.tenant_id AND a.operation_id = claimed.operation_id))) * 1e6), 0)::bigint
+				 WHERE a.tenant_id = claimed.tenant_id AND a.operation_id = claimed.operation_id))`)+`, 0)
 		FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease)
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (UnknownClaim, error) {
 		var c UnknownClaim
-		var sinceMicros int64
-		err := row.Scan(append(claimedDest(&c.Claimed), &c.MayHaveExecuted, &sinceMicros)...)
-		c.SinceLastSend = time.Duration(sinceMicros) * time.Microsecond
+		var sinceLast int64
+		err := scanClaimedInto(row, &c.Claimed, &c.MayHaveExecuted, &sinceLast)
+		c.SinceLastSend = duration(sinceLast)
 		return c, err
 	})
 	if err != nil {
@@ -72,8 +72,8 @@ type CheckParams struct {
 	ID          uuid.UUID
 	Fence       int64
 	Observation Observation
-	// NextCheckAt is when to look again.
-	NextCheckAt time.Time
+	// CheckAfter is how long from now, by the database's clock, to look again.
+	CheckAfter time.Duration
 	// AcceptedUnfinished marks that the target accepted the request without finishing
 	// it (sticky: no replay may ever follow).
 	AcceptedUnfinished bool
@@ -85,14 +85,14 @@ type CheckParams struct {
 func (s *Store) RecordCheck(ctx context.Context, p CheckParams) (Operation, error) {
 	rows := s.query(ctx, `
 		WITH upd AS (
-			UPDATE operations SET revision = revision + 1, last_observation = $4, next_check_at = $5,
+			UPDATE operations SET revision = revision + 1, last_observation = $4, next_check_at = now() + $5::interval,
 				checks = checks + 1, accepted_unfinished = accepted_unfinished OR $6,
 				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "$7", "$8", "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,
-		p.TenantID, p.ID, p.Fence, p.Observation, p.NextCheckAt, p.AcceptedUnfinished, p.Actor, p.Observation.Outcome)
+		p.TenantID, p.ID, p.Fence, p.Observation, p.CheckAfter, p.AcceptedUnfinished, p.Actor, p.Observation.Outcome)
 	return s.collectFenced(rows, "record check")
 }
 

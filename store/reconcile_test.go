@@ -60,17 +60,19 @@ func TestClaimUnknownIsExclusiveAndFenced(t *testing.T) {
 
 	// The old fence (the dispatcher's) can no longer record.
 	_, err = b.store.RecordCheck(b.ctx, store.CheckParams{TenantID: "acme", ID: op.ID, Fence: op.FenceToken,
-		NextCheckAt: time.Now(), Actor: "stale"})
+		Actor: "stale"})
 	require.ErrorIs(t, err, store.ErrFenceLost)
 
-	next := time.Now().Add(time.Hour)
 	checked, err := b.store.RecordCheck(b.ctx, store.CheckParams{TenantID: "acme", ID: op.ID, Fence: first[0].FenceToken,
-		Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, NextCheckAt: next, AcceptedUnfinished: true, Actor: "rec"})
+		Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, CheckAfter: time.Hour, AcceptedUnfinished: true, Actor: "rec"})
 	require.NoError(t, err)
 	require.Equal(t, store.StateUnknown, checked.State)
 	require.Equal(t, int32(1), checked.Checks)
 	require.True(t, checked.AcceptedUnfinished)
 	require.Equal(t, op.Revision+1, checked.Revision, "a check is an event")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations
+		WHERE operation_id = $1 AND next_check_at - now() BETWEEN interval '59 minutes' AND interval '1 hour'`, op.ID),
+		"the next check is scheduled by the database's clock")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE from_state = 'UNKNOWN' AND to_state = 'UNKNOWN' AND reason = 'NOT_FOUND'`))
 
 	notDue, err := b.store.ClaimUnknown(b.ctx, unknownParams())
@@ -126,6 +128,8 @@ func TestBeginReplayIsAFencedTransition(t *testing.T) {
 	require.Equal(t, claimed[0].FenceToken+1, replay.FenceToken)
 	require.Equal(t, int32(2), replay.AttemptCount)
 	require.Equal(t, int32(1), replay.Replays)
+	require.Equal(t, time.Minute, replay.LeaseLeft)
+	require.Positive(t, replay.SinceFirstSend, "the first send was the dispatcher's")
 	require.NotEmpty(t, replay.Payload, "the same bytes are sent again")
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1`, op.ID))
 
@@ -174,7 +178,8 @@ func TestClaimUnknownReportsTheSends(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT greatest(
 				(SELECT max(created_at) FROM operation_events WHERE operation_id = $1 AND from_state = 'IN_FLIGHT'),
 				(SELECT max(finished_at) FROM operation_attempts WHERE operation_id = $1))`, id).Scan(&lastEnded))
-		claimedAt := c.LeaseExpiresAt.Add(-unknownParams().Lease)
+		var claimedAt time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT lease_expires_at - interval '1 minute' FROM operations WHERE operation_id = $1`, id).Scan(&claimedAt))
 		require.InDelta(t, claimedAt.Sub(lastEnded), c.SinceLastSend, float64(time.Microsecond), c.IntentRef)
 		require.Positive(t, c.SinceLastSend, c.IntentRef)
 	}

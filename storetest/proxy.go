@@ -1,0 +1,116 @@
+package storetest
+
+import (
+	"net"
+	neturl "net/url"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/opbroker/opbroker/store"
+)
+
+// Proxy stands between a store and its PostgreSQL on a loopback port, so that a test
+// can make the database unreachable the way a broken network does: Freeze stops every
+// byte in both directions while the connections stay open, and new connections hang
+// in the same way.
+type Proxy struct {
+	lis    net.Listener
+	target string
+
+	mu     sync.Mutex
+	frozen chan struct{} // closed when frozen
+	done   chan struct{} // closed at cleanup
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+// NewStoreBehindProxy is NewStore whose store reaches the database through a Proxy.
+// The administrator's pool goes direct.
+func NewStoreBehindProxy(t testing.TB) (*store.Store, *pgxpool.Pool, *Proxy) {
+	t.Helper()
+	url := Schema(t)
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	p := &Proxy{lis: lis, target: u.Host, frozen: make(chan struct{}), done: make(chan struct{})}
+	t.Cleanup(p.close)
+	p.wg.Add(1)
+	go p.serve()
+	u.Host = lis.Addr().String()
+	return store.New(Pool(t, u.String())), Pool(t, AdminURL(t, url)), p
+}
+
+// Freeze makes the database unreachable: nothing more passes, and nothing is closed.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.frozen:
+	default:
+		close(p.frozen)
+	}
+}
+
+func (p *Proxy) serve() {
+	defer p.wg.Done()
+	for {
+		client, err := p.lis.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, client, server)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(server, client)
+		go p.pipe(client, server)
+	}
+}
+
+// pipe copies from src to dst until either fails. Once the proxy is frozen it passes
+// nothing on and waits for the cleanup, keeping both connections open.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		select {
+		case <-p.frozen:
+			<-p.done
+			return
+		default:
+		}
+		if n > 0 {
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+func (p *Proxy) close() {
+	close(p.done)
+	p.lis.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}

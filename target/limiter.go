@@ -1,0 +1,74 @@
+package target
+
+import (
+	"context"
+	"sync"
+)
+
+// Limiter holds each target's concurrency slots: its contract's concurrency, or a
+// default. A first send, a same-key replay and a lookup each hold one while their
+// request is out, so a target never receives more requests at once from this process
+// than its contract allows, whichever component makes them. It is safe for concurrent
+// use.
+type Limiter struct {
+	def   int
+	mu    sync.Mutex
+	slots map[string]chan struct{}
+}
+
+// NewLimiter returns the slots of targets: a contract's concurrency, or def where the
+// contract sets none or more than def.
+func NewLimiter(targets *Targets, def int) *Limiter {
+	l := &Limiter{def: def, slots: map[string]chan struct{}{}}
+	for _, c := range targets.All() {
+		n := c.Concurrency
+		if n <= 0 || n > def {
+			n = def
+		}
+		l.slots[c.Name] = make(chan struct{}, n)
+	}
+	return l
+}
+
+func (l *Limiter) of(name string) chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.slots[name]
+	if !ok { // a target the limiter was not built with gets the default
+		s = make(chan struct{}, l.def)
+		l.slots[name] = s
+	}
+	return s
+}
+
+// Reserve takes up to n of the target's free slots without waiting and returns how
+// many it took.
+func (l *Limiter) Reserve(name string, n int) int {
+	s := l.of(name)
+	for taken := range n {
+		select {
+		case s <- struct{}{}:
+		default:
+			return taken
+		}
+	}
+	return n
+}
+
+// Acquire takes one of the target's slots, waiting until one is free or ctx ends.
+func (l *Limiter) Acquire(ctx context.Context, name string) error {
+	select {
+	case l.of(name) <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Release frees n slots that Reserve or Acquire took.
+func (l *Limiter) Release(name string, n int) {
+	s := l.of(name)
+	for range n {
+		<-s
+	}
+}
