@@ -17,6 +17,7 @@ import (
 
 	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/payload"
+	"github.com/opbroker/opbroker/startstop"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
 )
@@ -117,13 +118,12 @@ type Dispatcher struct {
 	expired metric.Int64Counter
 	purged  metric.Int64Counter
 
+	startstop.Base // the claim and sweep loops
+
 	mu          sync.Mutex
-	stopLoops   context.CancelFunc // stops claiming and sweeping
+	sendCtx     context.Context    // calls and their records; replaced when a stopped dispatcher starts again
 	cancelSends context.CancelFunc // cuts calls in progress after the grace period
-	sendCtx     context.Context
-	loops       sync.WaitGroup
 	inFlight    sync.WaitGroup
-	stopped     chan struct{}
 	freed       chan struct{} // a send or a record finished: capacity may be free
 }
 
@@ -161,27 +161,22 @@ func New(cfg Config) (*Dispatcher, error) {
 	return d, nil
 }
 
-// Start begins claiming, sending and sweeping, and returns at once.
+// Start begins claiming, sending and sweeping, and returns at once (package startstop:
+// starting a running dispatcher does nothing; a stopped one starts again).
 func (d *Dispatcher) Start(ctx context.Context) error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.stopLoops != nil {
-		return errors.New("dispatcher: already started")
+	if d.sendCtx.Err() != nil { // stopped before: its calls were cut
+		d.sendCtx, d.cancelSends = context.WithCancel(store.WithAllTenants(context.Background()))
 	}
-	loopCtx, cancel := context.WithCancel(store.WithAllTenants(ctx))
-	d.stopLoops = cancel
-	d.stopped = make(chan struct{})
-	wake, unsubscribe := d.cfg.Store.Subscribe()
-	d.loops.Add(2)
-	go func() {
-		defer d.loops.Done()
+	d.mu.Unlock()
+	d.Base.Start(store.WithAllTenants(ctx), func(ctx context.Context) {
+		wake, unsubscribe := d.cfg.Store.Subscribe()
 		defer unsubscribe()
-		d.claimLoop(loopCtx, wake)
-	}()
-	go func() {
-		defer d.loops.Done()
-		d.sweepLoop(loopCtx)
-	}()
+		var loops sync.WaitGroup
+		loops.Go(func() { d.claimLoop(ctx, wake) })
+		loops.Go(func() { d.sweepLoop(ctx) })
+		loops.Wait()
+	})
 	return nil
 }
 
@@ -189,32 +184,34 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 // records their outcomes, then cuts what is left (a cut call is recorded UNKNOWN). It
 // blocks until every outcome is recorded. It is idempotent and safe without Start.
 func (d *Dispatcher) Stop() {
-	d.mu.Lock()
-	stop := d.stopLoops
-	d.mu.Unlock()
-	if stop != nil {
-		stop()
-		d.loops.Wait()
-	}
+	d.Base.Stop()
 	done := make(chan struct{})
 	go func() { d.inFlight.Wait(); close(done) }()
 	timer := time.NewTimer(d.cfg.ShutdownGrace)
 	defer timer.Stop()
+	_, cancelSends := d.calls()
 	select {
 	case <-done:
 	case <-timer.C:
 		d.log.Warn("calls still in progress after the grace period; cutting them (they will be UNKNOWN)")
-		d.cancelSends()
+		cancelSends()
 		<-done
 	}
-	d.cancelSends()
+	cancelSends()
+}
+
+// calls returns the context of calls and their records, and what cancels it.
+func (d *Dispatcher) calls() (context.Context, context.CancelFunc) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.sendCtx, d.cancelSends
 }
 
 func (d *Dispatcher) claimLoop(ctx context.Context, wake <-chan struct{}) {
 	poll := time.NewTicker(d.cfg.PollInterval)
 	defer poll.Stop()
 	for ctx.Err() == nil {
-		claimed, full, err := d.RunOnce(ctx)
+		claimed, full, err := d.runOnce(ctx)
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("claim failed", "error", err)
 		}
@@ -230,10 +227,10 @@ func (d *Dispatcher) claimLoop(ctx context.Context, wake <-chan struct{}) {
 	}
 }
 
-// RunOnce claims what free capacity allows, for every target, and starts sending it. It
+// runOnce claims what free capacity allows, for every target, and starts sending it. It
 // returns how many operations it claimed and whether any target's claim came back full
 // (more work is likely waiting). Sends continue in the background after it returns.
-func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err error) {
+func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err error) {
 	for _, contract := range d.cfg.Targets.All() {
 		free := min(cap(d.global)-len(d.global), cap(d.held)-len(d.held), d.cfg.ClaimBatch)
 		if free <= 0 {
@@ -368,7 +365,8 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 			Summary: "the key's retention window closed before the replay was sent; nothing was sent"})
 		return
 	}
-	callCtx, stopExtending := context.WithCancel(d.sendCtx)
+	sendCtx, _ := d.calls()
+	callCtx, stopExtending := context.WithCancel(sendCtx)
 	extended := make(chan struct{})
 	go func() { defer close(extended); d.extendLease(callCtx, stopExtending, log, op, leaseEnd) }()
 	var sentErr atomic.Pointer[error] // set on the transport's goroutine
@@ -442,7 +440,8 @@ func (d *Dispatcher) record(log *slog.Logger, contract *target.Contract, op stor
 	case target.Rejected:
 		state = store.StateFailedTerminal
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.sendCtx), d.cfg.RecordTimeout)
+	sendCtx, _ := d.calls()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(sendCtx), d.cfg.RecordTimeout)
 	defer cancel()
 	params := store.OutcomeParams{
 		TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken, State: state, RemoteRef: res.RemoteRef, NotSent: !res.Sent,

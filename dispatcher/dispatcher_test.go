@@ -484,3 +484,32 @@ func TestClaimsAwaitingTheirOutcomeAreBounded(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operations WHERE state = 'SUCCEEDED'`).Scan(&succeeded))
 	require.Equal(t, 60, succeeded)
 }
+
+// TestStartsAgainAfterStop: a stopped dispatcher starts again and sends (its calls get a
+// new context: Stop cut the old one), and Start and Stop from several goroutines at once
+// leave it whole.
+func TestStartsAgainAfterStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	d := b.dispatcher(t, dispatcher.Config{PollInterval: 10 * time.Millisecond})
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			for j := range 10 {
+				if (i+j)%2 == 0 {
+					require.NoError(t, d.Start(b.ctx))
+				} else {
+					d.Stop()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	d.Stop()
+	for i := range 2 {
+		op := b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprint("restart-", i), `{"amount":1}`)
+		drain(t, b, d)
+		got := b.get(t, op)
+		require.Equal(t, store.StateSucceeded, got.State, "run %d: %+v", i, got.LastObservation)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/opbroker/opbroker/startstop"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
 )
@@ -98,9 +99,7 @@ type Reconciler struct {
 
 	cursor string // the tenant the next claim starts after; owned by the loop
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	startstop.Base
 }
 
 // New returns a stopped reconciler.
@@ -116,42 +115,23 @@ func New(cfg Config) (*Reconciler, error) {
 	return r, err
 }
 
-// Start runs reconciliation until Stop, and returns at once. It claims what is due as
-// long as it has room (Concurrency) and decides each operation as soon as it is claimed,
-// without waiting for the rest of its claim.
+// Start runs reconciliation until Stop, and returns at once (package startstop: Stop
+// ends it and waits for the operations in hand; a stopped reconciler starts again). It
+// claims what is due as long as it has room (Concurrency) and decides each operation as
+// soon as it is claimed, without waiting for the rest of its claim.
 func (r *Reconciler) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cancel != nil {
-		return errors.New("reconciler: already started")
-	}
-	ctx, r.cancel = context.WithCancel(store.WithAllTenants(ctx))
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		slots := make(chan struct{}, r.cfg.Concurrency)
+	r.Base.Start(store.WithAllTenants(ctx), func(ctx context.Context) {
+		room := make(chan struct{}, r.cfg.Concurrency)
 		var inHand sync.WaitGroup
 		defer inHand.Wait()
 		for ctx.Err() == nil {
 			select { // room for at least one
-			case slots <- struct{}{}:
-				<-slots
+			case room <- struct{}{}:
+				<-room
 			case <-ctx.Done():
 				return
 			}
-			asOf := r.cfg.Clock()
-			ops, err := r.claim(ctx, min(r.cfg.Batch, cap(slots)-len(slots)))
-			if err != nil && ctx.Err() == nil {
-				r.log.Warn("reconcile claim failed", "error", err)
-			}
-			for _, op := range ops {
-				slots <- struct{}{}
-				inHand.Go(func() {
-					defer func() { <-slots }()
-					r.reconcile(ctx, op, asOf)
-				})
-			}
-			if len(ops) > 0 {
+			if r.runOnce(ctx, room, &inHand) > 0 {
 				continue
 			}
 			select {
@@ -159,33 +139,26 @@ func (r *Reconciler) Start(ctx context.Context) error {
 			case <-time.After(r.cfg.PollInterval):
 			}
 		}
-	}()
+	})
 	return nil
 }
 
-// Stop ends the loop and waits for the operations in hand. It is idempotent and safe
-// without Start.
-func (r *Reconciler) Stop() {
-	r.mu.Lock()
-	cancel := r.cancel
-	r.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	r.wg.Wait()
-}
-
-// RunOnce claims the due UNKNOWN operations (up to Batch), decides each, all at once,
-// and returns how many it claimed once they are decided.
-func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
+// runOnce claims as many due operations as there is room for and starts deciding each,
+// holding a place in room until it is decided; it returns how many it claimed.
+func (r *Reconciler) runOnce(ctx context.Context, room chan struct{}, inHand *sync.WaitGroup) int {
 	asOf := r.cfg.Clock()
-	ops, err := r.claim(ctx, r.cfg.Batch)
-	var wg sync.WaitGroup
-	for _, op := range ops {
-		wg.Go(func() { r.reconcile(ctx, op, asOf) })
+	ops, err := r.claim(ctx, min(r.cfg.Batch, cap(room)-len(room)))
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn("reconcile claim failed", "error", err)
 	}
-	wg.Wait()
-	return len(ops), err
+	for _, op := range ops {
+		room <- struct{}{}
+		inHand.Go(func() {
+			defer func() { <-room }()
+			r.reconcile(ctx, op, asOf)
+		})
+	}
+	return len(ops)
 }
 
 // claim takes up to limit due UNKNOWN operations, fairly across tenants. The tenant

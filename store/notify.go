@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/opbroker/opbroker/startstop"
 )
 
 // The PostgreSQL notification channels: new work (PREPARED operations) and new events
@@ -73,13 +75,10 @@ func (s *Store) SubscribeEvents() (<-chan struct{}, func()) { return s.events.su
 // when another replica notifies or when its listening connection is re-established
 // (notifications sent meanwhile are lost).
 type Notifier struct {
+	startstop.Base
 	store    *Store
 	log      *slog.Logger
 	interval time.Duration
-
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
 }
 
 // NewNotifier returns a stopped notifier; interval is the coalescing window.
@@ -87,30 +86,17 @@ func (s *Store) NewNotifier(log *slog.Logger, interval time.Duration) *Notifier 
 	return &Notifier{store: s, log: log, interval: interval}
 }
 
-// Start runs the notifier until Stop. It returns at once.
+// Start runs the notifier until Stop (package startstop: Stop ends it and waits). It
+// returns at once.
 func (n *Notifier) Start(ctx context.Context) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.cancel != nil {
-		return nil
-	}
-	ctx, n.cancel = context.WithCancel(ctx)
-	n.wg.Add(3)
-	go func() { defer n.wg.Done(); n.listen(ctx) }()
-	go func() { defer n.wg.Done(); n.send(ctx, n.store.wake) }()
-	go func() { defer n.wg.Done(); n.send(ctx, n.store.events) }()
+	n.Base.Start(ctx, func(ctx context.Context) {
+		var wg sync.WaitGroup
+		wg.Go(func() { n.listen(ctx) })
+		wg.Go(func() { n.send(ctx, n.store.wake) })
+		wg.Go(func() { n.send(ctx, n.store.events) })
+		wg.Wait()
+	})
 	return nil
-}
-
-// Stop ends the notifier and waits for it. It is idempotent and safe without Start.
-func (n *Notifier) Stop() {
-	n.mu.Lock()
-	cancel := n.cancel
-	n.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	n.wg.Wait()
 }
 
 func (n *Notifier) send(ctx context.Context, w *wakeups) {

@@ -16,12 +16,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opbroker/opbroker/startstop"
 	"github.com/opbroker/opbroker/store"
 )
 
-// Hub fans change nudges out to watchers. Start and Stop follow the project's lifecycle
-// contract; Subscribe works whether or not it runs.
+// Hub fans change nudges out to watchers. Start and Stop follow the lifecycle of
+// package startstop; Subscribe works whether or not it runs.
 type Hub struct {
+	startstop.Base
 	store *store.Store
 	log   *slog.Logger
 	poll  time.Duration
@@ -30,9 +32,6 @@ type Hub struct {
 	subs    map[store.OperationKey]map[*Subscription]struct{}
 	known   map[store.OperationKey]int64 // the latest revision the hub has seen
 	tenants map[*Subscription]struct{}   // tenant-wide watchers
-
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
 }
 
 // New returns a stopped hub that polls every poll (default 1s) besides its wake-ups.
@@ -101,16 +100,8 @@ func (s *Subscription) Close() {
 
 // Start runs the hub until Stop, and returns at once.
 func (h *Hub) Start(ctx context.Context) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.cancel != nil {
-		return nil
-	}
-	ctx, h.cancel = context.WithCancel(store.WithAllTenants(ctx))
 	events, unsubscribe := h.store.SubscribeEvents()
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
+	if !h.Base.Start(store.WithAllTenants(ctx), func(ctx context.Context) {
 		defer unsubscribe()
 		ticker := time.NewTicker(h.poll)
 		defer ticker.Stop()
@@ -121,28 +112,19 @@ func (h *Hub) Start(ctx context.Context) error {
 			case <-events:
 			case <-ticker.C:
 			}
-			if err := h.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			if err := h.runOnce(ctx); err != nil && ctx.Err() == nil {
 				h.log.Warn("reading revisions failed; watchers wait for the next wake", "error", err)
 			}
 		}
-	}()
+	}) {
+		unsubscribe() // running already
+	}
 	return nil
 }
 
-// Stop ends the hub and waits for it. It is idempotent and safe without Start.
-func (h *Hub) Stop() {
-	h.mu.Lock()
-	cancel := h.cancel
-	h.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	h.wg.Wait()
-}
-
-// RunOnce nudges the tenant-wide watchers, reads the revisions of every watched
+// runOnce nudges the tenant-wide watchers, reads the revisions of every watched
 // operation and nudges the watchers of those that moved since the hub last looked.
-func (h *Hub) RunOnce(ctx context.Context) error {
+func (h *Hub) runOnce(ctx context.Context) error {
 	h.mu.Lock()
 	for s := range h.tenants {
 		s.nudge()

@@ -1,0 +1,8 @@
+package dispatcher
+
+import "context"
+
+// RunOnce is the claim loop's body, for tests that drive it by hand.
+func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err error) {
+	return d.runOnce(ctx)
+}
