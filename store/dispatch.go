@@ -55,7 +55,7 @@ type ClaimParams struct {
 // ErrFenceLost means the caller's fence is no longer current: another claim, the
 // sweeper or a reconciler moved the operation on. The caller must not send, and what it
 // observed is only evidence.
-var ErrFenceLost = errors.New("store: fence lost")
+var ErrFenceLost = errors.New("fence lost")
 
 // rotate runs claim from p.AfterTenant and, when that comes back short, once more from
 // the first tenant for the rest: the cursor goes round the tenants, and a claim that

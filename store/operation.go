@@ -122,7 +122,7 @@ func eventsFrom(rows, from, actor, reason, observation string) string {
 }
 
 // ErrNotFound means no operation has that id in that tenant.
-var ErrNotFound = errors.New("store: operation not found")
+var ErrNotFound = errors.New("operation not found")
 
 // PayloadMismatchError means the intent is already recorded with another payload.
 type PayloadMismatchError struct {
@@ -130,7 +130,7 @@ type PayloadMismatchError struct {
 }
 
 func (e *PayloadMismatchError) Error() string {
-	return fmt.Sprintf("store: intent already recorded as operation %s with another payload", e.Existing.ID)
+	return fmt.Sprintf("intent already recorded as operation %s with another payload", e.Existing.ID)
 }
 
 // StateError means the operation is not in a state that allows the change.
@@ -140,17 +140,17 @@ type StateError struct {
 }
 
 func (e *StateError) Error() string {
-	return fmt.Sprintf("store: operation %s is %s, not %s", e.Operation.ID, e.Operation.State, e.Want)
+	return fmt.Sprintf("operation %s is %s, not %s", e.Operation.ID, e.Operation.State, e.Want)
 }
 
 // ErrSupersededNotFound means the operation named as superseded does not exist in the
 // tenant.
-var ErrSupersededNotFound = errors.New("store: superseded operation not found")
+var ErrSupersededNotFound = errors.New("superseded operation not found")
 
 // ErrUnavailable wraps errors of reaching the database: the connection failed, was lost
 // or the server is shutting down. Whatever the call was, it may be retried: every write
 // of the ledger is idempotent or conditional.
-var ErrUnavailable = errors.New("store: database unavailable")
+var ErrUnavailable = errors.New("database unavailable")
 
 // translate turns driver errors into the package's errors.
 func translate(err error) error {

@@ -14,7 +14,7 @@ const terminalStates = `('SUCCEEDED', 'FAILED_TERMINAL', 'CANCELLED')`
 
 // ErrTenantHasOpenOperations means a tenant's data cannot be deleted yet: some of its
 // operations may still cause, or have caused without confirmation, a remote effect.
-var ErrTenantHasOpenOperations = errors.New("store: the tenant has operations that are not terminal")
+var ErrTenantHasOpenOperations = errors.New("the tenant has operations that are not terminal")
 
 // DeleteTenant deletes every operation of a tenant with its events and attempts, and
 // returns how many operations it deleted. While any operation of the tenant is not

@@ -47,7 +47,7 @@ func withTenants(ctx context.Context, scopes []string) context.Context {
 }
 
 // ErrNoScope means a context reached the ledger without a tenant scope: a bug.
-var ErrNoScope = errors.New("store: no tenant scope in the context (store.WithTenant or store.WithAllTenants)")
+var ErrNoScope = errors.New("no tenant scope in the context (store.WithTenant or store.WithAllTenants)")
 
 // The statements sent ahead of each statement, in its transaction: its scope, and when
 // the context asks for one, its lock timeout.

@@ -64,7 +64,7 @@ type PrepareParams struct {
 // answer, as if it had been prepared alone.
 func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, created bool, err error) {
 	if p.RejectCreation != nil {
-		existing, err := s.FindByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
+		existing, err := s.findByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
 		if errors.Is(err, ErrNotFound) {
 			return Operation{}, false, p.RejectCreation
 		}
@@ -105,7 +105,7 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 	}
 
 	// The intent was already recorded (the conflicting insert waited for it to commit).
-	existing, err := s.FindByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
+	existing, err := s.findByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
 	if err != nil {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
 	}
@@ -250,21 +250,18 @@ func (s *Store) insertOperations(ctx context.Context, calls []prepareCall) (map[
 // replay answers a Prepare whose intent is already recorded.
 func replay(existing Operation, p PrepareParams) (Operation, bool, error) {
 	if !bytes.Equal(existing.PayloadSHA256, p.PayloadSHA256) {
-		return Operation{}, false, &PayloadMismatchError{Existing: existing}
+		return Operation{}, false, fmt.Errorf("store: prepare: %w", &PayloadMismatchError{Existing: existing})
 	}
 	return existing, false, nil
 }
 
-// FindByIntent returns the operation recording an intent, or ErrNotFound.
-func (s *Store) FindByIntent(ctx context.Context, tenantID, operationType, intentRef string) (Operation, error) {
+// findByIntent returns the operation recording an intent, or ErrNotFound.
+func (s *Store) findByIntent(ctx context.Context, tenantID, operationType, intentRef string) (Operation, error) {
 	rows := s.query(ctx, `SELECT `+operationColumns+` FROM operations
 		WHERE tenant_id = $1 AND operation_type = $2 AND intent_ref = $3`,
 		tenantID, operationType, intentRef)
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
-	if err != nil {
-		return Operation{}, fmt.Errorf("store: find by intent: %w", translate(err))
-	}
-	return op, nil
+	return op, translate(err)
 }
 
 // Get returns one operation of a tenant, or ErrNotFound.

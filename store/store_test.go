@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -328,4 +329,32 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
+}
+
+// TestErrorsNameThePackageOnce: an error says "store:" and what was being done once,
+// then why, and stays recognisable with errors.Is and errors.As.
+func TestErrorsNameThePackageOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.store.Get(b.ctx, "acme", uuid.New())
+	require.ErrorIs(t, err, store.ErrNotFound)
+	require.Equal(t, "store: get: operation not found", err.Error())
+
+	p := prepareParams("acme", "amends-nothing", `{"amount":1}`)
+	p.SupersedesID = uuid.NullUUID{UUID: uuid.New(), Valid: true}
+	_, _, err = b.store.Prepare(b.ctx, p)
+	require.ErrorIs(t, err, store.ErrSupersededNotFound)
+	require.Equal(t, "store: prepare: superseded operation not found", err.Error())
+
+	_, _, err = b.store.Prepare(b.ctx, prepareParams("acme", "once", `{"amount":1}`))
+	require.NoError(t, err)
+	_, _, err = b.store.Prepare(b.ctx, prepareParams("acme", "once", `{"amount":2}`))
+	var mismatch *store.PayloadMismatchError
+	require.ErrorAs(t, err, &mismatch)
+	require.Equal(t, 1, strings.Count(err.Error(), "store:"), err.Error())
+
+	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: uuid.New(), Fence: 1,
+		State: store.StateUnknown, Actor: "test"})
+	require.ErrorIs(t, err, store.ErrFenceLost)
+	require.Equal(t, "fence lost", err.Error())
 }

@@ -433,8 +433,12 @@ func (r *Responses) validate(bad func(field, format string, args ...any)) {
 		bad("responses.success", "at least one class is needed")
 	}
 	seen := map[int]string{}
-	for kind, classes := range map[string][]ResponseClass{"success": r.Success, "rejection": r.Rejection, "in_progress": r.InProgress} {
-		for i, class := range classes {
+	for _, kinds := range []struct {
+		kind    string
+		classes []ResponseClass
+	}{{"success", r.Success}, {"rejection", r.Rejection}, {"in_progress", r.InProgress}} {
+		kind := kinds.kind
+		for i, class := range kinds.classes {
 			field := fmt.Sprintf("responses.%s[%d]", kind, i)
 			if len(class.Status) == 0 {
 				bad(field+".status", "at least one status is needed")

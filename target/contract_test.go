@@ -125,3 +125,19 @@ func TestControlOneSaysWhatTheKeyCovers(t *testing.T) {
 		require.Equal(t, saves == target.SavesEveryAnswer, c.Idempotency.CoversEveryAttempt())
 	}
 }
+
+// TestProblemsComeInAStableOrder: the same file gets the same errors in the same order,
+// every time.
+func TestProblemsComeInAStableOrder(t *testing.T) {
+	t.Parallel()
+	good := string(mustRead(t, "testdata/targets.yaml"))
+	bad := strings.NewReplacer("- status: [402]", "- status: [200, 999]", "- status: [409]", "- status: [0]",
+		"- status: [200, 201]", "- status: [200, 1000]").Replace(good)
+	_, first := target.Parse("t.yaml", []byte(bad))
+	require.Error(t, first)
+	require.GreaterOrEqual(t, strings.Count(first.Error(), "\n"), 2, "several problems: %v", first)
+	for range 20 {
+		_, again := target.Parse("t.yaml", []byte(bad))
+		require.Equal(t, first.Error(), again.Error())
+	}
+}
