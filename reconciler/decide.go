@@ -22,9 +22,6 @@ const (
 	InProgress
 	// LookupFailed: the lookup itself got no usable answer (timeout, 5xx).
 	LookupFailed
-	// Rejected: a same-key replay was answered with a rejection the target documents as
-	// having no side effect.
-	Rejected
 )
 
 // Evidence is one observation, checked before it reaches Decide.
@@ -35,8 +32,6 @@ type Evidence struct {
 	// Matches reports, for Found, that the remote object carries the operation's
 	// reference and that its key fields agree with the approved payload.
 	Matches bool
-	// RetryAfter is how long the target asked the caller to wait, if it did.
-	RetryAfter time.Duration
 }
 
 // Input is everything Decide may use. It is plain data: the function is pure.
@@ -109,7 +104,7 @@ func (a Action) String() string {
 // Decision is Decide's answer.
 type Decision struct {
 	Action Action
-	// After is how long to wait, for Wait (and before a Replay the target throttled).
+	// After is how long to wait, for Wait.
 	After time.Duration
 	// RemoteRef, for RecordSuccess.
 	RemoteRef string
@@ -141,21 +136,18 @@ const (
 //     spent, the operation is escalated.
 func Decide(in Input) Decision {
 	ev := in.Evidence
-	switch ev.Kind {
-	case Found:
+	if ev.Kind == Found {
 		if ev.Matches && ev.RemoteRef != "" {
 			return Decision{Action: RecordSuccess, RemoteRef: ev.RemoteRef, Reason: "the target has the effect, and it matches the approved payload"}
 		}
 		return Decision{Action: Escalate, Reason: "the target has an effect under this reference that does not match the approved payload"}
-	case Rejected:
-		return Decision{Action: RecordFailure, Reason: "a same-key replay was rejected in a way the target documents as having no side effect"}
 	}
 
 	budgetSpent := in.ResolutionLeft <= 0 || (in.MaxLooks > 0 && in.Looks >= in.MaxLooks)
 
 	switch ev.Kind {
 	case InProgress:
-		return in.waitOrEscalate(budgetSpent, ev.RetryAfter, "the target accepted the request and has not finished it; no replay, keep looking")
+		return in.waitOrEscalate(budgetSpent, 0, "the target accepted the request and has not finished it; no replay, keep looking")
 	case NotFound:
 		if in.SinceLastSend < in.VisibilityDelay {
 			return in.waitOrEscalate(budgetSpent, in.VisibilityDelay-in.SinceLastSend, "not found, but the last send's write may not be visible yet")
@@ -166,22 +158,22 @@ func Decide(in Input) Decision {
 			return Decision{Action: RecordFailure, Reason: "not found after the visibility delay, past the time the target documents a request can take effect, and no replay is possible"}
 		}
 		if replayable {
-			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "not found after the visibility delay; a same-key replay is safe inside the retention window"}
+			return Decision{Action: Replay, Reason: "not found after the visibility delay; a same-key replay is safe inside the retention window"}
 		}
 		return in.waitOrEscalate(budgetSpent, 0, "not found, and absence is not provably final: "+whyNot)
 	case LookupFailed:
 		replayable, whyNot := in.replayable(false)
 		if replayable {
-			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "the lookup failed; a same-key replay is safe: the key covers every earlier attempt, inside its retention window"}
+			return Decision{Action: Replay, Reason: "the lookup failed; a same-key replay is safe: the key covers every earlier attempt, inside its retention window"}
 		}
-		return in.waitOrEscalate(budgetSpent, ev.RetryAfter, "the lookup failed; look again (no replay: "+whyNot+")")
+		return in.waitOrEscalate(budgetSpent, 0, "the lookup failed; look again (no replay: "+whyNot+")")
 	default: // NoEvidence
 		if in.Lookup {
 			return in.waitOrEscalate(budgetSpent, 0, "look the operation up at the target")
 		}
 		replayable, whyNot := in.replayable(false)
 		if replayable {
-			return Decision{Action: Replay, After: ev.RetryAfter, Reason: "no lookup; a same-key replay is safe: the key covers every earlier attempt, inside its retention window"}
+			return Decision{Action: Replay, Reason: "no lookup; a same-key replay is safe: the key covers every earlier attempt, inside its retention window"}
 		}
 		return Decision{Action: Escalate, Reason: "the outcome is unknown and the target offers no way to find out: " + whyNot}
 	}

@@ -42,11 +42,10 @@ func TestDecideTable(t *testing.T) {
 		in   Input
 		want Action
 	}{
-		"found and matching":                  {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, RemoteRef: "ch_1", Matches: true} }), RecordSuccess},
-		"found without reference":             {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, Matches: true} }), Escalate},
-		"found but mismatched":                {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, RemoteRef: "ch_1"} }), Escalate},
-		"replay rejected without side effect": {with(func(in *Input) { in.Evidence = Evidence{Kind: Rejected} }), RecordFailure},
-		"not found before visible":            {with(func(in *Input) { in.Evidence.Kind = NotFound; in.SinceLastSend = time.Second }), Wait},
+		"found and matching":       {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, RemoteRef: "ch_1", Matches: true} }), RecordSuccess},
+		"found without reference":  {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, Matches: true} }), Escalate},
+		"found but mismatched":     {with(func(in *Input) { in.Evidence = Evidence{Kind: Found, RemoteRef: "ch_1"} }), Escalate},
+		"not found before visible": {with(func(in *Input) { in.Evidence.Kind = NotFound; in.SinceLastSend = time.Second }), Wait},
 		"not found before a replay's write is visible": {with(func(in *Input) {
 			in.Evidence.Kind = NotFound
 			in.SinceFirstSend, in.SinceLastSend = time.Hour, time.Second
@@ -129,7 +128,7 @@ func TestDecideTable(t *testing.T) {
 	}
 }
 
-func TestWaitBacksOffWithJitterAndRespectsRetryAfter(t *testing.T) {
+func TestWaitBacksOffWithJitter(t *testing.T) {
 	t.Parallel()
 	in := stripeLike()
 	in.Replay = false
@@ -150,8 +149,6 @@ func TestWaitBacksOffWithJitterAndRespectsRetryAfter(t *testing.T) {
 	in.Jitter = 0.999
 	require.Greater(t, Decide(in).After, low, "jitter spreads waits")
 
-	in.Evidence = Evidence{Kind: InProgress, RetryAfter: 90 * time.Second}
-	require.GreaterOrEqual(t, Decide(in).After, 90*time.Second, "Retry-After is honoured")
 	in.ResolutionLeft = 10 * time.Second
 	require.LessOrEqual(t, Decide(in).After, 10*time.Second, "a wait never passes the resolution deadline")
 }
@@ -171,7 +168,7 @@ func FuzzDecide(f *testing.F) {
 			jitter = 0.5
 		}
 		in := Input{
-			Evidence: Evidence{Kind: EvidenceKind(kind % 6), RemoteRef: ref, Matches: matches},
+			Evidence: Evidence{Kind: EvidenceKind(kind % 5), RemoteRef: ref, Matches: matches},
 			Replay:   replay, Lookup: lookup, KeyCoversEveryAttempt: keyCovers,
 			Retention: time.Duration(retention), VisibilityDelay: time.Duration(visibility),
 			AbsenceFinalAfter: time.Duration(absenceFinal), MayHaveExecuted: mayHaveExecuted,
@@ -198,12 +195,10 @@ func FuzzDecide(f *testing.F) {
 			require.True(t, in.Evidence.Matches, "a mismatched effect is never accepted")
 			require.NotEmpty(t, d.RemoteRef)
 		case RecordFailure:
-			if in.Evidence.Kind != Rejected {
-				require.True(t, absenceProven && in.AbsenceFinalAfter > 0 && in.SinceLastSend >= in.AbsenceFinalAfter,
-					"not found becomes a failure only when absence is provably final")
-				replayable, _ := in.replayable(true)
-				require.False(t, replayable)
-			}
+			require.True(t, absenceProven && in.AbsenceFinalAfter > 0 && in.SinceLastSend >= in.AbsenceFinalAfter,
+				"not found becomes a failure only when absence is provably final")
+			replayable, _ := in.replayable(true)
+			require.False(t, replayable)
 		case Wait:
 			require.True(t, in.Lookup, "waiting needs a way to look again")
 			require.Greater(t, in.ResolutionLeft, time.Duration(0), "waiting ends at the resolution deadline")

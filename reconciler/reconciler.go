@@ -245,10 +245,6 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		// Sending again: Decide allowed it only where no earlier attempt can execute
 		// again (the key covers every attempt, none was sent, or a lookup proved
 		// absence); the dispatcher checks the lease and the key's window at the send.
-		if d.After > 0 { // the target asked to wait first
-			err = r.check(ctx, op, obs, d.After, in.AcceptedBefore)
-			break
-		}
 		err = r.replay(ctx, contract, op)
 	case Wait:
 		err = r.check(ctx, op, obs, d.After, in.AcceptedBefore)
