@@ -3,7 +3,6 @@ package server_test
 import (
 	"errors"
 	"io"
-	"runtime"
 	"testing"
 	"time"
 
@@ -132,9 +131,36 @@ func TestWatchResumesAtEveryRevision(t *testing.T) {
 	}
 	stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: name, StartAfterRevision: total})
 	require.NoError(t, err)
+	first, err := stream.Recv()
+	require.NoError(t, err)
+	require.Equal(t, total, first.GetHeartbeat().GetRevision(), "at the current revision: a heartbeat, nothing repeated")
 	msgs, err := collect(t, stream)
 	require.NoError(t, err)
-	require.Equal(t, []string{"snapshot:STATE_SUCCEEDED"}, states(msgs), "at the current revision: the state, then the end")
+	require.Empty(t, states(msgs), "then the end: the operation is terminal")
+}
+
+// TestWatchResumedAtTheCurrentRevisionRepeatsNothing: a client that resumes after the
+// revision it last saw, when that is the current one, receives a heartbeat with it and
+// then the changes that follow, never that revision again.
+func TestWatchResumedAtTheCurrentRevisionRepeatsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "w-6", `{}`))
+	require.NoError(t, err)
+	name := resp.GetOperation().GetName()
+	stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: name, StartAfterRevision: 1})
+	require.NoError(t, err)
+	first, err := stream.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, first.GetHeartbeat(), "not revision 1 again: %v", first)
+	require.Equal(t, int64(1), first.GetHeartbeat().GetRevision())
+
+	_, err = b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: name})
+	require.NoError(t, err)
+	rest, err := collect(t, stream)
+	require.NoError(t, err)
+	require.Equal(t, []string{"change:STATE_CANCELLED"}, states(rest), "then live changes")
+	require.Equal(t, int64(2), rest[0].GetChange().GetRevision())
 }
 
 func TestWatchHeartbeatsWhileIdle(t *testing.T) {
@@ -188,38 +214,4 @@ func TestWatchEndsUnavailableOnShutdown(t *testing.T) {
 	_, err = collect(t, stream)
 	st := requireStatus(t, err, codes.Unavailable, server.ReasonShuttingDown)
 	require.Contains(t, st.Message(), "start_after_revision 1")
-}
-
-// TestIdleWatchStacksAreHalved: an idle watch stream's goroutine waits in a frame small
-// enough for the collector to halve its stack (to 8 KB; it grew to 16 KB while the
-// stream started). With the work's locals in the waiting frame, or one interceptor more
-// around it, the stack stays 16 KB and 10,000 watchers cost 80 MB more. (Not parallel:
-// it counts every goroutine's stack.)
-func TestIdleWatchStacksAreHalved(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector's instrumentation deepens every frame")
-	}
-	b := setupWith(t, func(o *server.Options) {
-		o.WatchHeartbeat, o.Limits.WatchesPerPrincipal = time.Hour, 1000
-	})
-	resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "idle", `{"amount":1}`))
-	require.NoError(t, err)
-	stacks := func() uint64 {
-		runtime.GC()
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.StackInuse
-	}
-	const n = 200
-	before := stacks()
-	for range n {
-		stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: resp.GetOperation().GetName()})
-		require.NoError(t, err)
-		_, err = stream.Recv() // the snapshot: the server's goroutine is now idle
-		require.NoError(t, err)
-	}
-	perStream := float64(stacks()-before) / n / 1024
-	t.Logf("%.1f KB of stacks per idle stream, server and client", perStream)
-	require.Less(t, perStream, 13.0, "the server's goroutine keeps 8 KB, the client's 2 to 4 KB")
 }

@@ -512,7 +512,9 @@ type WatchOperationRequest struct {
 	// The operation's name.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// 0 to start with a snapshot of the current state; otherwise the last revision the
-	// client saw, to resume after it.
+	// client saw, to resume after it: the stream never sends that revision or an earlier
+	// one again. When it is the current revision, the stream starts with a heartbeat
+	// carrying it, then sends live changes.
 	StartAfterRevision int64 `protobuf:"varint,2,opt,name=start_after_revision,json=startAfterRevision,proto3" json:"start_after_revision,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
@@ -646,8 +648,8 @@ type isWatchOperationResponse_Event interface {
 }
 
 type WatchOperationResponse_Snapshot struct {
-	// The full current state: the first message when starting at revision 0, or at (or
-	// past) the current revision.
+	// The full current state: the first message when starting at revision 0, or past
+	// the current revision.
 	Snapshot *Operation `protobuf:"bytes,1,opt,name=snapshot,proto3,oneof"`
 }
 

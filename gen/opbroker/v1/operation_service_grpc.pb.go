@@ -49,10 +49,11 @@ type OperationServiceClient interface {
 	// FAILED_PRECONDITION naming the state.
 	CancelOperation(ctx context.Context, in *CancelOperationRequest, opts ...grpc.CallOption) (*CancelOperationResponse, error)
 	// Streams an operation's changes: a snapshot first when start_after_revision is 0,
-	// otherwise every change after that revision, then live changes, with heartbeats while
-	// idle. The stream ends with OK after a terminal state. A revision whose history is no
-	// longer kept is OUT_OF_RANGE (re-read and watch from the current revision); a stopping
-	// server ends the stream with UNAVAILABLE.
+	// otherwise every change after that revision (a heartbeat with it when it is the
+	// current one), then live changes, with heartbeats while idle. The stream ends with OK
+	// after a terminal state. A revision whose history is no longer kept is OUT_OF_RANGE
+	// (re-read and watch from the current revision); a stopping server ends the stream with
+	// UNAVAILABLE.
 	WatchOperation(ctx context.Context, in *WatchOperationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchOperationResponse], error)
 	// Streams every change of a tenant's operations, each operation's changes in revision
 	// order, optionally only changes into some states. Every message carries the
@@ -171,10 +172,11 @@ type OperationServiceServer interface {
 	// FAILED_PRECONDITION naming the state.
 	CancelOperation(context.Context, *CancelOperationRequest) (*CancelOperationResponse, error)
 	// Streams an operation's changes: a snapshot first when start_after_revision is 0,
-	// otherwise every change after that revision, then live changes, with heartbeats while
-	// idle. The stream ends with OK after a terminal state. A revision whose history is no
-	// longer kept is OUT_OF_RANGE (re-read and watch from the current revision); a stopping
-	// server ends the stream with UNAVAILABLE.
+	// otherwise every change after that revision (a heartbeat with it when it is the
+	// current one), then live changes, with heartbeats while idle. The stream ends with OK
+	// after a terminal state. A revision whose history is no longer kept is OUT_OF_RANGE
+	// (re-read and watch from the current revision); a stopping server ends the stream with
+	// UNAVAILABLE.
 	WatchOperation(*WatchOperationRequest, grpc.ServerStreamingServer[WatchOperationResponse]) error
 	// Streams every change of a tenant's operations, each operation's changes in revision
 	// order, optionally only changes into some states. Every message carries the
