@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -101,7 +102,7 @@ func (a *admission) authenticate(ctx context.Context) (context.Context, error) {
 	p, err := a.authn.Authenticate(ctx)
 	if err != nil {
 		reason, msg := ReasonCredentialsInvalid, "the credentials are not known"
-		if err == auth.ErrNoCredentials {
+		if errors.Is(err, auth.ErrNoCredentials) {
 			reason, msg = ReasonCredentialsMissing, "send a bearer token (authorization: Bearer …) or a client certificate"
 		}
 		a.log.WarnContext(ctx, "authentication failed", "reason", reason, "peer", peerAddr(ctx))

@@ -64,6 +64,16 @@ func invalidArgument(violations ...*errdetails.BadRequest_FieldViolation) error 
 	return &invalidArgumentError{violations: violations}
 }
 
+// tenantError is the error of a call on a whole tenant, naming the tenant for toStatus
+// (the store's errors do not carry it).
+type tenantError struct {
+	tenant string
+	err    error
+}
+
+func (e *tenantError) Error() string { return fmt.Sprintf("tenant %s: %v", e.tenant, e.err) }
+func (e *tenantError) Unwrap() error { return e.err }
+
 // toStatus is the one table from domain errors to gRPC statuses. Unexpected errors are
 // logged here (they carry no payload) and become INTERNAL without their text.
 func toStatus(ctx context.Context, log *slog.Logger, err error) error {
@@ -74,9 +84,10 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return err // already a status, e.g. from a library
 	}
 	var (
-		invalid  *invalidArgumentError
-		mismatch *store.PayloadMismatchError
-		stateErr *store.StateError
+		invalid   *invalidArgumentError
+		mismatch  *store.PayloadMismatchError
+		stateErr  *store.StateError
+		tenantErr *tenantError
 	)
 	switch {
 	case errors.As(err, &invalid):
@@ -97,6 +108,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 			map[string]string{"operation": name, "state": "STATE_" + string(stateErr.Operation.State)},
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
 				{Type: "STATE", Subject: name, Description: desc}}})
+	case errors.As(err, &tenantErr) && errors.Is(tenantErr.err, store.ErrTenantHasOpenOperations):
+		return newStatus(codes.FailedPrecondition,
+			"the tenant has operations that are PREPARED, IN_FLIGHT, UNKNOWN or ESCALATED; cancel or resolve them first",
+			ReasonTenantHasOpenOperations, map[string]string{"tenant": tenantErr.tenant},
+			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
+				{Type: "OPEN_OPERATIONS", Subject: "tenants/" + tenantErr.tenant, Description: "operations not in a terminal state"}}})
 	case errors.Is(err, store.ErrSupersededNotFound):
 		return newStatus(codes.NotFound, "the operation named in supersedes does not exist in this tenant",
 			ReasonSupersededOperationNotFound, nil,
