@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -300,20 +301,22 @@ func TestPrepareSupersedes(t *testing.T) {
 
 func TestPrepareWithPastDeadline(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	var now atomic.Int64 // the server's clock, in Unix nanoseconds, moved by the test
+	now.Store(time.Now().UnixNano())
+	b := setupWith(t, func(o *server.Options) { o.Now = func() time.Time { return time.Unix(0, now.Load()) } })
 	future := prepareRequest("acme", "order-d", `{"amount":1}`)
-	future.DispatchDeadline = timestamppb.New(time.Now().Add(50 * time.Millisecond))
+	future.DispatchDeadline = timestamppb.New(time.Unix(0, now.Load()).Add(time.Minute))
 	first, err := b.client.PrepareOperation(b.ctx, future)
 	require.NoError(t, err)
 	require.True(t, first.GetCreated())
-	time.Sleep(60 * time.Millisecond) // the deadline must be in the past for the retry
+	now.Add(int64(2 * time.Minute)) // the deadline is in the past for the retry
 
 	retry, err := b.client.PrepareOperation(b.ctx, future)
 	require.NoError(t, err, "an identical retry finds its operation even after the deadline")
 	require.False(t, retry.GetCreated())
 
 	late := prepareRequest("acme", "order-late", `{"amount":1}`)
-	late.DispatchDeadline = timestamppb.New(time.Now().Add(-time.Minute))
+	late.DispatchDeadline = timestamppb.New(time.Unix(0, now.Load()).Add(-time.Minute))
 	_, err = b.client.PrepareOperation(b.ctx, late)
 	st := requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
 	require.Equal(t, "DEADLINE_PASSED", fieldViolations(st)["dispatch_deadline"])

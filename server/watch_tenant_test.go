@@ -3,11 +3,13 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -15,7 +17,6 @@ import (
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/store"
-	"github.com/opbroker/opbroker/storetest"
 )
 
 // tenantStream is a WatchOperations stream with the token of the last message received.
@@ -163,27 +164,25 @@ func TestWatchOperationsConcurrentWriters(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	stream := watchTenant(t, b.ctx, b, &opbrokerv1.WatchOperationsRequest{Tenant: "acme"})
-	replica := store.New(b.pool)
+	// Another replica: a server with its own Store on the same database, whose changes
+	// reach this one through the database only.
+	replica := opbrokerv1.NewOperationServiceClient(serve(t, server.Options{Store: store.New(b.pool), Targets: demoTargets(t),
+		Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider()}))
 
 	const writers, perWriter = 8, 12
 	var g errgroup.Group
 	for w := range writers {
+		client := b.client
+		if w%2 == 1 {
+			client = replica
+		}
 		g.Go(func() error {
 			for i := range perWriter {
-				intent := fmt.Sprintf("c-%d-%d", w, i)
-				if w%2 == 0 { // through this server
-					resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", intent, `{}`))
-					if err != nil {
-						return err
-					}
-					_, err = b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: resp.GetOperation().GetName()})
-					if err != nil {
-						return err
-					}
-					continue
+				resp, err := client.PrepareOperation(b.ctx, prepareRequest("acme", fmt.Sprintf("c-%d-%d", w, i), `{}`))
+				if err != nil {
+					return err
 				}
-				op := storetest.PrepareJSON(t, replica, "acme", "demo.charge", intent, `{}`)
-				if _, err := replica.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"}); err != nil {
+				if _, err := client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: resp.GetOperation().GetName()}); err != nil {
 					return err
 				}
 			}
