@@ -19,6 +19,12 @@ import (
 	"github.com/opbroker/opbroker/target"
 )
 
+// Looker asks a target for an operation's effect by the operation's reference
+// (capability B). The broker's is the HTTP connector (*target.Connector).
+type Looker interface {
+	Lookup(ctx context.Context, contract *target.Contract, remoteKey uuid.UUID, approved []byte) target.LookupResult
+}
+
 // Deliverer sends a claim once and records its outcome (the dispatcher does); asOf is
 // a reading of the shared Clock taken before the claim was asked for. Its Limiter holds
 // the targets' concurrency slots, which the reconciler's lookups and replays share with
@@ -32,7 +38,7 @@ type Deliverer interface {
 type Config struct {
 	Store         *store.Store
 	Targets       *target.Targets
-	Connector     *target.Connector
+	Connector     Looker
 	Deliverer     Deliverer
 	Logger        *slog.Logger
 	MeterProvider metric.MeterProvider
