@@ -254,9 +254,12 @@ func (s *Store) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Ope
 	}
 	rows := s.query(ctx, `
 		WITH u AS (
-			SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::text[]::operation_state[], $5::text[],
-				$6::text[]::jsonb[], $7::text[], $8::text[], $9::int[], $10::text[], $11::boolean[])
-				AS u (tenant_id, operation_id, fence, state, remote_ref, observation, actor, outcome, http_status, summary, sent)
+			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @fences::bigint[], @states::text[]::operation_state[],
+				@remote_refs::text[], @observations::text[]::jsonb[], @actors::text[], @outcomes::text[],
+				@http_statuses::int[], @summaries::text[], @sent::boolean[])
+				AS u (tenant_id, operation_id, fence, state,
+					remote_ref, observation, actor, outcome,
+					http_status, summary, sent)
 		), upd AS (
 			UPDATE operations o SET
 				state = u.state, revision = o.revision + 1, remote_ref = coalesce(u.remote_ref, o.remote_ref),
@@ -274,7 +277,9 @@ func (s *Store) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Ope
 			WHERE a.tenant_id = u.tenant_id AND a.operation_id = u.operation_id AND a.fence_token = u.fence AND a.finished_at IS NULL
 		)
 		SELECT `+operationColumns+` FROM upd`,
-		tenants, ids, fences, states, refs, observations, actors, outcomes, statuses, summaries, sent)
+		pgx.NamedArgs{"tenant_ids": tenants, "operation_ids": ids, "fences": fences, "states": states,
+			"remote_refs": refs, "observations": observations, "actors": actors, "outcomes": outcomes,
+			"http_statuses": statuses, "summaries": summaries, "sent": sent})
 	moved, err := pgx.CollectRows(rows, scanOperation)
 	if err != nil {
 		return nil, fmt.Errorf("store: record outcome: %w", translate(err))

@@ -16,4 +16,11 @@
 // Every method takes the tenant with the operation's id: one tenant's call can never
 // read or change another tenant's operation. Errors from the driver are translated here
 // (ErrNotFound and the typed errors below); callers never see pgx error types.
+//
+// Statements that bind many values bind them by name (pgx.NamedArgs: @tenant_ids, not
+// $1), so that reordering a statement's parameters cannot silently swap two of them.
+// pgx's named arguments were chosen over generating code from .sql files (sqlc): the
+// statements are built from shared fragments (the fair claim, the event append), which
+// a generator would have to duplicate, and they need no step between editing and
+// building.
 package store

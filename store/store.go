@@ -217,10 +217,12 @@ func (s *Store) insertOperations(ctx context.Context, calls []prepareCall) (map[
 	}
 	rows := s.query(ctx, `
 		WITH u AS (
-			SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[],
-				$8::uuid[], $9::text[]::jsonb[], $10::timestamptz[], $11::text[])
-				AS u (tenant_id, operation_id, operation_type, intent_ref, content_type, payload, payload_sha256,
-					supersedes_id, labels, dispatch_deadline, actor)
+			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @operation_types::text[], @intent_refs::text[],
+				@content_types::text[], @payloads::bytea[], @payload_sha256s::bytea[], @supersedes_ids::uuid[],
+				@labels::text[]::jsonb[], @dispatch_deadlines::timestamptz[], @actors::text[])
+				AS u (tenant_id, operation_id, operation_type, intent_ref,
+					content_type, payload, payload_sha256, supersedes_id,
+					labels, dispatch_deadline, actor)
 		), ins AS (
 			INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
 				payload, payload_sha256, supersedes_id, labels, dispatch_deadline)
@@ -231,7 +233,9 @@ func (s *Store) insertOperations(ctx context.Context, calls []prepareCall) (map[
 			RETURNING *
 		), ev AS (`+eventsFrom("ins JOIN (SELECT operation_id, actor FROM u) a USING (operation_id)", "NULL", "actor", "NULL", "NULL")+`)
 		SELECT `+operationColumns+` FROM ins`,
-		tenants, ids, types, intents, contentTypes, payloads, digests, supersedes, labels, deadlines, actors)
+		pgx.NamedArgs{"tenant_ids": tenants, "operation_ids": ids, "operation_types": types, "intent_refs": intents,
+			"content_types": contentTypes, "payloads": payloads, "payload_sha256s": digests, "supersedes_ids": supersedes,
+			"labels": labels, "dispatch_deadlines": deadlines, "actors": actors})
 	ops, err := pgx.CollectRows(rows, scanOperation)
 	if err != nil {
 		return nil, translate(err)
