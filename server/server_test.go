@@ -8,7 +8,6 @@ import (
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/opbroker/opbroker/clocktest"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/simtarget"
@@ -301,22 +301,21 @@ func TestPrepareSupersedes(t *testing.T) {
 
 func TestPrepareWithPastDeadline(t *testing.T) {
 	t.Parallel()
-	var now atomic.Int64 // the server's clock, in Unix nanoseconds, moved by the test
-	now.Store(time.Now().UnixNano())
-	b := setupWith(t, func(o *server.Options) { o.Now = func() time.Time { return time.Unix(0, now.Load()) } })
+	clock := clocktest.New(0) // the server's clock, moved by the test
+	b := setupWith(t, func(o *server.Options) { o.Now = clock.Now })
 	future := prepareRequest("acme", "order-d", `{"amount":1}`)
-	future.DispatchDeadline = timestamppb.New(time.Unix(0, now.Load()).Add(time.Minute))
+	future.DispatchDeadline = timestamppb.New(clock.Now().Add(time.Minute))
 	first, err := b.client.PrepareOperation(b.ctx, future)
 	require.NoError(t, err)
 	require.True(t, first.GetCreated())
-	now.Add(int64(2 * time.Minute)) // the deadline is in the past for the retry
+	clock.Advance(2 * time.Minute) // the deadline is in the past for the retry
 
 	retry, err := b.client.PrepareOperation(b.ctx, future)
 	require.NoError(t, err, "an identical retry finds its operation even after the deadline")
 	require.False(t, retry.GetCreated())
 
 	late := prepareRequest("acme", "order-late", `{"amount":1}`)
-	late.DispatchDeadline = timestamppb.New(time.Unix(0, now.Load()).Add(-time.Minute))
+	late.DispatchDeadline = timestamppb.New(clock.Now().Add(-time.Minute))
 	_, err = b.client.PrepareOperation(b.ctx, late)
 	st := requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
 	require.Equal(t, "DEADLINE_PASSED", fieldViolations(st)["dispatch_deadline"])
