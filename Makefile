@@ -6,33 +6,41 @@ BUF := go tool -modfile=tools/buf/go.mod buf
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GO_FILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: all build dev test test-race fuzz chaos bench generate lint check-generated
+.PHONY: all build build-chaos dev test test-race fuzz chaos bench generate lint check-generated schema
 
 all: lint test
 
+# Every command, into bin/ (ignored by git). The broker built here, like the Docker
+# image, has no crash points.
 build:
-	CGO_ENABLED=0 go build -trimpath -o bin/opbroker ./cmd/opbroker
+	CGO_ENABLED=0 go build -trimpath -o bin/ ./cmd/...
+
+# The broker with its crash points (build tag crashpoints), for the chaos run only.
+build-chaos:
+	go build -tags crashpoints -o bin/opbroker-chaos ./cmd/opbroker
 
 dev:
 	go run ./cmd/opbroker dev
 
-# The README's test command. Uses OPBROKER_TEST_DATABASE_URL when set, else an
-# embedded PostgreSQL.
+# The README's test command, then the unit tests of the crash points, which exist only
+# with their build tag. Uses OPBROKER_TEST_DATABASE_URL when set, else an embedded
+# PostgreSQL.
 test:
 	go test ./...
+	go test -tags crashpoints ./crashpoint
 
 test-race:
 	go test -race ./...
 
-# Measures and prints; asserts nothing. Uses DATABASE_URL when set, else an embedded
-# PostgreSQL.
 # The chaos run (package chaos): replicas as processes, every fault, then the audit of
 # invariants I1-I10. SEED and DURATION pick the run; it exits non-zero if an invariant broke.
 SEED ?= 1
 DURATION ?= 10m
-chaos: build
-	go run ./cmd/opchaos --broker bin/opbroker --seed $(SEED) --duration $(DURATION) --json bin/chaos-report.json
+chaos: build-chaos
+	go run ./cmd/opchaos --broker bin/opbroker-chaos --seed $(SEED) --duration $(DURATION) --json bin/chaos-report.json
 
+# Measures and prints; asserts nothing. Uses DATABASE_URL when set, else an embedded
+# PostgreSQL.
 bench:
 	go run ./cmd/opbench prepare
 	go run ./cmd/opbench dispatch --ops 20000
@@ -55,7 +63,9 @@ generate:
 lint:
 	@test -z "$$(gofmt -l $(GO_FILES))" || { gofmt -l $(GO_FILES); echo 'gofmt: the files above need formatting'; exit 1; }
 	go vet ./...
+	go vet -tags crashpoints ./crashpoint
 	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags crashpoints ./crashpoint
 	$(BUF) format --diff --exit-code
 	$(BUF) lint
 
@@ -63,3 +73,8 @@ lint:
 check-generated: generate
 	git diff --exit-code -- gen/ proto/
 	@test -z "$$(git status --porcelain -- gen/)" || { git status --porcelain -- gen/; echo 'gen/: untracked generated files'; exit 1; }
+
+# store/schema.sql: the schema a fresh database has after the migrations (pg_dump of
+# opbroker dev's embedded PostgreSQL). CI fails when it is not up to date.
+schema:
+	.ci/schema-dump store/schema.sql

@@ -1,0 +1,420 @@
+-- The ledger's schema as store/migrations leave a new database (schema opbroker, as
+-- in opbroker dev). Written by `make schema`; do not edit: add a migration.
+--
+-- PostgreSQL database dump
+--
+
+--
+-- Name: opbroker; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA opbroker;
+
+--
+-- Name: operation_state; Type: TYPE; Schema: opbroker; Owner: -
+--
+
+CREATE TYPE opbroker.operation_state AS ENUM (
+    'PREPARED',
+    'IN_FLIGHT',
+    'SUCCEEDED',
+    'FAILED_TERMINAL',
+    'UNKNOWN',
+    'ESCALATED',
+    'CANCELLED'
+);
+
+--
+-- Name: operation_attempts_guard(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.operation_attempts_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  IF OLD.finished_at IS NOT NULL THEN
+    RAISE EXCEPTION 'attempt % of operation % is finished and cannot change', OLD.fence_token, OLD.operation_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF NEW.tenant_id <> OLD.tenant_id OR NEW.operation_id <> OLD.operation_id OR NEW.fence_token <> OLD.fence_token
+     OR NEW.target <> OLD.target OR NEW.worker <> OLD.worker OR NEW.claimed_at <> OLD.claimed_at THEN
+    RAISE EXCEPTION 'attempt % of operation %: identity columns are immutable', OLD.fence_token, OLD.operation_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RETURN NEW;
+END;
+$$;
+
+--
+-- Name: operation_events_append_only(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.operation_events_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  RAISE EXCEPTION 'operation_events is append-only' USING ERRCODE = 'integrity_constraint_violation';
+END;
+$$;
+
+--
+-- Name: operations_guard(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.operations_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  IF NEW.tenant_id <> OLD.tenant_id OR NEW.operation_id <> OLD.operation_id
+     OR NEW.operation_type <> OLD.operation_type OR NEW.intent_ref <> OLD.intent_ref
+     OR NEW.content_type <> OLD.content_type OR NEW.payload_sha256 <> OLD.payload_sha256
+     OR NEW.remote_key <> OLD.remote_key OR NEW.created_at <> OLD.created_at
+     OR NEW.supersedes_id IS DISTINCT FROM OLD.supersedes_id
+     OR NEW.dispatch_deadline IS DISTINCT FROM OLD.dispatch_deadline
+     OR NEW.labels <> OLD.labels
+     OR NEW.first_sent_at IS DISTINCT FROM OLD.first_sent_at AND OLD.first_sent_at IS NOT NULL THEN
+    RAISE EXCEPTION 'operation %: immutable column changed', OLD.operation_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF NEW.payload IS DISTINCT FROM OLD.payload AND NEW.payload IS NOT NULL THEN
+    RAISE EXCEPTION 'operation %: payload can only be purged, never replaced', OLD.operation_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF NEW.fence_token < OLD.fence_token OR NEW.revision < OLD.revision
+     OR NEW.attempt_count < OLD.attempt_count THEN
+    RAISE EXCEPTION 'operation %: fence, revision and attempt count never decrease', OLD.operation_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF NEW.state <> OLD.state THEN
+    IF NEW.revision <> OLD.revision + 1 THEN
+      RAISE EXCEPTION 'operation %: a state change must bump the revision by one', OLD.operation_id
+        USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    PERFORM 1 FROM operation_transitions t WHERE t.from_state = OLD.state AND t.to_state = NEW.state;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'operation %: transition % -> % is not allowed', OLD.operation_id, OLD.state, NEW.state
+        USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+  END IF;
+  RETURN NEW;
+END;
+$$;
+
+--
+-- Name: opbroker_schema_version; Type: TABLE; Schema: opbroker; Owner: -
+--
+
+CREATE TABLE opbroker.opbroker_schema_version (
+    version integer NOT NULL
+);
+
+--
+-- Name: operation_attempts; Type: TABLE; Schema: opbroker; Owner: -
+--
+
+CREATE TABLE opbroker.operation_attempts (
+    tenant_id text NOT NULL,
+    operation_id uuid NOT NULL,
+    fence_token bigint NOT NULL,
+    target text NOT NULL,
+    worker text NOT NULL,
+    claimed_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    outcome text,
+    http_status integer,
+    remote_ref text,
+    summary text,
+    applied boolean,
+    sent boolean,
+    CONSTRAINT operation_attempts_fence_positive CHECK ((fence_token > 0)),
+    CONSTRAINT operation_attempts_finished CHECK ((((finished_at IS NULL) = (outcome IS NULL)) AND ((finished_at IS NULL) = (applied IS NULL)))),
+    CONSTRAINT operation_attempts_sent_when_finished CHECK (((finished_at IS NOT NULL) OR (sent IS NULL)))
+);
+
+ALTER TABLE ONLY opbroker.operation_attempts FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: operation_events; Type: TABLE; Schema: opbroker; Owner: -
+--
+
+CREATE TABLE opbroker.operation_events (
+    tenant_id text NOT NULL,
+    operation_id uuid NOT NULL,
+    revision bigint NOT NULL,
+    from_state opbroker.operation_state,
+    to_state opbroker.operation_state NOT NULL,
+    fence_token bigint NOT NULL,
+    actor text NOT NULL,
+    reason text,
+    observation jsonb,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    remote_ref text,
+    attempt_count integer,
+    escalation jsonb,
+    xact_id xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    seq bigint NOT NULL,
+    CONSTRAINT operation_events_creation CHECK (((from_state IS NULL) = (revision = 1)))
+);
+
+ALTER TABLE ONLY opbroker.operation_events FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: operation_events_seq_seq; Type: SEQUENCE; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE opbroker.operation_events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME opbroker.operation_events_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: operation_transitions; Type: TABLE; Schema: opbroker; Owner: -
+--
+
+CREATE TABLE opbroker.operation_transitions (
+    from_state opbroker.operation_state NOT NULL,
+    to_state opbroker.operation_state NOT NULL,
+    who text NOT NULL
+);
+
+--
+-- Name: operations; Type: TABLE; Schema: opbroker; Owner: -
+--
+
+CREATE TABLE opbroker.operations (
+    tenant_id text NOT NULL,
+    operation_id uuid NOT NULL,
+    operation_type text NOT NULL,
+    intent_ref text NOT NULL,
+    content_type text NOT NULL,
+    payload bytea,
+    payload_sha256 bytea NOT NULL,
+    remote_key uuid DEFAULT gen_random_uuid() NOT NULL,
+    state opbroker.operation_state DEFAULT 'PREPARED'::opbroker.operation_state NOT NULL,
+    revision bigint DEFAULT 1 NOT NULL,
+    fence_token bigint DEFAULT 0 NOT NULL,
+    attempt_count integer DEFAULT 0 NOT NULL,
+    lease_owner text,
+    lease_expires_at timestamp with time zone,
+    remote_ref text,
+    first_sent_at timestamp with time zone,
+    dispatch_deadline timestamp with time zone,
+    supersedes_id uuid,
+    labels jsonb DEFAULT '{}'::jsonb NOT NULL,
+    last_observation jsonb,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    next_check_at timestamp with time zone,
+    checks integer DEFAULT 0 NOT NULL,
+    replays integer DEFAULT 0 NOT NULL,
+    accepted_unfinished boolean DEFAULT false NOT NULL,
+    escalation jsonb,
+    CONSTRAINT operations_counters CHECK (((revision >= 1) AND (fence_token >= 0) AND (attempt_count >= 0))),
+    CONSTRAINT operations_escalated_has_owner CHECK (((state <> 'ESCALATED'::opbroker.operation_state) OR COALESCE(((escalation ? 'owner'::text) AND (escalation ? 'reason'::text)), false))),
+    CONSTRAINT operations_in_flight_leased CHECK (((state <> 'IN_FLIGHT'::opbroker.operation_state) OR ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT operations_intent_ref_size CHECK (((octet_length(intent_ref) >= 1) AND (octet_length(intent_ref) <= 256))),
+    CONSTRAINT operations_labels_object CHECK ((jsonb_typeof(labels) = 'object'::text)),
+    CONSTRAINT operations_payload_kept_until_terminal CHECK (((payload IS NOT NULL) OR (state = ANY (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])))),
+    CONSTRAINT operations_payload_sha256_size CHECK ((octet_length(payload_sha256) = 32)),
+    CONSTRAINT operations_reconcile_counters CHECK (((checks >= 0) AND (replays >= 0))),
+    CONSTRAINT operations_sent CHECK (((state <> ALL (ARRAY['IN_FLIGHT'::opbroker.operation_state, 'UNKNOWN'::opbroker.operation_state, 'ESCALATED'::opbroker.operation_state, 'SUCCEEDED'::opbroker.operation_state])) OR ((fence_token > 0) AND (first_sent_at IS NOT NULL)))),
+    CONSTRAINT operations_succeeded_has_ref CHECK (((state <> 'SUCCEEDED'::opbroker.operation_state) OR (remote_ref IS NOT NULL))),
+    CONSTRAINT operations_supersedes_other CHECK ((supersedes_id <> operation_id)),
+    CONSTRAINT operations_tenant_id_format CHECK ((tenant_id ~ '^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$'::text)),
+    CONSTRAINT operations_terminal_unleased CHECK (((state <> ALL (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])) OR ((lease_owner IS NULL) AND (lease_expires_at IS NULL)))),
+    CONSTRAINT operations_unsent CHECK (((state <> ALL (ARRAY['PREPARED'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])) OR ((fence_token = 0) AND (attempt_count = 0) AND (first_sent_at IS NULL))))
+);
+
+ALTER TABLE ONLY opbroker.operations FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: operation_attempts operation_attempts_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operation_attempts
+    ADD CONSTRAINT operation_attempts_pkey PRIMARY KEY (tenant_id, operation_id, fence_token);
+
+--
+-- Name: operation_events operation_events_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operation_events
+    ADD CONSTRAINT operation_events_pkey PRIMARY KEY (tenant_id, operation_id, revision);
+
+--
+-- Name: operation_transitions operation_transitions_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operation_transitions
+    ADD CONSTRAINT operation_transitions_pkey PRIMARY KEY (from_state, to_state);
+
+--
+-- Name: operations operations_intent_key; Type: CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operations
+    ADD CONSTRAINT operations_intent_key UNIQUE (tenant_id, operation_type, intent_ref);
+
+--
+-- Name: operations operations_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operations
+    ADD CONSTRAINT operations_pkey PRIMARY KEY (tenant_id, operation_id);
+
+--
+-- Name: operation_events_feed_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operation_events_feed_idx ON opbroker.operation_events USING btree (tenant_id, xact_id, seq);
+
+--
+-- Name: operations_deadline_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operations_deadline_idx ON opbroker.operations USING btree (dispatch_deadline) WHERE ((state = 'PREPARED'::opbroker.operation_state) AND (dispatch_deadline IS NOT NULL));
+
+--
+-- Name: operations_lease_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operations_lease_idx ON opbroker.operations USING btree (lease_expires_at) WHERE (state = 'IN_FLIGHT'::opbroker.operation_state);
+
+--
+-- Name: operations_prepared_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operations_prepared_idx ON opbroker.operations USING btree (tenant_id, operation_id) WHERE (state = 'PREPARED'::opbroker.operation_state);
+
+--
+-- Name: operations_purge_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operations_purge_idx ON opbroker.operations USING btree (updated_at) WHERE ((payload IS NOT NULL) AND (state = ANY (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])));
+
+--
+-- Name: operations_tenant_state_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operations_tenant_state_idx ON opbroker.operations USING btree (tenant_id, state, operation_id);
+
+--
+-- Name: operations_unknown_due_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operations_unknown_due_idx ON opbroker.operations USING btree (tenant_id, next_check_at) WHERE (state = 'UNKNOWN'::opbroker.operation_state);
+
+--
+-- Name: operation_attempts operation_attempts_guard; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operation_attempts_guard BEFORE UPDATE ON opbroker.operation_attempts FOR EACH ROW EXECUTE FUNCTION opbroker.operation_attempts_guard();
+
+--
+-- Name: operation_events operation_events_append_only; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operation_events_append_only BEFORE UPDATE ON opbroker.operation_events FOR EACH ROW EXECUTE FUNCTION opbroker.operation_events_append_only();
+
+--
+-- Name: operations operations_guard; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operations_guard BEFORE UPDATE ON opbroker.operations FOR EACH ROW EXECUTE FUNCTION opbroker.operations_guard();
+
+--
+-- Name: operation_attempts operation_attempts_tenant_id_operation_id_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operation_attempts
+    ADD CONSTRAINT operation_attempts_tenant_id_operation_id_fkey FOREIGN KEY (tenant_id, operation_id) REFERENCES opbroker.operations(tenant_id, operation_id) ON DELETE CASCADE;
+
+--
+-- Name: operation_events operation_events_tenant_id_operation_id_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operation_events
+    ADD CONSTRAINT operation_events_tenant_id_operation_id_fkey FOREIGN KEY (tenant_id, operation_id) REFERENCES opbroker.operations(tenant_id, operation_id) ON DELETE CASCADE;
+
+--
+-- Name: operation_events operation_events_transition_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operation_events
+    ADD CONSTRAINT operation_events_transition_fkey FOREIGN KEY (from_state, to_state) REFERENCES opbroker.operation_transitions(from_state, to_state);
+
+--
+-- Name: operations operations_supersedes_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operations
+    ADD CONSTRAINT operations_supersedes_fkey FOREIGN KEY (tenant_id, supersedes_id) REFERENCES opbroker.operations(tenant_id, operation_id);
+
+--
+-- Name: operation_attempts; Type: ROW SECURITY; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE opbroker.operation_attempts ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: operation_events; Type: ROW SECURITY; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE opbroker.operation_events ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: operations; Type: ROW SECURITY; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE opbroker.operations ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: operation_attempts tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
+--
+
+CREATE POLICY tenant_isolation ON opbroker.operation_attempts USING (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END) WITH CHECK (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END);
+
+--
+-- Name: operation_events tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
+--
+
+CREATE POLICY tenant_isolation ON opbroker.operation_events USING (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END) WITH CHECK (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END);
+
+--
+-- Name: operations tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
+--
+
+CREATE POLICY tenant_isolation ON opbroker.operations USING (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END) WITH CHECK (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END);
+
+--
+-- PostgreSQL database dump complete
+--
+
