@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # opbroker: a static binary on a distroless base, running as a non-root user.
-#   docker build -t opbroker .
+#   docker build --build-arg VERSION="$(git describe --tags --always --dirty)" \
+#     --build-arg COMMIT="$(git rev-parse HEAD)" -t opbroker .
 #   docker run --rm -e DATABASE_URL=postgres://... opbroker migrate
 #   docker run --rm -p 50051:50051 -p 9090:9090 -e DATABASE_URL=postgres://... \
 #     -e OPBROKER_TARGETS=/etc/opbroker/targets.yaml -e OPBROKER_AUTH_CONFIG=/etc/opbroker/principals.yaml \
@@ -14,8 +15,15 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
+# Built without the crashpoints tag, as a release must be: the binary contains no crash
+# points (package crashpoint), so no environment variable can make it kill itself.
+# .git is not in the build context (.dockerignore), so Go records no commit: the build
+# arguments name the release instead (`opbroker version`, the metric opbroker_build_info).
+ARG VERSION
+ARG COMMIT
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/opbroker ./cmd/opbroker
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
+    -o /out/opbroker ./cmd/opbroker
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/opbroker /opbroker

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/chaos"
+	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/storetest"
 )
 
@@ -25,7 +26,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	broker = filepath.Join(dir, "opbroker")
-	if out, err := exec.Command("go", "build", "-o", broker, "../cmd/opbroker").CombinedOutput(); err != nil {
+	// With its crash points, which the release build does not have.
+	if out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-o", broker, "../cmd/opbroker").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building opbroker: %v\n%s", err, out)
 		os.Exit(1)
 	}

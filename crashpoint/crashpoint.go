@@ -1,23 +1,20 @@
 // Package crashpoint names the places where the broker can be made to fail on purpose,
-// for fault-injection tests and the chaos run. Every point is inert unless the
-// environment variable OPBROKER_CRASH_POINTS enables it:
+// for fault-injection tests and the chaos run. The points exist only in a binary built
+// with the build tag crashpoints, and act there only when the environment variable
+// OPBROKER_CRASH_POINTS enables them:
 //
+//	go build -tags crashpoints -o bin/opbroker-chaos ./cmd/opbroker
 //	OPBROKER_CRASH_POINTS="dispatch.after_send=kill,prepare.after_commit=error@3"
 //
 // An action is kill (SIGKILL to the process), pause (SIGSTOP to the process: it stops
 // until someone sends SIGCONT, as a stalled worker would) or error (Hit returns
 // ErrInjected). "@N" fires on the N-th hit only (default the first), "@*" on every hit.
+//
+// A build without the tag (make build, the Docker image) has the same API, but Hit
+// does nothing: no environment variable can make a production broker kill itself.
 package crashpoint
 
-import (
-	"errors"
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
-	"sync"
-	"syscall"
-)
+import "errors"
 
 // The named crash points.
 const (
@@ -31,86 +28,8 @@ const (
 // EnvVar enables crash points.
 const EnvVar = "OPBROKER_CRASH_POINTS"
 
+// BuildTag is the build tag that compiles the crash points in.
+const BuildTag = "crashpoints"
+
 // ErrInjected is returned by Hit for the error action.
 var ErrInjected = errors.New("crashpoint: injected failure")
-
-type rule struct {
-	action string
-	nth    int // 0: every hit
-	hits   int
-}
-
-var (
-	once  sync.Once
-	mu    sync.Mutex
-	rules map[string]*rule
-	// parseErr is reported at the first Hit: a mistyped rule must not pass silently.
-	parseErr error
-)
-
-func load() {
-	rules, parseErr = parse(os.Getenv(EnvVar))
-}
-
-// parse reads a spec of EnvVar.
-func parse(spec string) (map[string]*rule, error) {
-	out := map[string]*rule{}
-	spec = strings.TrimSpace(spec)
-	if spec == "" {
-		return out, nil
-	}
-	for _, item := range strings.Split(spec, ",") {
-		name, action, ok := strings.Cut(strings.TrimSpace(item), "=")
-		if !ok {
-			return nil, fmt.Errorf("%s: %q is not name=action", EnvVar, item)
-		}
-		r := &rule{nth: 1}
-		action, count, hasCount := strings.Cut(action, "@")
-		if hasCount {
-			if count == "*" {
-				r.nth = 0
-			} else if n, err := strconv.Atoi(count); err == nil && n > 0 {
-				r.nth = n
-			} else {
-				return nil, fmt.Errorf("%s: %q: @ takes a positive number or *", EnvVar, item)
-			}
-		}
-		if action != "kill" && action != "pause" && action != "error" {
-			return nil, fmt.Errorf("%s: %q: the action must be kill, pause or error", EnvVar, item)
-		}
-		r.action = action
-		out[name] = r
-	}
-	return out, nil
-}
-
-// hit counts a pass of the rule's point and reports whether it fires. The caller holds mu.
-func (r *rule) hit() bool {
-	r.hits++
-	return r.nth == 0 || r.hits == r.nth
-}
-
-// Hit passes the named point. It does nothing unless the point is enabled; then it
-// kills or stops the process, or returns ErrInjected.
-func Hit(name string) error {
-	once.Do(load)
-	if parseErr != nil {
-		return parseErr
-	}
-	mu.Lock()
-	r := rules[name]
-	fire := r != nil && r.hit()
-	mu.Unlock()
-	if !fire {
-		return nil
-	}
-	switch r.action {
-	case "kill":
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // the signal is on its way
-	case "pause":
-		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-		return nil
-	}
-	return fmt.Errorf("%w at %s", ErrInjected, name)
-}

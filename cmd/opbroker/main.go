@@ -6,6 +6,7 @@
 //	opbroker serve    run against --database-url
 //	opbroker migrate  bring the database schema up to date
 //	opbroker token    make bearer tokens for the principals file
+//	opbroker version  print the version, commit and Go version (also --version)
 package main
 
 import (
@@ -29,14 +30,16 @@ func main() {
 
 func newApp() *cli.Command {
 	return &cli.Command{
-		Name:  "opbroker",
-		Usage: "broker consequential outbound operations: at most one remote effect per intent",
+		Name:    "opbroker",
+		Usage:   "broker consequential outbound operations: at most one remote effect per intent",
+		Version: currentBuild().String(),
 		Commands: []*cli.Command{
 			devCommand(),
 			serveCommand(),
 			migrateCommand(),
 			targetsCommand(),
 			tokenCommand(),
+			versionCommand(),
 		},
 	}
 }

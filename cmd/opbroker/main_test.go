@@ -19,17 +19,20 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection/grpc_reflection_v1"
 
+	"github.com/opbroker/opbroker/crashpoint"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/storetest"
 )
 
-// binary is the opbroker command built for these tests: they run it as a real process.
+// binary is the opbroker command built for these tests, with its crash points (the
+// release build has none): they run it as a real process.
 var binary string
 
 func TestMain(m *testing.M) {
@@ -39,7 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "opbroker")
-	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-o", binary, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building opbroker: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -67,7 +70,13 @@ func start(t *testing.T, args ...string) *process {
 // startEnv starts opbroker with extra environment variables (e.g. crash points).
 func startEnv(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
-	p := &process{cmd: exec.Command(binary, args...), ready: make(chan string, 1), exited: make(chan error, 1)}
+	return startBinary(t, binary, env, args...)
+}
+
+// startBinary starts an opbroker binary other than the tests' own.
+func startBinary(t *testing.T, bin string, env []string, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(bin, args...), ready: make(chan string, 1), exited: make(chan error, 1)}
 	p.cmd.Env = append(os.Environ(), env...)
 	stderr, err := p.cmd.StderrPipe()
 	require.NoError(t, err)
@@ -310,9 +319,16 @@ func TestDevRunsWithNothingGiven(t *testing.T) {
 
 	metricsAddr := regexp.MustCompile(`metrics=http://(\S+)/metrics`).FindStringSubmatch(p.Output())
 	require.NotNil(t, metricsAddr, p.Output())
-	body := httpGet(t, "http://"+metricsAddr[1]+"/metrics")
+	var body string
+	// The server records a call's duration when the call has ended on its side, which may
+	// be after the client has its reply.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		body = httpGet(c, "http://"+metricsAddr[1]+"/metrics")
+		assert.Contains(c, body, `rpc_server_call_duration_seconds`)
+	}, 10*time.Second, 20*time.Millisecond)
 	require.Contains(t, body, `opbroker_prepare_requests_total{`)
-	require.Contains(t, body, `rpc_server_call_duration_seconds`)
+	b := builtWith(t, binary)
+	require.Contains(t, body, fmt.Sprintf("opbroker_build_info{commit=%q,go_version=%q,version=%q} 1\n", b.Commit, b.GoVersion, b.Version))
 	require.Contains(t, p.Output(), "no authentication", "dev mode says loudly that it is open")
 
 	pgURL := pgURLLine.FindStringSubmatch(p.Output())
@@ -356,8 +372,7 @@ func listServices(t *testing.T, conn *grpc.ClientConn) []string {
 	return names
 }
 
-func httpGet(t *testing.T, url string) string {
-	t.Helper()
+func httpGet(t require.TestingT, url string) string {
 	resp, err := http.Get(url)
 	require.NoError(t, err)
 	defer resp.Body.Close()

@@ -18,6 +18,7 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/dispatcher"
 	"github.com/opbroker/opbroker/reconciler"
 	"github.com/opbroker/opbroker/server"
@@ -86,8 +87,12 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	if err := store.CheckSchema(ctx, b.pool); err != nil {
 		return err
 	}
+	if !crashpoint.Enabled && os.Getenv(crashpoint.EnvVar) != "" {
+		b.log.Warn(crashpoint.EnvVar+" is ignored: this build has no crash points", "build_tag", crashpoint.BuildTag)
+	}
 
 	registry := prometheus.NewRegistry()
+	registry.MustRegister(currentBuild().metric())
 	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)

@@ -1,19 +1,26 @@
 // Command opchaos runs the chaos run (package chaos) and prints its report; it exits 1
 // when an invariant was broken, 2 when the run could not be carried out.
 //
-//	opchaos --broker bin/opbroker --seed 7 --duration 10m --json report.json
+//	opchaos --broker bin/opbroker-chaos --seed 7 --duration 10m --json report.json
+//
+// The broker must be built with its crash points (make build-chaos); opchaos refuses
+// one built without them.
 package main
 
 import (
 	"context"
+	"debug/buildinfo"
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v3"
 
 	"github.com/opbroker/opbroker/chaos"
+	"github.com/opbroker/opbroker/crashpoint"
 )
 
 func main() {
@@ -30,7 +37,7 @@ func newApp() *cli.Command {
 		Name:  "opchaos",
 		Usage: "run the broker through faults and audit its promise (invariants I1-I10)",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "broker", Value: "bin/opbroker", Usage: "the opbroker binary the replicas run"},
+			&cli.StringFlag{Name: "broker", Value: "bin/opbroker-chaos", Usage: "the opbroker binary the replicas run, built with -tags " + crashpoint.BuildTag},
 			&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "an administrator's connection string; default: an embedded PostgreSQL (then also restarted as a fault)"},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "the seed of the workload, the fault schedule and the targets' faults"},
 			&cli.IntFlag{Name: "replicas", Value: 3},
@@ -49,6 +56,9 @@ func newApp() *cli.Command {
 }
 
 func run(ctx context.Context, cmd *cli.Command) error {
+	if err := requireCrashPoints(cmd.String("broker")); err != nil {
+		return err
+	}
 	cfg := chaos.Config{
 		Seed: cmd.Uint64("seed"), Broker: cmd.String("broker"), DatabaseURL: cmd.String("database-url"),
 		Replicas: cmd.Int("replicas"), Tenants: cmd.Int("tenants"), Intents: cmd.Int("intents"), Clients: cmd.Int("clients"),
@@ -77,4 +87,20 @@ func run(ctx context.Context, cmd *cli.Command) error {
 		os.Exit(1)
 	}
 	return nil
+}
+
+// requireCrashPoints refuses a broker built without its crash points: they would do
+// nothing, and the run would test less than its report says.
+func requireCrashPoints(broker string) error {
+	info, err := buildinfo.ReadFile(broker)
+	if err != nil {
+		return fmt.Errorf("--broker: %w", err)
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-tags" && slices.Contains(strings.Split(s.Value, ","), crashpoint.BuildTag) {
+			return nil
+		}
+	}
+	return fmt.Errorf("--broker %s was built without -tags %s, so its crash points do nothing (make build-chaos builds bin/opbroker-chaos)",
+		broker, crashpoint.BuildTag)
 }

@@ -1,3 +1,5 @@
+//go:build crashpoints
+
 package crashpoint
 
 import (
