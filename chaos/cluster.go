@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/opbroker/opbroker/auth"
+	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/embeddedpg"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
@@ -187,20 +188,26 @@ func tenants(n int) []string {
 
 // crashPoints are the broker's named crash points the run enables, one per replica
 // start at most.
-var crashPoints = []string{"dispatch.after_claim", "dispatch.after_send", "dispatch.after_reply",
-	"dispatch.after_record", "prepare.after_commit"}
+var crashPoints = []string{crashpoint.DispatchAfterClaim, crashpoint.DispatchAfterSend, crashpoint.DispatchAfterReply,
+	crashpoint.DispatchAfterRecord, crashpoint.PrepareAfterCommit}
 
-// start starts replica i (again) and waits until it serves. Half the starts arm a crash
+// start starts replica i (again) and waits until it serves. A third of the starts run
+// on a clock off the database's (seconds either way). Half the starts arm a crash
 // point that kills the process (or fails a prepare) at a random hit.
 func (c *cluster) start(i int) error {
 	c.mu.Lock()
 	crash := ""
 	if !c.healing && c.rng.IntN(2) == 0 {
 		point, mode := crashPoints[c.rng.IntN(len(crashPoints))], "kill"
-		if point == "prepare.after_commit" && c.rng.IntN(2) == 0 {
+		if point == crashpoint.PrepareAfterCommit && c.rng.IntN(2) == 0 {
 			mode = "error"
 		}
 		crash = fmt.Sprintf("%s=%s@%d", point, mode, 2+c.rng.IntN(20))
+	}
+	// A third of the starts run on a clock up to 10 s off the database's.
+	var skew time.Duration
+	if !c.healing && c.rng.IntN(3) == 0 {
+		skew = time.Duration(c.rng.IntN(21)-10) * time.Second
 	}
 	c.mu.Unlock()
 
@@ -214,7 +221,10 @@ func (c *cluster) start(i int) error {
 		"--tenant-rate", "100000", "--tenant-burst", "100000", "--reconcile-deadline", c.cfg.ResolutionDeadline.String())
 	cmd.Env = os.Environ()
 	if crash != "" {
-		cmd.Env = append(cmd.Env, "OPBROKER_CRASH_POINTS="+crash)
+		cmd.Env = append(cmd.Env, crashpoint.EnvVar+"="+crash)
+	}
+	if skew != 0 {
+		cmd.Env = append(cmd.Env, crashpoint.ClockOffsetEnvVar+"="+skew.String())
 	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -257,6 +267,9 @@ func (c *cluster) start(i int) error {
 	}
 	if crash != "" {
 		c.faults["crash point armed"]++
+	}
+	if skew != 0 {
+		c.faults["clock off the database's"]++
 	}
 	return nil
 }

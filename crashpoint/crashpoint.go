@@ -28,6 +28,10 @@ const (
 // EnvVar enables crash points.
 const EnvVar = "OPBROKER_CRASH_POINTS"
 
+// ClockOffsetEnvVar sets the process's clock off the real time by a Go duration
+// ("-10s"), as on a host whose clock is wrong (Clock).
+const ClockOffsetEnvVar = "OPBROKER_CLOCK_OFFSET"
+
 // BuildTag is the build tag that compiles the crash points in.
 const BuildTag = "crashpoints"
 

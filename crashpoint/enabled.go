@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Enabled reports whether this build has crash points (the build tag crashpoints).
@@ -93,4 +94,18 @@ func Hit(name string) error {
 		return nil
 	}
 	return fmt.Errorf("%w at %s", ErrInjected, name)
+}
+
+// Clock returns the clock the broker's safety decisions read: the real time, off by
+// ClockOffsetEnvVar when it is set.
+func Clock() (func() time.Time, error) {
+	spec := os.Getenv(ClockOffsetEnvVar)
+	if spec == "" {
+		return time.Now, nil
+	}
+	offset, err := time.ParseDuration(spec)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %q is not a duration such as -10s", ClockOffsetEnvVar, spec)
+	}
+	return func() time.Time { return time.Now().Add(offset) }, nil
 }

@@ -4,6 +4,7 @@ package crashpoint
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -38,4 +39,17 @@ func TestHitIsInertWithoutRules(t *testing.T) {
 	t.Parallel()
 	once.Do(func() {}) // the environment of the test binary enables nothing
 	require.NoError(t, Hit(DispatchAfterSend))
+}
+
+// TestClockIsOffByTheEnvironment: a replica of the chaos run can be given a wrong clock.
+// (Not parallel: it sets the environment.)
+func TestClockIsOffByTheEnvironment(t *testing.T) {
+	t.Setenv(ClockOffsetEnvVar, "-10s")
+	clock, err := Clock()
+	require.NoError(t, err)
+	require.InDelta(t, -10*time.Second, time.Until(clock()), float64(time.Second))
+
+	t.Setenv(ClockOffsetEnvVar, "ten seconds")
+	_, err = Clock()
+	require.ErrorContains(t, err, ClockOffsetEnvVar)
 }

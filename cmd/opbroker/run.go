@@ -87,8 +87,14 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	if err := store.CheckSchema(ctx, b.pool); err != nil {
 		return err
 	}
-	if !crashpoint.Enabled && os.Getenv(crashpoint.EnvVar) != "" {
-		b.log.Warn(crashpoint.EnvVar+" is ignored: this build has no crash points", "build_tag", crashpoint.BuildTag)
+	for _, v := range []string{crashpoint.EnvVar, crashpoint.ClockOffsetEnvVar} {
+		if !crashpoint.Enabled && os.Getenv(v) != "" {
+			b.log.Warn(v+" is ignored: this build has no crash points", "build_tag", crashpoint.BuildTag)
+		}
+	}
+	clock, err := crashpoint.Clock()
+	if err != nil {
+		return err
 	}
 
 	registry := prometheus.NewRegistry()
@@ -124,7 +130,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 		Logger: b.log, MeterProvider: b.meters,
 		PoolSize: cmd.Int("dispatch-pool-size"), ClaimBatch: cmd.Int("dispatch-claim-batch"),
 		Lease: cmd.Duration("dispatch-lease"), ShutdownGrace: b.grace,
-		PayloadRetention: cmd.Duration("payload-retention"),
+		PayloadRetention: cmd.Duration("payload-retention"), Clock: clock,
 	})
 	if err != nil {
 		return err
@@ -134,7 +140,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 			Store: b.store, Targets: b.targets, Connector: connector, Deliverer: b.dispatcher,
 			Logger: b.log, MeterProvider: b.meters,
 			MaxReplays: cmd.Int("reconcile-max-replays"), MaxLooks: cmd.Int("reconcile-max-looks"),
-			ResolutionDeadline: cmd.Duration("reconcile-deadline"),
+			ResolutionDeadline: cmd.Duration("reconcile-deadline"), Clock: clock,
 		})
 		if err != nil {
 			return err

@@ -77,12 +77,14 @@ func TestReleaseBuild(t *testing.T) {
 	require.Regexp(t, `^opbroker version v9\.9\.9 \(commit 0123abc, go\S+\)\n$`, string(out))
 
 	url := storetest.Schema(t)
-	p := startBinary(t, release, []string{crashpoint.EnvVar + "=" + crashpoint.PrepareAfterCommit + "=kill"},
+	p := startBinary(t, release, []string{crashpoint.EnvVar + "=" + crashpoint.PrepareAfterCommit + "=kill",
+		crashpoint.ClockOffsetEnvVar + "=-1h"},
 		serveArgs(url, targetsFile(t, simURL(t)), "--dispatch=false")...)
 	client := opbrokerv1.NewOperationServiceClient(dial(t, p.waitReady(t)))
 	resp, err := prepare(context.Background(), client, "order-armed")
 	require.NoError(t, err, "the crash point must not fire\n%s", p.Output())
 	require.True(t, resp.GetCreated())
 	require.Contains(t, p.Output(), crashpoint.EnvVar+" is ignored: this build has no crash points")
+	require.Contains(t, p.Output(), crashpoint.ClockOffsetEnvVar+" is ignored: this build has no crash points")
 	p.stop(t, syscall.SIGTERM)
 }
