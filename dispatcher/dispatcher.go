@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
@@ -38,19 +35,19 @@ type Config struct {
 
 	// Worker names this dispatcher in leases and attempts; default host/pid/random.
 	Worker string
-	// PoolSize caps concurrent sends in this process (default 32); a target's
+	// PoolSize caps concurrent sends in this process (DefaultPoolSize); a target's
 	// contract may cap its own lower. A send's slot is freed when its reply is in;
 	// Unrecorded (default 4 × PoolSize) caps the claims taken whose outcomes are not yet
 	// written, which the store writes together.
 	PoolSize   int
 	Unrecorded int
-	// ClaimBatch caps one claim (default 64); PerTenant caps one tenant's share of it
+	// ClaimBatch caps one claim (DefaultClaimBatch); PerTenant caps one tenant's share of it
 	// (default ClaimBatch/4); MaxTenantsPerClaim caps the tenants one claim visits
 	// (default 64).
 	ClaimBatch         int
 	PerTenant          int
 	MaxTenantsPerClaim int
-	// Lease is how long a claim is held before the sweeper may take it (default 30s); it
+	// Lease is how long a claim is held before the sweeper may take it (DefaultLease); it
 	// is extended while a call runs, and a call is cut when it cannot be.
 	Lease time.Duration
 	// PollInterval is the fallback when no wake-up arrives (default 1s).
@@ -58,7 +55,8 @@ type Config struct {
 	// SweepInterval is how often expired leases and passed deadlines are swept
 	// (default 1s).
 	SweepInterval time.Duration
-	// ShutdownGrace is how long calls in progress may run after Stop (default 20s).
+	// ShutdownGrace is how long calls in progress may run after Stop
+	// (DefaultShutdownGrace).
 	ShutdownGrace time.Duration
 	// RecordTimeout bounds writing one outcome, retries included (default 15s).
 	RecordTimeout time.Duration
@@ -71,6 +69,17 @@ type Config struct {
 	Clock func() time.Time
 }
 
+// Defaults of Config, which the broker's flags use too.
+const (
+	DefaultPoolSize      = 32
+	DefaultClaimBatch    = 64
+	DefaultLease         = 30 * time.Second
+	DefaultShutdownGrace = 30 * time.Second
+	// DefaultPayloadRetention is the broker's --payload-retention; a Config without one
+	// keeps payloads.
+	DefaultPayloadRetention = 30 * 24 * time.Hour
+)
+
 func (c *Config) setDefaults() {
 	def := func(v *int, d int) {
 		if *v <= 0 {
@@ -82,22 +91,21 @@ func (c *Config) setDefaults() {
 			*v = d
 		}
 	}
-	def(&c.PoolSize, 32)
+	def(&c.PoolSize, DefaultPoolSize)
 	def(&c.Unrecorded, 4*c.PoolSize)
-	def(&c.ClaimBatch, 64)
+	def(&c.ClaimBatch, DefaultClaimBatch)
 	def(&c.PerTenant, max(1, c.ClaimBatch/4))
 	def(&c.MaxTenantsPerClaim, 64)
-	defDur(&c.Lease, 30*time.Second)
+	defDur(&c.Lease, DefaultLease)
 	defDur(&c.PollInterval, time.Second)
 	defDur(&c.SweepInterval, time.Second)
-	defDur(&c.ShutdownGrace, 20*time.Second)
+	defDur(&c.ShutdownGrace, DefaultShutdownGrace)
 	defDur(&c.RecordTimeout, 15*time.Second)
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
 	if c.Worker == "" {
-		host, _ := os.Hostname()
-		c.Worker = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
+		c.Worker = store.NewWorkerName()
 	}
 }
 

@@ -3,10 +3,8 @@ package reconciler
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"time"
 
@@ -54,9 +52,9 @@ type Config struct {
 	Lease time.Duration
 	// PollInterval between passes when nothing is due (default 1s).
 	PollInterval time.Duration
-	// MaxReplays (default 3) and MaxLooks (default 50) bound the effort per operation;
-	// ResolutionDeadline (default 72h after the first send) bounds its time. Past them
-	// the operation is escalated.
+	// MaxReplays (DefaultMaxReplays) and MaxLooks (DefaultMaxLooks) bound the effort
+	// per operation; ResolutionDeadline (DefaultResolutionDeadline after the first
+	// send) bounds its time. Past them the operation is escalated.
 	MaxReplays, MaxLooks int
 	ResolutionDeadline   time.Duration
 	// Clock reads the time (default time.Now); the Deliverer must read the same one.
@@ -64,6 +62,13 @@ type Config struct {
 	// timestamps the database wrote.
 	Clock func() time.Time
 }
+
+// Defaults of Config, which the broker's flags use too.
+const (
+	DefaultMaxReplays         = 3
+	DefaultMaxLooks           = 50
+	DefaultResolutionDeadline = 72 * time.Hour
+)
 
 func (c *Config) setDefaults() {
 	def := func(v *int, d int) {
@@ -75,8 +80,8 @@ func (c *Config) setDefaults() {
 	def(&c.Concurrency, 64)
 	def(&c.PerTenant, 8)
 	def(&c.MaxTenants, 64)
-	def(&c.MaxReplays, 3)
-	def(&c.MaxLooks, 50)
+	def(&c.MaxReplays, DefaultMaxReplays)
+	def(&c.MaxLooks, DefaultMaxLooks)
 	if c.Lease <= 0 {
 		c.Lease = 30 * time.Second
 	}
@@ -84,14 +89,13 @@ func (c *Config) setDefaults() {
 		c.PollInterval = time.Second
 	}
 	if c.ResolutionDeadline <= 0 {
-		c.ResolutionDeadline = 72 * time.Hour
+		c.ResolutionDeadline = DefaultResolutionDeadline
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
 	if c.Worker == "" {
-		host, _ := os.Hostname()
-		c.Worker = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
+		c.Worker = store.NewWorkerName()
 	}
 }
 

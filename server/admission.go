@@ -47,13 +47,21 @@ var devPrincipal = &auth.Principal{Name: "dev", AllTenants: true,
 
 // Limits bound what one principal or tenant may use.
 type Limits struct {
-	// WatchesPerPrincipal caps a principal's open watch streams; 0 means 100.
+	// WatchesPerPrincipal caps a principal's open watch streams; 0 means
+	// DefaultWatchesPerPrincipal.
 	WatchesPerPrincipal int
 	// TenantRate is the calls per second a tenant may make (a token bucket with
-	// TenantBurst); 0 means 1000 per second with a burst of 2000.
+	// TenantBurst); 0 means DefaultTenantRate with a burst of DefaultTenantBurst.
 	TenantRate  float64
 	TenantBurst int
 }
+
+// Defaults of Limits, which the broker's flags use too.
+const (
+	DefaultWatchesPerPrincipal = 100
+	DefaultTenantRate          = 1000
+	DefaultTenantBurst         = 2000
+)
 
 // admission decides whether a call may run: who calls (authentication), whether their
 // role allows the method, whether the request is valid, whether they may act for its
@@ -78,10 +86,10 @@ type tenantBucket struct {
 
 func newAdmission(authn *auth.Authenticator, v protovalidate.Validator, log *slog.Logger, limits Limits) *admission {
 	if limits.WatchesPerPrincipal <= 0 {
-		limits.WatchesPerPrincipal = 100
+		limits.WatchesPerPrincipal = DefaultWatchesPerPrincipal
 	}
 	if limits.TenantRate <= 0 {
-		limits.TenantRate, limits.TenantBurst = 1000, 2000
+		limits.TenantRate, limits.TenantBurst = DefaultTenantRate, DefaultTenantBurst
 	}
 	if limits.TenantBurst <= 0 {
 		limits.TenantBurst = max(1, int(2*limits.TenantRate))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -50,6 +51,13 @@ type FairClaim struct {
 type ClaimParams struct {
 	FairClaim
 	Target string
+}
+
+// NewWorkerName returns a name for a claimer of this process, as leases and attempts
+// record it: the host, the process id and a random suffix, unique per call.
+func NewWorkerName() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
 }
 
 // ErrFenceLost means the caller's fence is no longer current: another claim, the

@@ -1,10 +1,10 @@
 package main
 
 import (
-	"time"
-
 	"github.com/urfave/cli/v3"
 
+	"github.com/opbroker/opbroker/dispatcher"
+	"github.com/opbroker/opbroker/reconciler"
 	"github.com/opbroker/opbroker/server"
 )
 
@@ -14,21 +14,21 @@ func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
 		&cli.StringFlag{Name: "grpc-addr", Value: grpcAddr, Usage: "address for the gRPC API", Sources: cli.EnvVars("OPBROKER_GRPC_ADDR")},
 		&cli.StringFlag{Name: "http-addr", Value: httpAddr, Usage: "address for /metrics (Prometheus)", Sources: cli.EnvVars("OPBROKER_HTTP_ADDR")},
 		&cli.IntFlag{Name: "max-payload-bytes", Value: server.DefaultMaxPayloadBytes, Usage: "largest payload PrepareOperation accepts", Sources: cli.EnvVars("OPBROKER_MAX_PAYLOAD_BYTES")},
-		&cli.DurationFlag{Name: "shutdown-grace", Value: 30 * time.Second, Usage: "how long calls in progress may finish after SIGTERM", Sources: cli.EnvVars("OPBROKER_SHUTDOWN_GRACE")},
+		&cli.DurationFlag{Name: "shutdown-grace", Value: dispatcher.DefaultShutdownGrace, Usage: "how long calls in progress may finish after SIGTERM", Sources: cli.EnvVars("OPBROKER_SHUTDOWN_GRACE")},
 		&cli.StringFlag{Name: "log-format", Value: logFormat, Usage: "json or text", Sources: cli.EnvVars("OPBROKER_LOG_FORMAT")},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("OPBROKER_LOG_LEVEL")},
 		&cli.BoolFlag{Name: "dispatch", Value: true, Usage: "run the dispatcher in this replica (--dispatch=false serves the API only)", Sources: cli.EnvVars("OPBROKER_DISPATCH")},
-		&cli.IntFlag{Name: "dispatch-pool-size", Value: 32, Usage: "concurrent sends of this replica", Sources: cli.EnvVars("OPBROKER_DISPATCH_POOL_SIZE")},
-		&cli.IntFlag{Name: "dispatch-claim-batch", Value: 64, Usage: "operations claimed per statement", Sources: cli.EnvVars("OPBROKER_DISPATCH_CLAIM_BATCH")},
+		&cli.IntFlag{Name: "dispatch-pool-size", Value: dispatcher.DefaultPoolSize, Usage: "concurrent sends of this replica", Sources: cli.EnvVars("OPBROKER_DISPATCH_POOL_SIZE")},
+		&cli.IntFlag{Name: "dispatch-claim-batch", Value: dispatcher.DefaultClaimBatch, Usage: "operations claimed per statement", Sources: cli.EnvVars("OPBROKER_DISPATCH_CLAIM_BATCH")},
 		&cli.BoolFlag{Name: "reconcile", Value: true, Usage: "run the reconciler in this replica (resolves UNKNOWN operations)", Sources: cli.EnvVars("OPBROKER_RECONCILE")},
-		&cli.IntFlag{Name: "reconcile-max-replays", Value: 3, Usage: "same-key replays of one UNKNOWN operation before it is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_MAX_REPLAYS")},
-		&cli.IntFlag{Name: "reconcile-max-looks", Value: 50, Usage: "lookups of one UNKNOWN operation before it is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_MAX_LOOKS")},
-		&cli.DurationFlag{Name: "reconcile-deadline", Value: 72 * time.Hour, Usage: "time from the first send after which an unresolved operation is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_DEADLINE")},
-		&cli.IntFlag{Name: "watches-per-principal", Value: 100, Usage: "open watch streams one principal may hold", Sources: cli.EnvVars("OPBROKER_WATCHES_PER_PRINCIPAL")},
-		&cli.Float64Flag{Name: "tenant-rate", Value: 1000, Usage: "calls per second one tenant may make (token bucket)", Sources: cli.EnvVars("OPBROKER_TENANT_RATE")},
-		&cli.IntFlag{Name: "tenant-burst", Value: 2000, Usage: "calls one tenant may make at once above --tenant-rate", Sources: cli.EnvVars("OPBROKER_TENANT_BURST")},
-		&cli.DurationFlag{Name: "payload-retention", Value: 30 * 24 * time.Hour, Usage: "how long a terminal operation keeps its payload bytes (hash and events stay); 0 keeps them", Sources: cli.EnvVars("OPBROKER_PAYLOAD_RETENTION")},
-		&cli.DurationFlag{Name: "dispatch-lease", Value: 30 * time.Second, Usage: "how long a claim is held before an expired one becomes UNKNOWN (extended during a call)", Sources: cli.EnvVars("OPBROKER_DISPATCH_LEASE")},
+		&cli.IntFlag{Name: "reconcile-max-replays", Value: reconciler.DefaultMaxReplays, Usage: "same-key replays of one UNKNOWN operation before it is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_MAX_REPLAYS")},
+		&cli.IntFlag{Name: "reconcile-max-looks", Value: reconciler.DefaultMaxLooks, Usage: "lookups of one UNKNOWN operation before it is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_MAX_LOOKS")},
+		&cli.DurationFlag{Name: "reconcile-deadline", Value: reconciler.DefaultResolutionDeadline, Usage: "time from the first send after which an unresolved operation is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_DEADLINE")},
+		&cli.IntFlag{Name: "watches-per-principal", Value: server.DefaultWatchesPerPrincipal, Usage: "open watch streams one principal may hold", Sources: cli.EnvVars("OPBROKER_WATCHES_PER_PRINCIPAL")},
+		&cli.Float64Flag{Name: "tenant-rate", Value: server.DefaultTenantRate, Usage: "calls per second one tenant may make (token bucket)", Sources: cli.EnvVars("OPBROKER_TENANT_RATE")},
+		&cli.IntFlag{Name: "tenant-burst", Value: server.DefaultTenantBurst, Usage: "calls one tenant may make at once above --tenant-rate", Sources: cli.EnvVars("OPBROKER_TENANT_BURST")},
+		&cli.DurationFlag{Name: "payload-retention", Value: dispatcher.DefaultPayloadRetention, Usage: "how long a terminal operation keeps its payload bytes (hash and events stay); 0 keeps them", Sources: cli.EnvVars("OPBROKER_PAYLOAD_RETENTION")},
+		&cli.DurationFlag{Name: "dispatch-lease", Value: dispatcher.DefaultLease, Usage: "how long a claim is held before an expired one becomes UNKNOWN (extended during a call)", Sources: cli.EnvVars("OPBROKER_DISPATCH_LEASE")},
 	}
 }
 
