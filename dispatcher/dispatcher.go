@@ -52,17 +52,11 @@ type Config struct {
 	Lease time.Duration
 	// PollInterval is the fallback when no wake-up arrives (default 1s).
 	PollInterval time.Duration
-	// SweepInterval is how often expired leases and passed deadlines are swept
-	// (default 1s).
-	SweepInterval time.Duration
 	// ShutdownGrace is how long calls in progress may run after Stop
 	// (DefaultShutdownGrace).
 	ShutdownGrace time.Duration
 	// RecordTimeout bounds writing one outcome, retries included (default 15s).
 	RecordTimeout time.Duration
-	// PayloadRetention is how long a terminal operation keeps its payload bytes before
-	// the sweeper purges them (the hash and the events stay); 0 keeps them.
-	PayloadRetention time.Duration
 	// Clock reads the time (default time.Now). Every safety decision compares its
 	// readings only with each other: a lease or a window the database measured becomes
 	// a deadline on this clock, so a host whose clock is off by seconds decides the same.
@@ -75,9 +69,6 @@ const (
 	DefaultClaimBatch    = 64
 	DefaultLease         = 30 * time.Second
 	DefaultShutdownGrace = 30 * time.Second
-	// DefaultPayloadRetention is the broker's --payload-retention; a Config without one
-	// keeps payloads.
-	DefaultPayloadRetention = 30 * 24 * time.Hour
 )
 
 func (c *Config) setDefaults() {
@@ -98,7 +89,6 @@ func (c *Config) setDefaults() {
 	def(&c.MaxTenantsPerClaim, 64)
 	defDur(&c.Lease, DefaultLease)
 	defDur(&c.PollInterval, time.Second)
-	defDur(&c.SweepInterval, time.Second)
 	defDur(&c.ShutdownGrace, DefaultShutdownGrace)
 	defDur(&c.RecordTimeout, 15*time.Second)
 	if c.Clock == nil {
@@ -109,9 +99,6 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// sweepBatch bounds one sweeper statement.
-const sweepBatch = 500
-
 // Dispatcher claims and sends. Start and Stop follow the project's lifecycle contract.
 type Dispatcher struct {
 	cfg     Config
@@ -121,12 +108,9 @@ type Dispatcher struct {
 	limiter *target.Limiter   // each target's slots, shared with the reconciler's replays and lookups
 	cursors map[string]string // per target: the tenant the next claim starts after; owned by the claim loop
 
-	sends   metric.Int64Counter
-	swept   metric.Int64Counter
-	expired metric.Int64Counter
-	purged  metric.Int64Counter
+	sends metric.Int64Counter
 
-	startstop.Base // the claim and sweep loops
+	startstop.Base // the claim loop
 
 	mu          sync.Mutex
 	sendCtx     context.Context    // calls and their records; replaced when a stopped dispatcher starts again
@@ -153,23 +137,11 @@ func New(cfg Config) (*Dispatcher, error) {
 		metric.WithDescription("Sends to targets by target and outcome class"), metric.WithUnit("{send}")); err != nil {
 		return nil, err
 	}
-	if d.swept, err = meter.Int64Counter("opbroker.leases.expired",
-		metric.WithDescription("IN_FLIGHT operations moved to UNKNOWN because their lease expired"), metric.WithUnit("{operation}")); err != nil {
-		return nil, err
-	}
-	if d.expired, err = meter.Int64Counter("opbroker.dispatch.deadlines_passed",
-		metric.WithDescription("PREPARED operations failed because their dispatch deadline passed before any send"), metric.WithUnit("{operation}")); err != nil {
-		return nil, err
-	}
-	if d.purged, err = meter.Int64Counter("opbroker.payloads.purged",
-		metric.WithDescription("Payloads whose bytes were removed after the retention (hash and events kept)"), metric.WithUnit("{operation}")); err != nil {
-		return nil, err
-	}
 	d.sendCtx, d.cancelSends = context.WithCancel(store.WithAllTenants(context.Background()))
 	return d, nil
 }
 
-// Start begins claiming, sending and sweeping, and returns at once (package startstop:
+// Start begins claiming and sending, and returns at once (package startstop:
 // starting a running dispatcher does nothing; a stopped one starts again).
 func (d *Dispatcher) Start(ctx context.Context) error {
 	d.mu.Lock()
@@ -180,10 +152,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	d.Base.Start(store.WithAllTenants(ctx), func(ctx context.Context) {
 		wake, unsubscribe := d.cfg.Store.Subscribe()
 		defer unsubscribe()
-		var loops sync.WaitGroup
-		loops.Go(func() { d.claimLoop(ctx, wake) })
-		loops.Go(func() { d.sweepLoop(ctx) })
-		loops.Wait()
+		d.claimLoop(ctx, wake)
 	})
 	return nil
 }
@@ -477,56 +446,4 @@ func (d *Dispatcher) record(log *slog.Logger, contract *target.Contract, op stor
 		case <-time.After(backoff):
 		}
 	}
-}
-
-func (d *Dispatcher) sweepLoop(ctx context.Context) {
-	ticker := time.NewTicker(d.cfg.SweepInterval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-		if err := d.Sweep(ctx, time.Time{}); err != nil && ctx.Err() == nil {
-			d.log.Warn("sweep failed", "error", err)
-		}
-	}
-}
-
-// Sweep moves every IN_FLIGHT operation whose lease expired before now to UNKNOWN,
-// fails every PREPARED one whose dispatch deadline passed (a zero now means the
-// database's clock), and purges the payload bytes of operations terminal for longer
-// than the payload retention.
-func (d *Dispatcher) Sweep(ctx context.Context, now time.Time) error {
-	type step struct {
-		run     func() (int, error)
-		counter metric.Int64Counter
-	}
-	steps := []step{
-		{func() (int, error) {
-			return d.cfg.Store.SweepExpiredLeases(ctx, store.SweepParams{Now: now, Limit: sweepBatch})
-		}, d.swept},
-		{func() (int, error) {
-			return d.cfg.Store.ExpireDeadlines(ctx, store.SweepParams{Now: now, Limit: sweepBatch})
-		}, d.expired},
-	}
-	if d.cfg.PayloadRetention > 0 {
-		steps = append(steps, step{func() (int, error) {
-			return d.cfg.Store.PurgePayloads(ctx, store.PurgeParams{Retention: d.cfg.PayloadRetention, Limit: sweepBatch})
-		}, d.purged})
-	}
-	for _, step := range steps {
-		for {
-			n, err := step.run()
-			if err != nil {
-				return err
-			}
-			step.counter.Add(ctx, int64(n))
-			if n < sweepBatch {
-				break
-			}
-		}
-	}
-	return nil
 }

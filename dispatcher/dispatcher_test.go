@@ -20,6 +20,7 @@ import (
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/storetest"
+	"github.com/opbroker/opbroker/sweeper"
 	"github.com/opbroker/opbroker/target"
 	"github.com/opbroker/opbroker/targettest"
 )
@@ -48,6 +49,16 @@ func (b *testBundle) dispatcher(t *testing.T, cfg dispatcher.Config) *dispatcher
 	require.NoError(t, err)
 	t.Cleanup(d.Stop)
 	return d
+}
+
+// sweeper returns a sweeper of the test's ledger.
+func (b *testBundle) sweeper(t *testing.T) *sweeper.Sweeper {
+	t.Helper()
+	s, err := sweeper.New(sweeper.Config{Store: b.store, Logger: slog.New(slog.DiscardHandler),
+		MeterProvider: noop.NewMeterProvider(), Interval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(s.Stop)
+	return s
 }
 
 // drain runs dispatchers until no operation is PREPARED or IN_FLIGHT, then stops them,
@@ -225,8 +236,7 @@ func TestDeadlinePassedBeforeSendFailsWithoutSending(t *testing.T) {
 	op, _, err := b.store.Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: simtarget.DemoCharge, IntentRef: "late",
 		ContentType: "application/json", Payload: []byte(`{}`), PayloadSHA256: digest[:], DispatchDeadline: &deadline, Actor: "test"})
 	require.NoError(t, err)
-	d := b.dispatcher(t, dispatcher.Config{})
-	require.NoError(t, d.Sweep(b.ctx, time.Now().Add(2*time.Minute)))
+	require.NoError(t, b.sweeper(t).Sweep(b.ctx, time.Now().Add(2*time.Minute)))
 	got := b.get(t, op)
 	require.Equal(t, store.StateFailedTerminal, got.State)
 	require.Equal(t, "DISPATCH_DEADLINE_PASSED", got.LastObservation.Outcome)
@@ -244,8 +254,7 @@ func TestExpiredLeaseBecomesUnknownAndStaleOutcomeIsEvidence(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 
-	d := b.dispatcher(t, dispatcher.Config{})
-	require.NoError(t, d.Sweep(b.ctx, time.Now().Add(2*time.Minute)))
+	require.NoError(t, b.sweeper(t).Sweep(b.ctx, time.Now().Add(2*time.Minute)))
 	require.Equal(t, store.StateUnknown, b.get(t, op).State)
 
 	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
@@ -253,7 +262,7 @@ func TestExpiredLeaseBecomesUnknownAndStaleOutcomeIsEvidence(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrFenceLost)
 	got := b.get(t, op)
 	require.Equal(t, store.StateUnknown, got.State, "UNKNOWN never goes back, and a stale fence never wins")
-	drain(t, b, d)
+	drain(t, b, b.dispatcher(t, dispatcher.Config{}))
 	require.Equal(t, store.StateUnknown, b.get(t, op).State, "an UNKNOWN operation is never claimed again by the dispatcher")
 	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "and never sent by it")
 }
@@ -303,8 +312,8 @@ func TestLongCallKeepsItsLease(t *testing.T) {
 		c.Endpoint.Timeout = target.Duration(5 * time.Second)
 	})
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "slow", `{"amount":1}`)
-	d := b.dispatcher(t, dispatcher.Config{Lease: 600 * time.Millisecond, SweepInterval: 20 * time.Millisecond})
-	drain(t, b, d)
+	require.NoError(t, b.sweeper(t).Start(b.ctx)) // sweeping all along
+	drain(t, b, b.dispatcher(t, dispatcher.Config{Lease: 600 * time.Millisecond}))
 	got := b.get(t, op)
 	require.Equal(t, store.StateSucceeded, got.State, "%+v", got.LastObservation)
 }
@@ -319,29 +328,6 @@ func TestPerTargetConcurrencyLimit(t *testing.T) {
 	truth := b.sim.Snapshot()
 	require.Len(t, truth.Keys, 30)
 	require.Equal(t, 2, truth.MaxConcurrent, "the contract allows 2 concurrent sends")
-}
-
-// TestSweepPurgesPayloadsAfterRetention: with a payload retention, the sweeper removes
-// the bytes of operations terminal for longer; without one, it keeps them.
-func TestSweepPurgesPayloadsAfterRetention(t *testing.T) {
-	t.Parallel()
-	b := setup(t, simtarget.Config{})
-	op := b.prepare(t, "acme", simtarget.DemoCharge, "done", `{"amount":1}`)
-	_, err := b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
-	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET updated_at = now() - interval '2 hours'`)
-	require.NoError(t, err)
-	kept := func() (kept bool) {
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT payload IS NOT NULL FROM operations`).Scan(&kept))
-		return kept
-	}
-
-	require.NoError(t, b.dispatcher(t, dispatcher.Config{}).Sweep(b.ctx, time.Time{}))
-	require.True(t, kept(), "no retention: payloads are kept")
-	require.NoError(t, b.dispatcher(t, dispatcher.Config{PayloadRetention: 3 * time.Hour}).Sweep(b.ctx, time.Time{}))
-	require.True(t, kept(), "within the retention")
-	require.NoError(t, b.dispatcher(t, dispatcher.Config{PayloadRetention: time.Hour}).Sweep(b.ctx, time.Time{}))
-	require.False(t, kept(), "past the retention")
 }
 
 // TestNoSendOnAnExpiredLease: a claim delivered after its lease ran out (a worker that

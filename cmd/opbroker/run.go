@@ -23,6 +23,7 @@ import (
 	"github.com/opbroker/opbroker/reconciler"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/sweeper"
 	"github.com/opbroker/opbroker/target"
 	"github.com/opbroker/opbroker/watch"
 )
@@ -36,6 +37,7 @@ type broker struct {
 	targets    *target.Targets
 	srv        *server.Server
 	dispatcher *dispatcher.Dispatcher // always built: the reconciler's replays go through it
+	sweeper    *sweeper.Sweeper       // runs where the dispatcher does
 	dispatch   bool                   // whether this replica claims PREPARED operations
 	reconciler *reconciler.Reconciler // nil when this replica does not reconcile
 	notifier   *store.Notifier
@@ -130,8 +132,13 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 		Logger: b.log, MeterProvider: b.meters,
 		PoolSize: cmd.Int("dispatch-pool-size"), ClaimBatch: cmd.Int("dispatch-claim-batch"),
 		Lease: cmd.Duration("dispatch-lease"), ShutdownGrace: b.grace,
-		PayloadRetention: cmd.Duration("payload-retention"), Clock: clock,
+		Clock: clock,
 	})
+	if err != nil {
+		return err
+	}
+	b.sweeper, err = sweeper.New(sweeper.Config{Store: b.store, Logger: b.log, MeterProvider: b.meters,
+		PayloadRetention: cmd.Duration("payload-retention")})
 	if err != nil {
 		return err
 	}
@@ -173,6 +180,9 @@ func (b *broker) run(ctx context.Context) error {
 		if err := b.dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
 			return err
 		}
+		if err := b.sweeper.Start(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
 	}
 	if b.reconciler != nil {
 		if err := b.reconciler.Start(context.WithoutCancel(ctx)); err != nil {
@@ -203,6 +213,7 @@ func (b *broker) run(ctx context.Context) error {
 		}
 		b.dispatcher.Stop()
 	})
+	stopping.Go(b.sweeper.Stop)
 	stopping.Wait()
 	b.close()
 	return err

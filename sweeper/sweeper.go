@@ -1,0 +1,133 @@
+// Package sweeper moves operations whose time ran out, on its own:
+//
+//   - an IN_FLIGHT operation whose sender's lease expired becomes UNKNOWN, never
+//     PREPARED again, because its sender may have sent it;
+//   - a PREPARED operation whose dispatch deadline passed before any send becomes
+//     FAILED_TERMINAL (nothing was sent, so nothing happened);
+//   - a terminal operation's payload bytes are purged once it has been terminal for the
+//     payload retention (its hash and its events stay).
+//
+// Every move is one conditional statement of the store, judged by the database's clock,
+// so any number of sweepers (one per replica) may run at once.
+package sweeper
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/opbroker/opbroker/startstop"
+	"github.com/opbroker/opbroker/store"
+)
+
+// Defaults of Config, which the broker's flags use too.
+const (
+	DefaultInterval = time.Second
+	// DefaultPayloadRetention is the broker's --payload-retention; a Config without one
+	// keeps payloads.
+	DefaultPayloadRetention = 30 * 24 * time.Hour
+)
+
+// Config configures a sweeper.
+type Config struct {
+	Store         *store.Store
+	Logger        *slog.Logger
+	MeterProvider metric.MeterProvider
+	// Interval between sweeps (DefaultInterval).
+	Interval time.Duration
+	// PayloadRetention is how long a terminal operation keeps its payload bytes; 0 keeps
+	// them.
+	PayloadRetention time.Duration
+}
+
+// batch bounds one statement.
+const batch = 500
+
+// Sweeper runs the sweeps every Interval. Start and Stop follow package startstop.
+type Sweeper struct {
+	startstop.Base
+	cfg                    Config
+	log                    *slog.Logger
+	swept, expired, purged metric.Int64Counter
+}
+
+// New returns a stopped sweeper.
+func New(cfg Config) (*Sweeper, error) {
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	s := &Sweeper{cfg: cfg, log: cfg.Logger.With("component", "sweeper")}
+	meter := cfg.MeterProvider.Meter("github.com/opbroker/opbroker/sweeper")
+	var err error
+	if s.swept, err = meter.Int64Counter("opbroker.leases.expired",
+		metric.WithDescription("IN_FLIGHT operations moved to UNKNOWN because their lease expired"), metric.WithUnit("{operation}")); err != nil {
+		return nil, err
+	}
+	if s.expired, err = meter.Int64Counter("opbroker.dispatch.deadlines_passed",
+		metric.WithDescription("PREPARED operations failed because their dispatch deadline passed before any send"), metric.WithUnit("{operation}")); err != nil {
+		return nil, err
+	}
+	if s.purged, err = meter.Int64Counter("opbroker.payloads.purged",
+		metric.WithDescription("Payloads whose bytes were removed after the retention (hash and events kept)"), metric.WithUnit("{operation}")); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Start sweeps every Interval until Stop, and returns at once.
+func (s *Sweeper) Start(ctx context.Context) error {
+	s.Base.Start(store.WithAllTenants(ctx), func(ctx context.Context) {
+		ticker := time.NewTicker(s.cfg.Interval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+			if err := s.Sweep(ctx, time.Time{}); err != nil && ctx.Err() == nil {
+				s.log.Warn("sweep failed", "error", err)
+			}
+		}
+	})
+	return nil
+}
+
+// Sweep makes one pass: it moves every IN_FLIGHT operation whose lease expired before now
+// to UNKNOWN, fails every PREPARED one whose dispatch deadline passed (a zero now means
+// the database's clock), and purges the payload bytes of operations terminal for longer
+// than the payload retention. ctx must carry the store's scope of every tenant.
+func (s *Sweeper) Sweep(ctx context.Context, now time.Time) error {
+	type step struct {
+		run     func() (int, error)
+		counter metric.Int64Counter
+	}
+	steps := []step{
+		{func() (int, error) {
+			return s.cfg.Store.SweepExpiredLeases(ctx, store.SweepParams{Now: now, Limit: batch})
+		}, s.swept},
+		{func() (int, error) {
+			return s.cfg.Store.ExpireDeadlines(ctx, store.SweepParams{Now: now, Limit: batch})
+		}, s.expired},
+	}
+	if s.cfg.PayloadRetention > 0 {
+		steps = append(steps, step{func() (int, error) {
+			return s.cfg.Store.PurgePayloads(ctx, store.PurgeParams{Retention: s.cfg.PayloadRetention, Limit: batch})
+		}, s.purged})
+	}
+	for _, step := range steps {
+		for {
+			n, err := step.run()
+			if err != nil {
+				return err
+			}
+			step.counter.Add(ctx, int64(n))
+			if n < batch {
+				break
+			}
+		}
+	}
+	return nil
+}
