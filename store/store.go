@@ -342,36 +342,3 @@ func (s *Store) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
 	}
 	return Operation{}, &StateError{Operation: current, Want: StatePrepared}
 }
-
-// CountByState returns how many operations of the context's scope are in each state.
-func (s *Store) CountByState(ctx context.Context) (map[State]int64, error) {
-	rows := s.query(ctx, `SELECT state, count(*) FROM operations GROUP BY state`)
-	counts := map[State]int64{}
-	var state State
-	var n int64
-	if _, err := pgx.ForEachRow(rows, []any{&state, &n}, func() error {
-		counts[state] = n
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("store: count by state: %w", translate(err))
-	}
-	return counts, nil
-}
-
-// TimesToState returns, for every operation in the context's scope that has reached
-// state, the time from its creation to the commit that first moved it there, as the
-// event log records them (for measurements).
-func (s *Store) TimesToState(ctx context.Context, state State) ([]time.Duration, error) {
-	rows := s.query(ctx, `SELECT (extract(epoch FROM min(e.created_at) - o.created_at) * 1e6)::bigint FROM operations o
-		JOIN operation_events e ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id AND e.to_state = $1
-		GROUP BY o.tenant_id, o.operation_id, o.created_at`, state)
-	micros, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, fmt.Errorf("store: times to state: %w", translate(err))
-	}
-	times := make([]time.Duration, len(micros))
-	for i, us := range micros {
-		times[i] = time.Duration(us) * time.Microsecond
-	}
-	return times, nil
-}

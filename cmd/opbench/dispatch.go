@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 	"go.opentelemetry.io/otel/metric/noop"
@@ -92,7 +93,9 @@ func (s *noopSender) Send(_ context.Context, req target.Request) target.Result {
 
 // dispatchRun is one measurement: a fresh schema, a target and a dispatcher for it.
 type dispatchRun struct {
-	pool    *pgxpool.Pool
+	pool   *pgxpool.Pool
+	reader *pgxpool.Pool // the administrator's, for the measurements
+
 	st      *store.Store
 	sim     *simtarget.Server
 	targets *target.Targets
@@ -114,10 +117,20 @@ type runConfig struct {
 }
 
 func newDispatchRun(ctx context.Context, url string, rc runConfig) (*dispatchRun, error) {
-	pool, drop, err := database(ctx, url, rc.rls)
+	pool, dropDatabase, err := database(ctx, url, rc.rls)
 	if err != nil {
 		return nil, err
 	}
+	// The measurements read the ledger beneath the store they measure, as the
+	// administrator (row-level security does not bind it).
+	readerCfg := pool.Config().Copy()
+	delete(readerCfg.ConnConfig.RuntimeParams, "role")
+	reader, err := pgxpool.NewWithConfig(ctx, readerCfg)
+	if err != nil {
+		dropDatabase()
+		return nil, err
+	}
+	drop := func() { reader.Close(); dropDatabase() }
 	sim, err := simtarget.Start(rc.sim)
 	if err != nil {
 		drop()
@@ -147,7 +160,7 @@ func newDispatchRun(ctx context.Context, url string, rc runConfig) (*dispatchRun
 	if body == nil {
 		body = benchBody
 	}
-	return &dispatchRun{pool: pool, st: st, sim: sim, targets: targets, d: d, tenants: max(1, rc.tenants), body: body,
+	return &dispatchRun{pool: pool, reader: reader, st: st, sim: sim, targets: targets, d: d, tenants: max(1, rc.tenants), body: body,
 		close: func() { d.Stop(); closeAll() }}, nil
 }
 
@@ -162,7 +175,7 @@ func (r *dispatchRun) prepare(ctx context.Context) error {
 func (r *dispatchRun) waitFor(ctx context.Context, state store.State, n int, limit time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(limit)
 	for {
-		counts, err := r.st.CountByState(ctx)
+		counts, err := r.countByState(ctx)
 		if err != nil {
 			return time.Time{}, err
 		}
@@ -248,7 +261,7 @@ func (r *dispatchRun) steady(ctx context.Context, rate int, period time.Duration
 	if err != nil {
 		return "", err
 	}
-	latencies, err := r.st.TimesToState(ctx, store.StateSucceeded)
+	latencies, err := r.timesToState(ctx, store.StateSucceeded)
 	if err != nil {
 		return "", err
 	}
@@ -270,4 +283,32 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// countByState returns how many operations are in each state.
+func (r *dispatchRun) countByState(ctx context.Context) (map[store.State]int64, error) {
+	rows, _ := r.reader.Query(ctx, `SELECT state::text, count(*) FROM operations GROUP BY state`)
+	counts := map[store.State]int64{}
+	var state store.State
+	var n int64
+	_, err := pgx.ForEachRow(rows, []any{&state, &n}, func() error {
+		counts[state] = n
+		return nil
+	})
+	return counts, err
+}
+
+// timesToState returns, for every operation that has reached state, the time from its
+// creation to the commit that first moved it there, as the event log records them.
+func (r *dispatchRun) timesToState(ctx context.Context, state store.State) ([]time.Duration, error) {
+	rows, _ := r.reader.Query(ctx, `SELECT floor(extract(epoch FROM min(e.created_at) - o.created_at) * 1e6)::bigint
+		FROM operations o JOIN operation_events e
+		  ON e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id AND e.to_state = $1::text::operation_state
+		GROUP BY o.tenant_id, o.operation_id, o.created_at`, string(state))
+	micros, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	times := make([]time.Duration, len(micros))
+	for i, us := range micros {
+		times[i] = time.Duration(us) * time.Microsecond
+	}
+	return times, err
 }
