@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -46,8 +47,9 @@ func TestCombinerJoinsCallsWhileAStatementRuns(t *testing.T) {
 	for p := 1; p <= 6; p++ {
 		wg.Go(func() {
 			r, i, err := c.do(context.Background(), "k", p, write)
-			require.NoError(t, err)
-			got[p] = r[i]
+			if assert.NoError(t, err) { // not require: this is not the test's goroutine
+				got[p] = r[i]
+			}
 		})
 	}
 	require.Eventually(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.lanes["k"].calls == 7 }, time.Second, time.Millisecond)
