@@ -413,11 +413,21 @@ func TestClockSkewDoesNotStopSends(t *testing.T) {
 // replay's claim, and returns it with the real time read before it was asked for.
 func (b *testBundle) replayClaim(t *testing.T, op store.Operation) (store.Claimed, time.Time) {
 	t.Helper()
-	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
-	require.NoError(t, err)
-	require.Len(t, claimed, 1, "op is the only PREPARED operation")
-	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+	// The claim may skip the row while something else briefly holds it (SKIP LOCKED):
+	// claim until op is taken.
+	var fence int64
+	require.Eventually(t, func() bool {
+		claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+			OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+		require.NoError(t, err)
+		if len(claimed) == 0 {
+			return false
+		}
+		require.Equal(t, op.ID, claimed[0].ID, "op is the only PREPARED operation")
+		fence = claimed[0].FenceToken
+		return true
+	}, 10*time.Second, 10*time.Millisecond)
+	_, err := b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: fence,
 		State: store.StateUnknown, NotSent: true, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "w"})
 	require.NoError(t, err)
 	unknown, err := b.store.ClaimUnknown(b.ctx, store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "r",
