@@ -48,7 +48,8 @@ type Config struct {
 	FaultInterval time.Duration
 	// FaultRate is the share of requests to the targets that get a fault (default 0.3).
 	FaultRate float64
-	// Lease is the replicas' dispatch lease (default 2s): a paused replica is held past it.
+	// Lease is the replicas' dispatch and reconcile lease (default 2s): a paused replica
+	// is held past it.
 	Lease time.Duration
 	// ResolutionDeadline is the replicas' --reconcile-deadline (default 30s): an UNKNOWN
 	// operation nothing can resolve (a provider that replays a saved 5xx for its key) is

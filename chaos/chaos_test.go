@@ -45,7 +45,7 @@ func TestShortChaosRun(t *testing.T) {
 	report, err := chaos.Run(context.Background(), chaos.Config{
 		Seed: 20261130, Broker: broker, DatabaseURL: os.Getenv(storetest.EnvDatabaseURL),
 		Intents: 60, Tenants: 4, FaultInterval: 500 * time.Millisecond,
-		ResolutionDeadline: 15 * time.Second, SettleBound: 45 * time.Second, Log: &log,
+		ResolutionDeadline: 6 * time.Second, SettleBound: 45 * time.Second, Log: &log,
 	})
 	require.NoError(t, err, log.String())
 	var text bytes.Buffer

@@ -217,7 +217,7 @@ func (c *cluster) start(i int) error {
 	}
 	cmd := exec.Command(c.cfg.Broker, "serve", "--database-url", url, "--targets", c.targets,
 		"--auth-config", c.auth, "--plaintext", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-		"--log-format", "text", "--dispatch-lease", c.cfg.Lease.String(), "--shutdown-grace", "2s",
+		"--log-format", "text", "--dispatch-lease", c.cfg.Lease.String(), "--reconcile-lease", c.cfg.Lease.String(), "--shutdown-grace", "2s",
 		"--tenant-rate", "100000", "--tenant-burst", "100000", "--reconcile-deadline", c.cfg.ResolutionDeadline.String())
 	cmd.Env = os.Environ()
 	if crash != "" {

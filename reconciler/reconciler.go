@@ -48,7 +48,8 @@ type Config struct {
 	// Concurrency caps the operations in hand at once (default 64): lookups and replays
 	// wait on targets, and one slow target must not hold the others.
 	Concurrency int
-	// Lease of a reconciler's claim (default 30s).
+	// Lease of a reconciler's claim (default DefaultLease): another replica's reconciler
+	// takes the operation over once it expires.
 	Lease time.Duration
 	// PollInterval between passes when nothing is due (default 1s).
 	PollInterval time.Duration
@@ -68,6 +69,7 @@ const (
 	DefaultMaxReplays         = 3
 	DefaultMaxLooks           = 50
 	DefaultResolutionDeadline = 72 * time.Hour
+	DefaultLease              = 30 * time.Second
 )
 
 func (c *Config) setDefaults() {
@@ -83,7 +85,7 @@ func (c *Config) setDefaults() {
 	def(&c.MaxReplays, DefaultMaxReplays)
 	def(&c.MaxLooks, DefaultMaxLooks)
 	if c.Lease <= 0 {
-		c.Lease = 30 * time.Second
+		c.Lease = DefaultLease
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = time.Second

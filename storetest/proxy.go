@@ -40,11 +40,14 @@ func NewStoreBehindProxy(t testing.TB) (*store.Store, *pgxpool.Pool, *Proxy) {
 		t.Fatalf("storetest: %v", err)
 	}
 	p := &Proxy{lis: lis, target: u.Host, frozen: make(chan struct{}), done: make(chan struct{})}
-	t.Cleanup(p.close)
 	p.wg.Add(1)
 	go p.serve()
 	u.Host = lis.Addr().String()
-	return store.New(Pool(t, u.String())), Pool(t, AdminURL(t, url)), p
+	st, admin := store.New(Pool(t, u.String())), Pool(t, AdminURL(t, url))
+	// Cleanups run last first: the proxy closes its connections before the pools close
+	// them, so that a pool does not wait out its close timeout on a frozen connection.
+	t.Cleanup(p.close)
+	return st, admin, p
 }
 
 // Freeze makes the database unreachable: nothing more passes, and nothing is closed.

@@ -25,6 +25,7 @@ func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
 		&cli.IntFlag{Name: "reconcile-max-replays", Value: reconciler.DefaultMaxReplays, Usage: "same-key replays of one UNKNOWN operation before it is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_MAX_REPLAYS")},
 		&cli.IntFlag{Name: "reconcile-max-looks", Value: reconciler.DefaultMaxLooks, Usage: "lookups of one UNKNOWN operation before it is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_MAX_LOOKS")},
 		&cli.DurationFlag{Name: "reconcile-deadline", Value: reconciler.DefaultResolutionDeadline, Usage: "time from the first send after which an unresolved operation is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_DEADLINE")},
+		&cli.DurationFlag{Name: "reconcile-lease", Value: reconciler.DefaultLease, Usage: "how long a reconciler's claim on an UNKNOWN operation is held before another replica may take it over", Sources: cli.EnvVars("OPBROKER_RECONCILE_LEASE")},
 		&cli.IntFlag{Name: "watches-per-principal", Value: server.DefaultWatchesPerPrincipal, Usage: "open watch streams one principal may hold", Sources: cli.EnvVars("OPBROKER_WATCHES_PER_PRINCIPAL")},
 		&cli.Float64Flag{Name: "tenant-rate", Value: server.DefaultTenantRate, Usage: "calls per second one tenant may make (token bucket)", Sources: cli.EnvVars("OPBROKER_TENANT_RATE")},
 		&cli.IntFlag{Name: "tenant-burst", Value: server.DefaultTenantBurst, Usage: "calls one tenant may make at once above --tenant-rate", Sources: cli.EnvVars("OPBROKER_TENANT_BURST")},

@@ -147,7 +147,8 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 			Store: b.store, Targets: b.targets, Connector: connector, Deliverer: b.dispatcher,
 			Logger: b.log, MeterProvider: b.meters,
 			MaxReplays: cmd.Int("reconcile-max-replays"), MaxLooks: cmd.Int("reconcile-max-looks"),
-			ResolutionDeadline: cmd.Duration("reconcile-deadline"), Clock: clock,
+			ResolutionDeadline: cmd.Duration("reconcile-deadline"), Lease: cmd.Duration("reconcile-lease"),
+			Clock: clock,
 		})
 		if err != nil {
 			return err
