@@ -137,7 +137,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		metric.WithDescription("Sends to targets by target and outcome class"), metric.WithUnit("{send}")); err != nil {
 		return nil, err
 	}
-	d.sendCtx, d.cancelSends = context.WithCancel(store.WithAllTenants(context.Background()))
+	d.sendCtx, d.cancelSends = context.WithCancel(context.Background())
 	return d, nil
 }
 
@@ -146,10 +146,10 @@ func New(cfg Config) (*Dispatcher, error) {
 func (d *Dispatcher) Start(ctx context.Context) error {
 	d.mu.Lock()
 	if d.sendCtx.Err() != nil { // stopped before: its calls were cut
-		d.sendCtx, d.cancelSends = context.WithCancel(store.WithAllTenants(context.Background()))
+		d.sendCtx, d.cancelSends = context.WithCancel(context.Background())
 	}
 	d.mu.Unlock()
-	d.Base.Start(store.WithAllTenants(ctx), func(ctx context.Context) {
+	d.Base.Start(ctx, func(ctx context.Context) {
 		wake, unsubscribe := d.cfg.Store.Subscribe()
 		defer unsubscribe()
 		d.claimLoop(ctx, wake)
@@ -219,7 +219,7 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			continue
 		}
 		asOf := d.cfg.Clock()
-		ops, claimErr := d.cfg.Store.Claim(ctx, store.ClaimParams{Target: contract.Name, FairClaim: store.FairClaim{
+		ops, claimErr := d.cfg.Store.AllTenants().Claim(ctx, store.ClaimParams{Target: contract.Name, FairClaim: store.FairClaim{
 			OperationTypes: contract.OperationTypes,
 			Worker:         d.cfg.Worker,
 			Lease:          d.cfg.Lease,
@@ -386,7 +386,7 @@ func (d *Dispatcher) extendLease(ctx context.Context, cutCall context.CancelFunc
 		case <-time.After(every):
 		}
 		asked := d.cfg.Clock()
-		left, err := d.cfg.Store.ExtendLease(ctx, op.TenantID, op.ID, op.FenceToken, d.cfg.Lease)
+		left, err := d.cfg.Store.AllTenants().ExtendLease(ctx, op.TenantID, op.ID, op.FenceToken, d.cfg.Lease)
 		switch {
 		case err == nil:
 			expires = asked.Add(left)
@@ -427,7 +427,7 @@ func (d *Dispatcher) record(log *slog.Logger, contract *target.Contract, op stor
 		Actor: "dispatcher:" + d.cfg.Worker,
 	}
 	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		_, err := d.cfg.Store.RecordOutcome(ctx, params)
+		_, err := d.cfg.Store.AllTenants().RecordOutcome(ctx, params)
 		switch {
 		case err == nil:
 			log.Debug("outcome recorded", "state", state, "class", res.Class)

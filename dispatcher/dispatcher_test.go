@@ -38,7 +38,7 @@ func setup(t *testing.T, cfg simtarget.Config, adjust ...func(*target.Contract))
 	t.Helper()
 	st, pool := storetest.NewStore(t)
 	sim, targets := targettest.Demo(t, cfg, adjust...)
-	return &testBundle{ctx: store.WithAllTenants(context.Background()), store: st, pool: pool, sim: sim, targets: targets}
+	return &testBundle{ctx: context.Background(), store: st, pool: pool, sim: sim, targets: targets}
 }
 
 func (b *testBundle) dispatcher(t *testing.T, cfg dispatcher.Config) *dispatcher.Dispatcher {
@@ -86,7 +86,7 @@ func (b *testBundle) prepare(t *testing.T, tenant, typ, intent, body string) sto
 
 func (b *testBundle) get(t *testing.T, op store.Operation) store.Operation {
 	t.Helper()
-	got, err := b.store.Get(b.ctx, op.TenantID, op.ID)
+	got, err := b.store.AllTenants().Get(b.ctx, op.TenantID, op.ID)
 	require.NoError(t, err)
 	return got
 }
@@ -197,7 +197,7 @@ func TestChangedPayloadIsNeverSent(t *testing.T) {
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "credit-1", `{"amount":50}`)
 	changed := []byte(`{"amount":40}`)
 	sum := sha256.Sum256(changed)
-	_, _, err := b.store.Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: simtarget.DemoCharge,
+	_, _, err := b.store.AllTenants().Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: simtarget.DemoCharge,
 		IntentRef: "credit-1", ContentType: "application/json", Payload: changed, PayloadSHA256: sum[:], Actor: "test"})
 	var mismatch *store.PayloadMismatchError
 	require.ErrorAs(t, err, &mismatch)
@@ -234,7 +234,7 @@ func TestDeadlinePassedBeforeSendFailsWithoutSending(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	digest, err := payload.Hash("application/json", []byte(`{}`))
 	require.NoError(t, err)
-	op, _, err := b.store.Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: simtarget.DemoCharge, IntentRef: "late",
+	op, _, err := b.store.AllTenants().Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: simtarget.DemoCharge, IntentRef: "late",
 		ContentType: "application/json", Payload: []byte(`{}`), PayloadSHA256: digest[:], DispatchDeadline: &deadline, Actor: "test"})
 	require.NoError(t, err)
 	require.NoError(t, b.sweeper(t).Sweep(b.ctx, time.Now().Add(2*time.Minute)))
@@ -250,7 +250,7 @@ func TestExpiredLeaseBecomesUnknownAndStaleOutcomeIsEvidence(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "stalled", `{"amount":1}`)
-	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "stalled-worker", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
@@ -258,7 +258,7 @@ func TestExpiredLeaseBecomesUnknownAndStaleOutcomeIsEvidence(t *testing.T) {
 	require.NoError(t, b.sweeper(t).Sweep(b.ctx, time.Now().Add(2*time.Minute)))
 	require.Equal(t, store.StateUnknown, b.get(t, op).State)
 
-	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
 		State: store.StateSucceeded, RemoteRef: "ch_late", Observation: store.Observation{Outcome: "VERIFIED_SUCCESS"}, Actor: "stalled"})
 	require.ErrorIs(t, err, store.ErrFenceLost)
 	got := b.get(t, op)
@@ -343,7 +343,7 @@ func TestNoSendOnAnExpiredLease(t *testing.T) {
 		clock := clocktest.New(skew)
 		op := b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprint("late-send", skew), `{"amount":1}`)
 		asOf := clock.Now()
-		claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+		claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
 			OperationTypes: []string{simtarget.DemoCharge}, Worker: "slow", Lease: time.Second, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 		require.NoError(t, err)
 		require.Len(t, claimed, 1)
@@ -417,7 +417,7 @@ func (b *testBundle) replayClaim(t *testing.T, op store.Operation) (store.Claime
 	// claim until op is taken.
 	var fence int64
 	require.Eventually(t, func() bool {
-		claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+		claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
 			OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 		require.NoError(t, err)
 		if len(claimed) == 0 {
@@ -427,16 +427,16 @@ func (b *testBundle) replayClaim(t *testing.T, op store.Operation) (store.Claime
 		fence = claimed[0].FenceToken
 		return true
 	}, 10*time.Second, 10*time.Millisecond)
-	_, err := b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: fence,
+	_, err := b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: fence,
 		State: store.StateUnknown, NotSent: true, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "w"})
 	require.NoError(t, err)
-	unknown, err := b.store.ClaimUnknown(b.ctx, store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "r",
+	unknown, err := b.store.AllTenants().ClaimUnknown(b.ctx, store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "r",
 		Lease: time.Minute, Limit: 100, PerTenant: 100, MaxTenants: 1})
 	require.NoError(t, err)
 	i := slices.IndexFunc(unknown, func(u store.UnknownClaim) bool { return u.ID == op.ID })
 	require.GreaterOrEqual(t, i, 0)
 	asOf := time.Now()
-	replay, err := b.store.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: unknown[i].FenceToken,
+	replay, err := b.store.AllTenants().BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: unknown[i].FenceToken,
 		Target: "demo-payments", Worker: "r", Lease: time.Minute})
 	require.NoError(t, err)
 	return replay, asOf

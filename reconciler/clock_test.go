@@ -37,12 +37,12 @@ func (b *testBundle) skewedReconciler(t *testing.T, skew time.Duration) *reconci
 // same-key replay can complete it.
 func (b *testBundle) unknownNeverSent(t *testing.T, op store.Operation) {
 	t.Helper()
-	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	require.Equal(t, op.ID, claimed[0].ID)
-	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: op.TenantID, ID: op.ID, Fence: claimed[0].FenceToken,
+	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: op.TenantID, ID: op.ID, Fence: claimed[0].FenceToken,
 		State: store.StateUnknown, NotSent: true, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "w"})
 	require.NoError(t, err)
 }

@@ -71,10 +71,10 @@ func TestStopReturnsWhileTheDatabaseIsUnreachable(t *testing.T) {
 	d, err := dispatcher.New(dispatcher.Config{Store: st, Targets: targets, Connector: target.NewConnector(),
 		Logger: log, MeterProvider: noop.NewMeterProvider(), PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
-	ctx := store.WithAllTenants(context.Background())
+	ctx := context.Background()
 	require.NoError(t, d.Start(ctx))
 	require.Eventually(t, func() bool {
-		got, err := st.Get(ctx, op.TenantID, op.ID)
+		got, err := st.AllTenants().Get(ctx, op.TenantID, op.ID)
 		require.NoError(t, err)
 		return got.State == store.StateUnknown
 	}, 30*time.Second, 10*time.Millisecond)

@@ -132,7 +132,7 @@ func New(cfg Config) (*Reconciler, error) {
 // claims what is due as long as it has room (Concurrency) and decides each operation as
 // soon as it is claimed, without waiting for the rest of its claim.
 func (r *Reconciler) Start(ctx context.Context) error {
-	r.Base.Start(store.WithAllTenants(ctx), func(ctx context.Context) {
+	r.Base.Start(ctx, func(ctx context.Context) {
 		room := make(chan struct{}, r.cfg.Concurrency)
 		var inHand sync.WaitGroup
 		defer inHand.Wait()
@@ -179,7 +179,7 @@ func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.UnknownClaim
 	if len(r.types) == 0 || limit <= 0 {
 		return nil, nil
 	}
-	ops, err := r.cfg.Store.ClaimUnknown(ctx, store.FairClaim{
+	ops, err := r.cfg.Store.AllTenants().ClaimUnknown(ctx, store.FairClaim{
 		OperationTypes: r.types, Worker: r.cfg.Worker, Lease: r.cfg.Lease,
 		Limit: limit, PerTenant: min(r.cfg.PerTenant, limit), MaxTenants: r.cfg.MaxTenants, AfterTenant: r.cursor,
 	})
@@ -245,10 +245,10 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 	var err error
 	switch d.Action {
 	case RecordSuccess:
-		_, err = r.cfg.Store.ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+		_, err = r.cfg.Store.AllTenants().ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
 			State: store.StateSucceeded, RemoteRef: d.RemoteRef, Observation: obs, Actor: r.actor()})
 	case RecordFailure:
-		_, err = r.cfg.Store.ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+		_, err = r.cfg.Store.AllTenants().ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
 			State: store.StateFailedTerminal, Observation: obs, Actor: r.actor()})
 	case Escalate:
 		r.escalate(ctx, log, op, contract, d.Reason)
@@ -279,7 +279,7 @@ func (r *Reconciler) replay(ctx context.Context, contract *target.Contract, op s
 	}
 	defer limiter.Release(contract.Name, 1)
 	asOf := r.cfg.Clock()
-	claim, err := r.cfg.Store.BeginReplay(ctx, store.BeginReplayParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+	claim, err := r.cfg.Store.AllTenants().BeginReplay(ctx, store.BeginReplayParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
 		Target: contract.Name, Worker: r.cfg.Worker, Lease: r.cfg.Lease})
 	if err != nil {
 		return err
@@ -317,7 +317,7 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 		}
 	}
 	obs.Source = "BROKER"
-	if ref, ok, err := r.cfg.Store.StaleSuccess(ctx, op.TenantID, op.ID); err != nil {
+	if ref, ok, err := r.cfg.Store.AllTenants().StaleSuccess(ctx, op.TenantID, op.ID); err != nil {
 		log.Warn("stale evidence not read", "error", err)
 	} else if ok {
 		// A verified answer of the target to this operation's own request, with its
@@ -334,7 +334,7 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 }
 
 func (r *Reconciler) check(ctx context.Context, op store.UnknownClaim, obs store.Observation, after time.Duration, accepted bool) error {
-	_, err := r.cfg.Store.RecordCheck(ctx, store.CheckParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+	_, err := r.cfg.Store.AllTenants().RecordCheck(ctx, store.CheckParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
 		Observation: obs, CheckAfter: after, AcceptedUnfinished: accepted, Actor: r.actor()})
 	return err
 }
@@ -347,7 +347,7 @@ func (r *Reconciler) escalate(ctx context.Context, log *slog.Logger, op store.Un
 			owner += " (" + contract.Owner.Escalation + ")"
 		}
 	}
-	_, err := r.cfg.Store.ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+	_, err := r.cfg.Store.AllTenants().ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
 		State: store.StateEscalated, Observation: store.Observation{ObservedAt: r.cfg.Clock(), Source: "BROKER", Outcome: "ESCALATED", Summary: reason},
 		Escalation: &store.Escalation{Owner: owner, Reason: reason, EscalatedAt: r.cfg.Clock()}, Actor: r.actor()})
 	if err != nil {

@@ -47,7 +47,7 @@ func setupLogged(t *testing.T, log *slog.Logger, cfg simtarget.Config, adjust ..
 		Logger: log, MeterProvider: noop.NewMeterProvider(), PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(d.Stop)
-	return &testBundle{ctx: store.WithAllTenants(context.Background()), log: log, store: st, pool: pool, sim: sim, targets: targets, dispatcher: d}
+	return &testBundle{ctx: context.Background(), log: log, store: st, pool: pool, sim: sim, targets: targets, dispatcher: d}
 }
 
 func (b *testBundle) reconciler(t *testing.T, worker string) *reconciler.Reconciler {
@@ -67,7 +67,7 @@ func (b *testBundle) prepare(t *testing.T, typ, intent, body string, supersedes 
 	}
 	digest, err := payload.Hash("application/json", []byte(body))
 	require.NoError(t, err)
-	op, _, err := b.store.Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: typ, IntentRef: intent,
+	op, _, err := b.store.AllTenants().Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: typ, IntentRef: intent,
 		ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test",
 		SupersedesID: uuid.NullUUID{UUID: supersedes[0], Valid: true}})
 	require.NoError(t, err)
@@ -76,7 +76,7 @@ func (b *testBundle) prepare(t *testing.T, typ, intent, body string, supersedes 
 
 func (b *testBundle) get(t *testing.T, op store.Operation) store.Operation {
 	t.Helper()
-	got, err := b.store.Get(b.ctx, op.TenantID, op.ID)
+	got, err := b.store.AllTenants().Get(b.ctx, op.TenantID, op.ID)
 	require.NoError(t, err)
 	return got
 }
@@ -148,10 +148,10 @@ func TestReplayInsideTheWindow(t *testing.T) {
 	// The first send is recorded as one that never left (CONNECT_FAILED): no attempt can
 	// have executed, so a replay is safe on the key alone.
 	op := b.prepare(t, simtarget.DemoCharge, "order-2", `{"amount":100}`)
-	claimed, err := b.store.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 	require.NoError(t, err)
-	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
 		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "test"})
 	require.NoError(t, err, "a send that never left, recorded UNKNOWN")
 

@@ -18,7 +18,7 @@ type adminService struct {
 }
 
 func (s *adminService) DeleteTenantData(ctx context.Context, req *opbrokerv1.DeleteTenantDataRequest) (*opbrokerv1.DeleteTenantDataResponse, error) {
-	n, err := s.store.DeleteTenant(ctx, req.GetTenant())
+	n, err := ledger(ctx, s.store).DeleteTenant(ctx, req.GetTenant())
 	if err != nil {
 		return nil, toStatus(ctx, s.log, &tenantError{tenant: req.GetTenant(), err: err})
 	}

@@ -126,8 +126,9 @@ func peerAddr(ctx context.Context) string {
 	return ""
 }
 
-// admit checks one request of method for the principal in ctx, and returns ctx limited
-// to the request's tenant: the store sees nothing else.
+// admit checks one request of method for the principal in ctx, and returns ctx carrying
+// the request's tenant as admitted: handlers reach the ledger through ledger(ctx), in
+// that tenant's scope, and see nothing else.
 func (a *admission) admit(ctx context.Context, method string, req any) (context.Context, error) {
 	if public(method) {
 		return ctx, validateRequest(a.validator, req)
@@ -156,7 +157,17 @@ func (a *admission) admit(ctx context.Context, method string, req any) (context.
 			ReasonTenantRateLimited, map[string]string{"tenant": tenant},
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(float64(time.Second) / a.limits.TenantRate))})
 	}
-	return store.WithTenant(ctx, tenant), nil
+	return context.WithValue(ctx, admittedKey{}, tenant), nil
+}
+
+type admittedKey struct{}
+
+// ledger returns st in the scope of the tenant that admission admitted for the call in
+// ctx. A call that admission did not admit for a tenant gets a scope that reaches
+// nothing (store.ErrNoScope).
+func ledger(ctx context.Context, st *store.Store) store.Scope {
+	tenant, _ := ctx.Value(admittedKey{}).(string)
+	return st.Tenant(tenant)
 }
 
 // deny logs an authorisation failure: a security event (who, what, never the request).

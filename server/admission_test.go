@@ -17,9 +17,10 @@ import (
 	"github.com/opbroker/opbroker/storetest"
 )
 
-// TestAdmittedCallSeesOnlyItsTenant: the context an admitted call runs with reaches only
-// the request's tenant in the ledger, even through a store call that names another
-// tenant (a handler bug): row-level security refuses it.
+// TestAdmittedCallSeesOnlyItsTenant: the ledger an admitted call reaches is the
+// request's tenant's only, even through a store call that names another tenant (a
+// handler bug): row-level security refuses it. A call admission did not admit for a
+// tenant reaches nothing.
 func TestAdmittedCallSeesOnlyItsTenant(t *testing.T) {
 	t.Parallel()
 	st, _ := storetest.NewStore(t)
@@ -31,9 +32,11 @@ func TestAdmittedCallSeesOnlyItsTenant(t *testing.T) {
 	ctx := auth.WithPrincipal(context.Background(), devPrincipal)
 	ctx, err = a.admit(ctx, opbrokerv1.OperationService_ListOperations_FullMethodName, &opbrokerv1.ListOperationsRequest{Tenant: "acme"})
 	require.NoError(t, err)
-	_, err = st.Get(ctx, "globex", other.ID)
+	_, err = ledger(ctx, st).Get(ctx, "globex", other.ID)
 	require.ErrorIs(t, err, store.ErrNotFound, "an acme call cannot read globex's operation, whatever it asks the store")
-	_, err = st.Get(store.WithTenant(context.Background(), "globex"), "globex", other.ID)
+	_, err = ledger(auth.WithPrincipal(context.Background(), devPrincipal), st).Get(ctx, "globex", other.ID)
+	require.ErrorIs(t, err, store.ErrNoScope, "a call that was not admitted reaches nothing")
+	_, err = st.Tenant("globex").Get(context.Background(), "globex", other.ID)
 	require.NoError(t, err)
 }
 

@@ -104,7 +104,7 @@ func (s *operationService) prepare(ctx context.Context, req *opbrokerv1.PrepareO
 			params.RejectCreation = invalidArgument(violation("dispatch_deadline", "must be in the future", "DEADLINE_PASSED"))
 		}
 	}
-	return s.store.Prepare(ctx, params)
+	return ledger(ctx, s.store).Prepare(ctx, params)
 }
 
 func (s *operationService) GetOperation(ctx context.Context, req *opbrokerv1.GetOperationRequest) (*opbrokerv1.GetOperationResponse, error) {
@@ -112,7 +112,7 @@ func (s *operationService) GetOperation(ctx context.Context, req *opbrokerv1.Get
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
-	op, err := s.store.Get(ctx, tenant, id)
+	op, err := ledger(ctx, s.store).Get(ctx, tenant, id)
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
@@ -132,7 +132,7 @@ func (s *operationService) ListOperations(ctx context.Context, req *opbrokerv1.L
 	case size > maxPageSize:
 		size = maxPageSize
 	}
-	ops, more, err := s.store.List(ctx, store.ListParams{TenantID: req.GetTenant(), States: states, Before: before, Limit: size})
+	ops, more, err := ledger(ctx, s.store).List(ctx, store.ListParams{TenantID: req.GetTenant(), States: states, Before: before, Limit: size})
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
@@ -151,7 +151,7 @@ func (s *operationService) CancelOperation(ctx context.Context, req *opbrokerv1.
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
-	op, err := s.store.Cancel(ctx, store.CancelParams{TenantID: tenant, ID: id, Actor: clientActor})
+	op, err := ledger(ctx, s.store).Cancel(ctx, store.CancelParams{TenantID: tenant, ID: id, Actor: clientActor})
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}

@@ -89,7 +89,7 @@ func setupWith(t *testing.T, change func(*server.Options)) *testBundle {
 		change(&opts)
 	}
 	srv, conn := serveServer(t, opts)
-	return &testBundle{ctx: store.WithAllTenants(context.Background()), client: opbrokerv1.NewOperationServiceClient(conn), conn: conn, pool: pool,
+	return &testBundle{ctx: context.Background(), client: opbrokerv1.NewOperationServiceClient(conn), conn: conn, pool: pool,
 		store: st, logs: logs, srv: srv}
 }
 

@@ -116,7 +116,7 @@ type operationFollower struct {
 func (f *operationFollower) start() (bool, error) {
 	ctx := f.stream.Context()
 	var err error
-	f.op, err = f.s.store.Get(ctx, f.key.TenantID, f.key.ID)
+	f.op, err = ledger(ctx, f.s.store).Get(ctx, f.key.TenantID, f.key.ID)
 	if err != nil {
 		return false, toStatus(ctx, f.s.log, err)
 	}
@@ -159,7 +159,7 @@ func (f *operationFollower) close()                  { f.sub.Close() }
 func (s *operationService) sendChanges(stream opbrokerv1.OperationService_WatchOperationServer, op store.Operation, last int64, state store.State) (int64, store.State, error) {
 	ctx := stream.Context()
 	for {
-		events, err := s.store.Events(ctx, op.TenantID, op.ID, last, eventsPerRead)
+		events, err := ledger(ctx, s.store).Events(ctx, op.TenantID, op.ID, last, eventsPerRead)
 		if err != nil {
 			return last, state, toStatus(ctx, s.log, err)
 		}
@@ -209,7 +209,7 @@ func (f *tenantFollower) start() (bool, error) {
 	ctx := f.stream.Context()
 	var err error
 	if f.resumeToken == "" {
-		f.cursor, err = f.s.store.FeedHead(ctx)
+		f.cursor, err = ledger(ctx, f.s.store).FeedHead(ctx)
 	} else {
 		f.cursor, err = decodeResumeToken(f.resumeToken, f.scope)
 	}
@@ -226,7 +226,7 @@ func (f *tenantFollower) start() (bool, error) {
 func (f *tenantFollower) catchUp() (bool, error) {
 	ctx := f.stream.Context()
 	for {
-		batch, err := f.s.store.ReadFeed(ctx, f.params, f.cursor)
+		batch, err := ledger(ctx, f.s.store).ReadFeed(ctx, f.params, f.cursor)
 		if err != nil {
 			return false, toStatus(ctx, f.s.log, err)
 		}

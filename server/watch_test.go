@@ -20,19 +20,19 @@ import (
 // replica's).
 func drive(t *testing.T, b *testBundle, st *store.Store, id uuid.UUID) {
 	t.Helper()
-	claimed, err := st.Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+	claimed, err := st.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
 		OperationTypes: []string{"demo.charge"}, Worker: "w", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	require.Equal(t, id, claimed[0].ID)
-	_, err = st.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
+	_, err = st.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
 		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "w"})
 	require.NoError(t, err)
-	unknown, err := st.ClaimUnknown(b.ctx, store.FairClaim{OperationTypes: []string{"demo.charge"}, Worker: "r",
+	unknown, err := st.AllTenants().ClaimUnknown(b.ctx, store.FairClaim{OperationTypes: []string{"demo.charge"}, Worker: "r",
 		Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10})
 	require.NoError(t, err)
 	require.Len(t, unknown, 1)
-	_, err = st.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: id, Fence: unknown[0].FenceToken,
+	_, err = st.AllTenants().ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: id, Fence: unknown[0].FenceToken,
 		State: store.StateSucceeded, RemoteRef: "ch_1", Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "r"})
 	require.NoError(t, err)
 }

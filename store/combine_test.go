@@ -29,7 +29,7 @@ func TestConcurrentPreparesShareStatements(t *testing.T) {
 		tenant := fmt.Sprint("tenant-", i%4)
 		wg.Go(func() {
 			<-start
-			op, created, err := b.store.Prepare(store.WithTenant(b.ctx, tenant),
+			op, created, err := b.store.Tenant(tenant).Prepare(b.ctx,
 				prepareParams(tenant, fmt.Sprint("order-", i), fmt.Sprintf(`{"n":%d}`, i)))
 			ids[i], errs[i] = op.ID, err
 			if err == nil && !created {
@@ -41,7 +41,7 @@ func TestConcurrentPreparesShareStatements(t *testing.T) {
 	wg.Wait()
 	for i := range callers {
 		require.NoError(t, errs[i])
-		got, err := b.store.Get(b.ctx, fmt.Sprint("tenant-", i%4), ids[i])
+		got, err := b.all.Get(b.ctx, fmt.Sprint("tenant-", i%4), ids[i])
 		require.NoError(t, err)
 		require.Equal(t, fmt.Sprint("order-", i), got.IntentRef, "each caller gets its own operation")
 	}
@@ -62,15 +62,15 @@ func TestPrepareRefusesAnIntentOutsideItsScope(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 20 {
 		wg.Go(func() {
-			_, _, err := b.store.Prepare(store.WithTenant(b.ctx, "globex"), prepareParams("globex", fmt.Sprint("own-", i), `{}`))
+			_, _, err := b.store.Tenant("globex").Prepare(b.ctx, prepareParams("globex", fmt.Sprint("own-", i), `{}`))
 			assert.NoError(t, err) // not require: this is not the test's goroutine
 		})
 	}
-	_, _, err := b.store.Prepare(store.WithTenant(b.ctx, "acme"), prepareParams("globex", "smuggled", `{}`))
+	_, _, err := b.store.Tenant("acme").Prepare(b.ctx, prepareParams("globex", "smuggled", `{}`))
 	wg.Wait()
 	require.ErrorContains(t, err, `an intent of tenant "globex" in the scope of tenant "acme"`)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM operations WHERE intent_ref = 'smuggled'`))
-	_, _, err = b.store.Prepare(store.WithTenant(b.ctx, "acme,globex"), prepareParams("globex", "listed", `{}`))
+	_, _, err = b.store.Tenant("acme,globex").Prepare(b.ctx, prepareParams("globex", "listed", `{}`))
 	require.ErrorIs(t, err, store.ErrNoScope, "a caller's scope is one tenant")
 }
 
@@ -81,7 +81,7 @@ func TestPrepareRefusesAnIntentOutsideItsScope(t *testing.T) {
 func TestPrepareTogetherAnswersEach(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	existing, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "old", `{"n":0}`))
+	existing, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "old", `{"n":0}`))
 	require.NoError(t, err)
 
 	orphan := prepareParams("acme", "amend", `{"n":3}`)
@@ -114,7 +114,7 @@ func TestPrepareTogetherAnswersEach(t *testing.T) {
 	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM operations`), "old, new-1, new-2, new-3 and new-4")
 	require.Equal(t, b.count(t, `SELECT count(*) FROM operations`), b.count(t, `SELECT count(*) FROM operation_events`),
 		"one creation event per operation, none for what was refused")
-	again, err := b.store.Get(b.ctx, "acme", existing.ID)
+	again, err := b.all.Get(b.ctx, "acme", existing.ID)
 	require.NoError(t, err)
 	require.Equal(t, existing, again)
 }

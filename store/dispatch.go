@@ -153,15 +153,15 @@ func scanClaimedInto(row pgx.CollectableRow, c *Claimed, extra ...any) error {
 // and an attempt record. Rows locked by another claimer are skipped, so concurrent
 // claimers never take the same operation. Operations whose dispatch deadline has passed
 // are left to ExpireDeadlines.
-func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
+func (q Scope) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	return rotate(p.FairClaim, func(f FairClaim) ([]Claimed, error) {
 		p.FairClaim = f
-		return s.claimFrom(ctx, p)
+		return q.claimFrom(ctx, p)
 	})
 }
 
-func (s *Store) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) {
-	rows := s.query(ctx, fairPick("PREPARED",
+func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) {
+	rows := q.query(ctx, fairPick("PREPARED",
 		"(dispatch_deadline IS NULL OR dispatch_deadline > now())", "operation_id")+`
 		), claimed AS (
 			UPDATE operations o SET
@@ -182,7 +182,7 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error)
 		return nil, fmt.Errorf("store: claim: %w", translate(err))
 	}
 	if len(claimed) > 0 {
-		s.events.signal()
+		q.s.events.signal()
 	}
 	return claimed, nil
 }
@@ -212,18 +212,18 @@ type OutcomeParams struct {
 // commit (at most maxOutcomeBatch, by at most outcomeWriters statements at once): a
 // caller waits while the statements before it run, and the outcomes that arrive
 // meanwhile join its statement (see combiner). Each keeps its own fence check.
-func (s *Store) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, error) {
+func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, error) {
 	if p.State != StateSucceeded && p.State != StateFailedTerminal && p.State != StateUnknown {
 		return Operation{}, fmt.Errorf("store: record outcome: %s is not an outcome of a send", p.State)
 	}
 	if p.State == StateSucceeded && p.RemoteRef == "" {
 		return Operation{}, fmt.Errorf("store: record outcome: SUCCEEDED needs the target's reference")
 	}
-	scope, err := scopeOf(ctx)
-	if err != nil {
-		return Operation{}, err
+	if q.tenants == "" {
+		return Operation{}, ErrNoScope
 	}
-	moved, _, err := s.outcomes.do(ctx, scope, p, s.recordOutcomes)
+	// Outcomes are combined only with outcomes in the same scope.
+	moved, _, err := q.s.outcomes.do(ctx, q.tenants, p, q.recordOutcomes)
 	if err != nil {
 		return Operation{}, err
 	}
@@ -242,7 +242,7 @@ const (
 
 // recordOutcomes writes outcomes in one statement, each under its own fence, and returns
 // the operations it moved.
-func (s *Store) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[OperationKey]Operation, error) {
+func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[OperationKey]Operation, error) {
 	n := len(ps)
 	tenants, ids, fences := make([]string, n), make([]uuid.UUID, n), make([]int64, n)
 	states, refs, observations := make([]string, n), make([]*string, n), make([]string, n)
@@ -260,7 +260,7 @@ func (s *Store) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Ope
 		observations[i], actors[i], outcomes[i] = string(obs), p.Actor, p.Observation.Outcome
 		statuses[i], summaries[i] = nullIfZero(p.Observation.HTTPStatus), p.Observation.Summary
 	}
-	rows := s.query(ctx, `
+	rows := q.query(ctx, `
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @fences::bigint[], @states::text[]::operation_state[],
 				@remote_refs::text[], @observations::text[]::jsonb[], @actors::text[], @outcomes::text[],
@@ -297,7 +297,7 @@ func (s *Store) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Ope
 		ops[OperationKey{TenantID: op.TenantID, ID: op.ID}] = op
 	}
 	if len(moved) > 0 {
-		s.events.signal()
+		q.s.events.signal()
 	}
 	return ops, nil
 }
@@ -312,9 +312,9 @@ func nullIfZero(n int) *int {
 // ExtendLease pushes the lease of a claim the caller still holds to now + lease, by the
 // database's clock, and returns what is left of it as the database measured it, or
 // ErrFenceLost.
-func (s *Store) ExtendLease(ctx context.Context, tenantID string, id uuid.UUID, fence int64, lease time.Duration) (time.Duration, error) {
+func (q Scope) ExtendLease(ctx context.Context, tenantID string, id uuid.UUID, fence int64, lease time.Duration) (time.Duration, error) {
 	var left int64
-	err := s.queryRow(ctx, `UPDATE operations SET lease_expires_at = now() + $4::interval
+	err := q.queryRow(ctx, `UPDATE operations SET lease_expires_at = now() + $4::interval
 		WHERE tenant_id = $1 AND operation_id = $2 AND state = 'IN_FLIGHT' AND fence_token = $3
 		RETURNING `+micros("lease_expires_at - now()"), tenantID, id, fence, lease).Scan(&left)
 	if err != nil {
@@ -342,8 +342,8 @@ func (p SweepParams) now() *time.Time {
 
 // SweepExpiredLeases moves IN_FLIGHT operations whose lease has expired to UNKNOWN (never
 // back to PREPARED: the holder may have sent), with an event, and returns how many.
-func (s *Store) SweepExpiredLeases(ctx context.Context, p SweepParams) (int, error) {
-	return s.sweep(ctx, p, sweep{
+func (q Scope) SweepExpiredLeases(ctx context.Context, p SweepParams) (int, error) {
+	return q.sweep(ctx, p, sweep{
 		due:     "state = 'IN_FLIGHT' AND lease_expires_at < coalesce($1, now())",
 		order:   "lease_expires_at",
 		from:    StateInFlight,
@@ -358,8 +358,8 @@ func (s *Store) SweepExpiredLeases(ctx context.Context, p SweepParams) (int, err
 // ExpireDeadlines moves PREPARED operations whose dispatch deadline passed before any
 // send to FAILED_TERMINAL (nothing was sent, so nothing happened), with an event, and
 // returns how many.
-func (s *Store) ExpireDeadlines(ctx context.Context, p SweepParams) (int, error) {
-	return s.sweep(ctx, p, sweep{
+func (q Scope) ExpireDeadlines(ctx context.Context, p SweepParams) (int, error) {
+	return q.sweep(ctx, p, sweep{
 		due:     "state = 'PREPARED' AND dispatch_deadline IS NOT NULL AND dispatch_deadline <= coalesce($1, now())",
 		order:   "dispatch_deadline",
 		from:    StatePrepared,
@@ -379,9 +379,9 @@ type sweep struct {
 	source, outcome, summary, actor string
 }
 
-func (s *Store) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) {
+func (q Scope) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) {
 	var n int
-	err := s.queryRow(ctx, `
+	err := q.queryRow(ctx, `
 		WITH due AS (
 			SELECT tenant_id, operation_id FROM operations
 			WHERE `+w.due+`
@@ -401,7 +401,7 @@ func (s *Store) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) 
 		return 0, fmt.Errorf("store: sweep %s to %s: %w", w.from, w.to, translate(err))
 	}
 	if n > 0 {
-		s.events.signal()
+		q.s.events.signal()
 	}
 	return n, nil
 }

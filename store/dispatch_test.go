@@ -24,7 +24,7 @@ func (b *testBundle) prepareN(t *testing.T, tenant string, n int) []uuid.UUID {
 	t.Helper()
 	ids := make([]uuid.UUID, n)
 	for i := range n {
-		op, _, err := b.store.Prepare(b.ctx, prepareParams(tenant, fmt.Sprintf("%s-%d", tenant, i), fmt.Sprintf(`{"n":%d}`, i)))
+		op, _, err := b.all.Prepare(b.ctx, prepareParams(tenant, fmt.Sprintf("%s-%d", tenant, i), fmt.Sprintf(`{"n":%d}`, i)))
 		require.NoError(t, err)
 		ids[i] = op.ID
 	}
@@ -36,7 +36,7 @@ func TestClaimTakesPreparedOnce(t *testing.T) {
 	b := setup(t)
 	ids := b.prepareN(t, "acme", 3)
 
-	claimed, err := b.store.Claim(b.ctx, claimParams(10))
+	claimed, err := b.all.Claim(b.ctx, claimParams(10))
 	require.NoError(t, err)
 	require.Len(t, claimed, 3)
 	for i, c := range claimed {
@@ -55,14 +55,14 @@ func TestClaimTakesPreparedOnce(t *testing.T) {
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_attempts WHERE fence_token = 1 AND finished_at IS NULL AND target = 'demo'`))
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_events WHERE from_state = 'PREPARED' AND to_state = 'IN_FLIGHT'`))
 
-	again, err := b.store.Claim(b.ctx, claimParams(10))
+	again, err := b.all.Claim(b.ctx, claimParams(10))
 	require.NoError(t, err)
 	require.Empty(t, again)
 
 	other := claimParams(10)
 	other.OperationTypes = []string{"demo.notify"}
 	b.prepareN(t, "globex", 1)
-	none, err := b.store.Claim(b.ctx, other)
+	none, err := b.all.Claim(b.ctx, other)
 	require.NoError(t, err)
 	require.Empty(t, none, "a claim takes only its target's operation types")
 }
@@ -84,7 +84,7 @@ func TestConcurrentClaimersNeverShare(t *testing.T) {
 			p.PerTenant = 3
 			p.Worker = fmt.Sprintf("w%d", w)
 			for {
-				claimed, err := b.store.Claim(b.ctx, p)
+				claimed, err := b.all.Claim(b.ctx, p)
 				if !assert.NoError(t, err) || len(claimed) == 0 { // not require: this is not the test's goroutine
 					return
 				}
@@ -114,7 +114,7 @@ func TestClaimIsFairAcrossTenants(t *testing.T) {
 
 	p := claimParams(10)
 	p.PerTenant = 5
-	claimed, err := b.store.Claim(b.ctx, p)
+	claimed, err := b.all.Claim(b.ctx, p)
 	require.NoError(t, err)
 	var got []uuid.UUID
 	for _, c := range claimed {
@@ -129,7 +129,7 @@ func TestClaimIsFairAcrossTenants(t *testing.T) {
 	p.MaxTenants, p.PerTenant, p.Limit = 3, 1, 3
 	reached := map[string]bool{}
 	for range 8 {
-		claimed, err := b.store.Claim(b.ctx, p)
+		claimed, err := b.all.Claim(b.ctx, p)
 		require.NoError(t, err)
 		for _, c := range claimed {
 			reached[c.TenantID] = true
@@ -155,7 +155,7 @@ func TestClaimGoesRoundTheTenants(t *testing.T) {
 	}
 	p := claimParams(6)
 	p.PerTenant, p.AfterTenant = 2, "b"
-	claimed, err := b.store.Claim(b.ctx, p)
+	claimed, err := b.all.Claim(b.ctx, p)
 	require.NoError(t, err)
 	tenants := map[string]int{}
 	for _, c := range claimed {
@@ -164,13 +164,13 @@ func TestClaimGoesRoundTheTenants(t *testing.T) {
 	require.Equal(t, map[string]int{"c": 2, "a": 2, "b": 2}, tenants, "after b: c, then round to a and b")
 
 	for _, c := range claimed {
-		_, err := b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
 			State: store.StateUnknown, Observation: store.Observation{Outcome: "TIMEOUT"}, Actor: "w"})
 		require.NoError(t, err)
 	}
 	f := p.FairClaim
 	f.AfterTenant = "c"
-	unknown, err := b.store.ClaimUnknown(b.ctx, f)
+	unknown, err := b.all.ClaimUnknown(b.ctx, f)
 	require.NoError(t, err)
 	require.Len(t, unknown, 6, "the reconciler's claim goes round too")
 }
@@ -179,12 +179,12 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.prepareN(t, "acme", 2)
-	claimed, err := b.store.Claim(b.ctx, claimParams(2))
+	claimed, err := b.all.Claim(b.ctx, claimParams(2))
 	require.NoError(t, err)
 	first, second := claimed[0], claimed[1]
 
 	obs := store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS", HTTPStatus: 200}
-	op, err := b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: first.ID, Fence: 1,
+	op, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: first.ID, Fence: 1,
 		State: store.StateSucceeded, RemoteRef: "ch_1", Observation: obs, Actor: "dispatcher:test"})
 	require.NoError(t, err)
 	require.Equal(t, store.StateSucceeded, op.State)
@@ -192,18 +192,18 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	require.Equal(t, "VERIFIED_SUCCESS", op.LastObservation.Outcome)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1 AND applied AND remote_ref = 'ch_1' AND http_status = 200`, first.ID))
 
-	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: second.ID, Fence: 1,
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: second.ID, Fence: 1,
 		State: store.StateSucceeded, Observation: obs, Actor: "dispatcher:test"})
 	require.Error(t, err, "SUCCEEDED needs a remote reference")
 
 	// The sweeper takes the second away; the late holder's outcome is evidence only.
-	n, err := b.store.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
+	n, err := b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: second.ID, Fence: 1,
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: second.ID, Fence: 1,
 		State: store.StateSucceeded, RemoteRef: "ch_2", Observation: obs, Actor: "dispatcher:test"})
 	require.ErrorIs(t, err, store.ErrFenceLost)
-	swept, err := b.store.Get(b.ctx, "acme", second.ID)
+	swept, err := b.all.Get(b.ctx, "acme", second.ID)
 	require.NoError(t, err)
 	require.Equal(t, store.StateUnknown, swept.State)
 	require.Equal(t, "LEASE_EXPIRED", swept.LastObservation.Outcome)
@@ -213,7 +213,7 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	_, err = b.pool.Exec(b.ctx, `UPDATE operation_attempts SET summary = 'rewritten' WHERE operation_id = $1`, second.ID)
 	require.Error(t, err, "a finished attempt is never rewritten")
 
-	_, err = b.store.ExtendLease(b.ctx, "acme", second.ID, 1, time.Minute)
+	_, err = b.all.ExtendLease(b.ctx, "acme", second.ID, 1, time.Minute)
 	require.ErrorIs(t, err, store.ErrFenceLost)
 }
 
@@ -221,14 +221,14 @@ func TestExtendLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.prepareN(t, "acme", 1)
-	claimed, err := b.store.Claim(b.ctx, claimParams(1))
+	claimed, err := b.all.Claim(b.ctx, claimParams(1))
 	require.NoError(t, err)
-	left, err := b.store.ExtendLease(b.ctx, "acme", claimed[0].ID, 1, time.Hour)
+	left, err := b.all.ExtendLease(b.ctx, "acme", claimed[0].ID, 1, time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, time.Hour, left, "measured by the database")
-	_, err = b.store.ExtendLease(b.ctx, "acme", claimed[0].ID, 2, time.Hour)
+	_, err = b.all.ExtendLease(b.ctx, "acme", claimed[0].ID, 2, time.Hour)
 	require.ErrorIs(t, err, store.ErrFenceLost)
-	n, err := b.store.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(30 * time.Minute), Limit: 10})
+	n, err := b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(30 * time.Minute), Limit: 10})
 	require.NoError(t, err)
 	require.Zero(t, n, "an extended lease is not swept")
 }
@@ -239,14 +239,14 @@ func TestExpireDeadlines(t *testing.T) {
 	soon := time.Now().Add(time.Minute)
 	p := prepareParams("acme", "late", `{}`)
 	p.DispatchDeadline = &soon
-	late, _, err := b.store.Prepare(b.ctx, p)
+	late, _, err := b.all.Prepare(b.ctx, p)
 	require.NoError(t, err)
 	b.prepareN(t, "acme", 1)
 
-	n, err := b.store.ExpireDeadlines(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
+	n, err := b.all.ExpireDeadlines(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	op, err := b.store.Get(b.ctx, "acme", late.ID)
+	op, err := b.all.Get(b.ctx, "acme", late.ID)
 	require.NoError(t, err)
 	require.Equal(t, store.StateFailedTerminal, op.State)
 	require.Equal(t, "DISPATCH_DEADLINE_PASSED", op.LastObservation.Outcome)
@@ -261,7 +261,7 @@ func TestCancelRacesClaim(t *testing.T) {
 	cancelled := make(chan uuid.UUID, len(ids))
 	wg.Go(func() {
 		for _, id := range ids {
-			if _, err := b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: id, Actor: "test"}); err == nil {
+			if _, err := b.all.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: id, Actor: "test"}); err == nil {
 				cancelled <- id
 			}
 		}
@@ -269,7 +269,7 @@ func TestCancelRacesClaim(t *testing.T) {
 	claimedIDs := map[uuid.UUID]bool{}
 	wg.Go(func() {
 		for range 40 {
-			claimed, err := b.store.Claim(b.ctx, claimParams(1))
+			claimed, err := b.all.Claim(b.ctx, claimParams(1))
 			assert.NoError(t, err) // not require: this is not the test's goroutine
 			for _, c := range claimed {
 				claimedIDs[c.ID] = true
@@ -291,7 +291,7 @@ func TestConcurrentOutcomesEachGetTheirOwnAnswer(t *testing.T) {
 	b := setup(t)
 	b.prepareN(t, "acme", 40)
 	b.prepareN(t, "globex", 40)
-	claimed, err := b.store.Claim(b.ctx, claimParams(100))
+	claimed, err := b.all.Claim(b.ctx, claimParams(100))
 	require.NoError(t, err)
 	require.Len(t, claimed, 80)
 
@@ -301,12 +301,12 @@ func TestConcurrentOutcomesEachGetTheirOwnAnswer(t *testing.T) {
 	for i, c := range claimed {
 		state := []store.State{store.StateSucceeded, store.StateUnknown, store.StateFailedTerminal}[i%3]
 		wg.Go(func() {
-			_, errs[i] = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+			_, errs[i] = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
 				State: state, RemoteRef: fmt.Sprint("ch_", i), Observation: store.Observation{Outcome: "X"}, Actor: "w"})
 		})
 		if i%4 == 0 { // a stale worker of the same operation at the same time
 			wg.Go(func() {
-				_, stale[i] = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken - 1,
+				_, stale[i] = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken - 1,
 					State: store.StateSucceeded, RemoteRef: "ch_stale", Observation: store.Observation{Outcome: "X"}, Actor: "stale"})
 			})
 		}
@@ -317,7 +317,7 @@ func TestConcurrentOutcomesEachGetTheirOwnAnswer(t *testing.T) {
 		if i%4 == 0 {
 			require.ErrorIs(t, stale[i], store.ErrFenceLost)
 		}
-		got, err := b.store.Get(b.ctx, c.TenantID, c.ID)
+		got, err := b.all.Get(b.ctx, c.TenantID, c.ID)
 		require.NoError(t, err)
 		require.Equal(t, []store.State{store.StateSucceeded, store.StateUnknown, store.StateFailedTerminal}[i%3], got.State)
 		require.NotEqual(t, "ch_stale", got.RemoteRef)
@@ -333,9 +333,9 @@ func TestClaimMeasuresTheDeadlineByTheDatabase(t *testing.T) {
 	p := prepareParams("acme", "with-deadline", `{"amount":1}`)
 	deadline := time.Now().Add(time.Hour)
 	p.DispatchDeadline = &deadline
-	_, _, err := b.store.Prepare(b.ctx, p)
+	_, _, err := b.all.Prepare(b.ctx, p)
 	require.NoError(t, err)
-	claimed, err := b.store.Claim(b.ctx, claimParams(1))
+	claimed, err := b.all.Claim(b.ctx, claimParams(1))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	var wantMicros int64

@@ -56,8 +56,8 @@ func eventDest(e *Event) []any {
 }
 
 // Events returns an operation's events after a revision, in order, at most limit.
-func (s *Store) Events(ctx context.Context, tenantID string, id uuid.UUID, afterRevision int64, limit int) ([]Event, error) {
-	rows := s.query(ctx, `SELECT `+eventColumns+` FROM operation_events e
+func (q Scope) Events(ctx context.Context, tenantID string, id uuid.UUID, afterRevision int64, limit int) ([]Event, error) {
+	rows := q.query(ctx, `SELECT `+eventColumns+` FROM operation_events e
 		WHERE e.tenant_id = $1 AND e.operation_id = $2 AND e.revision > $3
 		ORDER BY e.revision LIMIT $4`, tenantID, id, afterRevision, limit)
 	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
@@ -72,13 +72,13 @@ func (s *Store) Events(ctx context.Context, tenantID string, id uuid.UUID, after
 }
 
 // Revisions returns the current revision of each operation that exists, in one query.
-func (s *Store) Revisions(ctx context.Context, keys []OperationKey) (map[OperationKey]int64, error) {
+func (q Scope) Revisions(ctx context.Context, keys []OperationKey) (map[OperationKey]int64, error) {
 	tenants := make([]string, len(keys))
 	ids := make([]uuid.UUID, len(keys))
 	for i, k := range keys {
 		tenants[i], ids[i] = k.TenantID, k.ID
 	}
-	rows := s.query(ctx, `SELECT o.tenant_id, o.operation_id, o.revision
+	rows := q.query(ctx, `SELECT o.tenant_id, o.operation_id, o.revision
 		FROM unnest($1::text[], $2::uuid[]) AS k (tenant_id, operation_id)
 		JOIN operations o USING (tenant_id, operation_id)`, tenants, ids)
 	out := map[OperationKey]int64{}

@@ -13,13 +13,13 @@ func TestEventsReplayTheOperation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	op := unknownOp(t, b, "acme", "e-1") // PREPARED, IN_FLIGHT, UNKNOWN
-	claimed, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	claimed, err := b.all.ClaimUnknown(b.ctx, unknownParams())
 	require.NoError(t, err)
-	done, err := b.store.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+	done, err := b.all.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
 		State: store.StateSucceeded, RemoteRef: "ch_7", Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "rec"})
 	require.NoError(t, err)
 
-	events, err := b.store.Events(b.ctx, "acme", op.ID, 0, 100)
+	events, err := b.all.Events(b.ctx, "acme", op.ID, 0, 100)
 	require.NoError(t, err)
 	var states []store.State
 	for i, e := range events {
@@ -38,14 +38,14 @@ func TestEventsReplayTheOperation(t *testing.T) {
 	require.Equal(t, done.Revision, rebuilt.Revision)
 	require.Equal(t, done.RemoteRef, rebuilt.RemoteRef)
 
-	after, err := b.store.Events(b.ctx, "acme", op.ID, 3, 100)
+	after, err := b.all.Events(b.ctx, "acme", op.ID, 3, 100)
 	require.NoError(t, err)
 	require.Len(t, after, 1)
-	none, err := b.store.Events(b.ctx, "globex", op.ID, 0, 100)
+	none, err := b.all.Events(b.ctx, "globex", op.ID, 0, 100)
 	require.NoError(t, err)
 	require.Empty(t, none, "events are scoped by tenant")
 
-	revs, err := b.store.Revisions(b.ctx, []store.OperationKey{{TenantID: "acme", ID: op.ID}, {TenantID: "acme", ID: uuid.New()}, {TenantID: "globex", ID: op.ID}})
+	revs, err := b.all.Revisions(b.ctx, []store.OperationKey{{TenantID: "acme", ID: op.ID}, {TenantID: "acme", ID: uuid.New()}, {TenantID: "globex", ID: op.ID}})
 	require.NoError(t, err)
 	require.Equal(t, map[store.OperationKey]int64{{TenantID: "acme", ID: op.ID}: done.Revision}, revs)
 }

@@ -90,9 +90,9 @@ type FeedBatch struct {
 
 // FeedHead returns a cursor at the end of every tenant's feed as of now: a reader from
 // it gets the changes that commit from now on (and perhaps a few just before).
-func (s *Store) FeedHead(ctx context.Context) (FeedCursor, error) {
+func (q Scope) FeedHead(ctx context.Context) (FeedCursor, error) {
 	var xact int64
-	if err := s.pool.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&xact); err != nil {
+	if err := q.s.pool.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&xact); err != nil {
 		return FeedCursor{}, fmt.Errorf("store: feed head: %w", translate(err))
 	}
 	return FeedCursor{After: FeedPosition{Xact: xact}}, nil
@@ -139,9 +139,9 @@ func collectFeed(rows pgx.Rows) ([]feedRow, error) {
 // ReadFeed reads a tenant's feed after cursor: every change once, each operation's
 // changes in revision order, each with the cursor to resume from after it. It reads one
 // snapshot of the ledger.
-func (s *Store) ReadFeed(ctx context.Context, p FeedParams, cursor FeedCursor) (FeedBatch, error) {
+func (q Scope) ReadFeed(ctx context.Context, p FeedParams, cursor FeedCursor) (FeedBatch, error) {
 	var batch FeedBatch
-	err := s.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
+	err := q.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
 		func(tx pgx.Tx) (err error) {
 			batch, err = readFeed(ctx, tx, p, cursor)
 			return err

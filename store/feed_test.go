@@ -76,7 +76,7 @@ func readAll(t *testing.T, b *testBundle, p store.FeedParams, cursor store.FeedC
 	t.Helper()
 	var all []store.FeedEvent
 	for {
-		batch, err := b.store.ReadFeed(b.ctx, p, cursor)
+		batch, err := b.all.ReadFeed(b.ctx, p, cursor)
 		require.NoError(t, err)
 		all, cursor = append(all, batch.Events...), batch.Cursor
 		if !batch.More && !batch.Pending {
@@ -102,7 +102,7 @@ func TestFeedWaitsForLateCommit(t *testing.T) {
 	y := prepare(t, b, "acme", "y")     // ...B writes and commits after it...
 	revA := observe(t, b.ctx, a, x)     // ...and A writes its event after B's.
 
-	batch, err := b.store.ReadFeed(b.ctx, p, cursor)
+	batch, err := b.all.ReadFeed(b.ctx, p, cursor)
 	require.NoError(t, err)
 	require.Empty(t, batch.Events, "B's event waits while A, older, is running")
 	require.True(t, batch.Pending, "the reader is told to look again soon")
@@ -115,7 +115,7 @@ func TestFeedWaitsForLateCommit(t *testing.T) {
 
 func prepare(t *testing.T, b *testBundle, tenant, intent string) store.Operation {
 	t.Helper()
-	op, _, err := b.store.Prepare(b.ctx, prepareParams(tenant, intent, `{"amount":1}`))
+	op, _, err := b.all.Prepare(b.ctx, prepareParams(tenant, intent, `{"amount":1}`))
 	require.NoError(t, err)
 	return op
 }

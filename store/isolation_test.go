@@ -59,9 +59,14 @@ func TestRowLevelSecurity(t *testing.T) {
 	require.NoError(t, app.QueryRow(ctx, `SELECT count(*) FROM operations`).Scan(&n))
 	require.Zero(t, n, "the setting ended with its transaction: the pooled session keeps nothing")
 
-	_, err = st.Get(ctx, "acme", acme.ID)
-	require.ErrorIs(t, err, store.ErrNoScope, "the store refuses a context without a scope")
-	_, err = st.Get(store.WithTenant(ctx, "globex"), "acme", acme.ID)
+	for name, scope := range map[string]store.Scope{"the zero scope": {}, "an empty tenant": st.Tenant(""),
+		"a tenant id that is the workers' setting": st.Tenant("*"), "a tenant id naming two": st.Tenant("acme,globex")} {
+		_, err = scope.Get(ctx, "acme", acme.ID)
+		require.ErrorIs(t, err, store.ErrNoScope, "%s reaches nothing", name)
+		_, _, err = scope.Prepare(ctx, prepareParams("acme", "scopeless", `{}`))
+		require.ErrorIs(t, err, store.ErrNoScope, "%s writes nothing", name)
+	}
+	_, err = st.Tenant("globex").Get(ctx, "acme", acme.ID)
 	require.ErrorIs(t, err, store.ErrNotFound, "nor does a wrong scope reach another tenant")
 }
 

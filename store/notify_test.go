@@ -40,7 +40,7 @@ func TestWorkWakesSubscribersHereAndAtOtherReplicas(t *testing.T) {
 	drainWakeups(local) // the wake-ups of the listeners starting
 	drainWakeups(remote)
 
-	_, _, err := here.Prepare(store.WithTenant(t.Context(), "acme"), prepareParams("acme", "wake-1", `{}`))
+	_, _, err := here.Tenant("acme").Prepare(t.Context(), prepareParams("acme", "wake-1", `{}`))
 	require.NoError(t, err)
 	select {
 	case <-local:

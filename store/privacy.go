@@ -19,9 +19,9 @@ var ErrTenantHasOpenOperations = errors.New("the tenant has operations that are 
 // DeleteTenant deletes every operation of a tenant with its events and attempts, and
 // returns how many operations it deleted. While any operation of the tenant is not
 // terminal it deletes nothing and returns ErrTenantHasOpenOperations.
-func (s *Store) DeleteTenant(ctx context.Context, tenantID string) (int64, error) {
+func (q Scope) DeleteTenant(ctx context.Context, tenantID string) (int64, error) {
 	var deleted int64
-	err := s.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	err := q.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		var open bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM operations
 			WHERE tenant_id = $1 AND state NOT IN `+terminalStates+`)`, tenantID).Scan(&open); err != nil {
@@ -51,8 +51,8 @@ type PurgeParams struct {
 // terminal for longer than Retention, keeping their hash and events, and returns how
 // many it purged. Nothing can send a terminal operation again, so the bytes have no use
 // left; the schema refuses to purge any other.
-func (s *Store) PurgePayloads(ctx context.Context, p PurgeParams) (int, error) {
-	tag, err := s.exec(ctx, `UPDATE operations o SET payload = NULL
+func (q Scope) PurgePayloads(ctx context.Context, p PurgeParams) (int, error) {
+	tag, err := q.exec(ctx, `UPDATE operations o SET payload = NULL
 		FROM (SELECT tenant_id, operation_id FROM operations
 			WHERE payload IS NOT NULL AND state IN `+terminalStates+` AND updated_at < now() - $1::interval
 			LIMIT $2 FOR UPDATE SKIP LOCKED) due

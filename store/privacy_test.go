@@ -11,7 +11,7 @@ import (
 
 func (b *testBundle) cancel(t *testing.T, op store.Operation) {
 	t.Helper()
-	_, err := b.store.Cancel(b.ctx, store.CancelParams{TenantID: op.TenantID, ID: op.ID, Actor: "test"})
+	_, err := b.all.Cancel(b.ctx, store.CancelParams{TenantID: op.TenantID, ID: op.ID, Actor: "test"})
 	require.NoError(t, err)
 }
 
@@ -32,7 +32,7 @@ func TestPurgePayloadsKeepsHashAndEvents(t *testing.T) {
 	b.age(t, old, 48*time.Hour)
 	b.age(t, open, 48*time.Hour)
 
-	n, err := b.store.PurgePayloads(b.ctx, store.PurgeParams{Retention: 24 * time.Hour, Limit: 10})
+	n, err := b.all.PurgePayloads(b.ctx, store.PurgeParams{Retention: 24 * time.Hour, Limit: 10})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	for _, tc := range []struct {
@@ -49,7 +49,7 @@ func TestPurgePayloadsKeepsHashAndEvents(t *testing.T) {
 		require.Equal(t, tc.op.PayloadSHA256, hash, "the hash stays")
 		require.Positive(t, events, "the events stay")
 	}
-	n, err = b.store.PurgePayloads(b.ctx, store.PurgeParams{Retention: 24 * time.Hour, Limit: 10})
+	n, err = b.all.PurgePayloads(b.ctx, store.PurgeParams{Retention: 24 * time.Hour, Limit: 10})
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
@@ -62,18 +62,18 @@ func TestDeleteTenant(t *testing.T) {
 	op := prepare(t, b, "acme", "a")
 	prepare(t, b, "globex", "g")
 
-	_, err := b.store.DeleteTenant(b.ctx, "acme")
+	_, err := b.all.DeleteTenant(b.ctx, "acme")
 	require.ErrorIs(t, err, store.ErrTenantHasOpenOperations)
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM operations`), "nothing deleted")
 
 	b.cancel(t, op)
-	n, err := b.store.DeleteTenant(b.ctx, "acme")
+	n, err := b.all.DeleteTenant(b.ctx, "acme")
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events WHERE tenant_id = 'acme'`))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE tenant_id = 'globex'`))
 
-	n, err = b.store.DeleteTenant(b.ctx, "acme")
+	n, err = b.all.DeleteTenant(b.ctx, "acme")
 	require.NoError(t, err)
 	require.Zero(t, n, "deleting again deletes nothing")
 }

@@ -28,14 +28,14 @@ type UnknownClaim struct {
 // ClaimUnknown takes due UNKNOWN operations for reconciliation: each gets a lease and
 // fence + 1 without a change of state, so two reconcilers never act on one operation at
 // once, and only the holder of the new fence can record what it finds.
-func (s *Store) ClaimUnknown(ctx context.Context, p FairClaim) ([]UnknownClaim, error) {
-	return rotate(p, func(p FairClaim) ([]UnknownClaim, error) { return s.claimUnknownFrom(ctx, p) })
+func (q Scope) ClaimUnknown(ctx context.Context, p FairClaim) ([]UnknownClaim, error) {
+	return rotate(p, func(p FairClaim) ([]UnknownClaim, error) { return q.claimUnknownFrom(ctx, p) })
 }
 
-func (s *Store) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClaim, error) {
+func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClaim, error) {
 	// The last send ended at the operation's last exit from IN_FLIGHT (an UNKNOWN
 	// operation's is to UNKNOWN) or at a stale worker's later record of its attempt.
-	rows := s.query(ctx, fairPick("UNKNOWN",
+	rows := q.query(ctx, fairPick("UNKNOWN",
 		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at")+`
 		), claimed AS (
 			UPDATE operations o SET fence_token = o.fence_token + 1, lease_owner = $6, lease_expires_at = now() + $7::interval
@@ -82,8 +82,8 @@ type CheckParams struct {
 
 // RecordCheck records the observation as an UNKNOWN → UNKNOWN event, schedules the next
 // look and releases the lease; only under the fence, else ErrFenceLost.
-func (s *Store) RecordCheck(ctx context.Context, p CheckParams) (Operation, error) {
-	rows := s.query(ctx, `
+func (q Scope) RecordCheck(ctx context.Context, p CheckParams) (Operation, error) {
+	rows := q.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET revision = revision + 1, last_observation = $4, next_check_at = now() + $5::interval,
 				checks = checks + 1, accepted_unfinished = accepted_unfinished OR $6,
@@ -93,7 +93,7 @@ func (s *Store) RecordCheck(ctx context.Context, p CheckParams) (Operation, erro
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "$7", "$8", "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,
 		p.TenantID, p.ID, p.Fence, p.Observation, p.CheckAfter, p.AcceptedUnfinished, p.Actor, p.Observation.Outcome)
-	return s.collectFenced(rows, "record check")
+	return q.collectFenced(rows, "record check")
 }
 
 // ResolveParams end an UNKNOWN operation: SUCCEEDED (with the found reference),
@@ -111,7 +111,7 @@ type ResolveParams struct {
 
 // ResolveUnknown moves an UNKNOWN operation to its resolution with an event; only under
 // the fence, else ErrFenceLost.
-func (s *Store) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation, error) {
+func (q Scope) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation, error) {
 	switch p.State {
 	case StateSucceeded, StateFailedTerminal:
 	case StateEscalated:
@@ -125,7 +125,7 @@ func (s *Store) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation,
 	if p.RemoteRef != "" {
 		ref = &p.RemoteRef
 	}
-	rows := s.query(ctx, `
+	rows := q.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET state = $4, revision = revision + 1, remote_ref = coalesce($5, remote_ref),
 				last_observation = $6, escalation = $7, next_check_at = NULL,
@@ -135,7 +135,7 @@ func (s *Store) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation,
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "$8", "$9", "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,
 		p.TenantID, p.ID, p.Fence, p.State, ref, p.Observation, p.Escalation, p.Actor, p.Observation.Outcome)
-	return s.collectFenced(rows, "resolve unknown")
+	return q.collectFenced(rows, "resolve unknown")
 }
 
 // BeginReplayParams start a same-key replay of an UNKNOWN operation.
@@ -151,9 +151,9 @@ type BeginReplayParams struct {
 
 // BeginReplay moves an UNKNOWN operation to IN_FLIGHT for a same-key replay: fence + 1,
 // attempt + 1, a new attempt record and an event, only under the caller's fence. The
-// returned claim is sent and recorded like a dispatcher's.
-func (s *Store) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
-	rows := s.query(ctx, `
+// returned claim is sent and recorded like a dispatcher'q.
+func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
+	rows := q.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, fence_token = fence_token + 1,
 				attempt_count = attempt_count + 1, replays = replays + 1, next_check_at = NULL,
@@ -173,13 +173,13 @@ func (s *Store) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, 
 		}
 		return Claimed{}, fmt.Errorf("store: begin replay: %w", err)
 	}
-	s.events.signal()
+	q.s.events.signal()
 	return c, nil
 }
 
 // collectFenced reads the one row of a fenced update and signals its event; no row
 // means the fence was lost.
-func (s *Store) collectFenced(rows pgx.Rows, what string) (Operation, error) {
+func (q Scope) collectFenced(rows pgx.Rows, what string) (Operation, error) {
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
 	if err != nil {
 		if err = translate(err); errors.Is(err, ErrNotFound) {
@@ -187,15 +187,15 @@ func (s *Store) collectFenced(rows pgx.Rows, what string) (Operation, error) {
 		}
 		return Operation{}, fmt.Errorf("store: %s: %w", what, err)
 	}
-	s.events.signal()
+	q.s.events.signal()
 	return op, nil
 }
 
 // StaleSuccess returns the target's reference from a verified success that a worker
 // observed after losing its fence (kept as evidence on its attempt), if there is one.
-func (s *Store) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) (string, bool, error) {
+func (q Scope) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) (string, bool, error) {
 	var ref string
-	err := s.queryRow(ctx, `SELECT remote_ref FROM operation_attempts
+	err := q.queryRow(ctx, `SELECT remote_ref FROM operation_attempts
 		WHERE tenant_id = $1 AND operation_id = $2 AND NOT applied AND outcome = 'VERIFIED_SUCCESS' AND remote_ref IS NOT NULL
 		ORDER BY fence_token DESC LIMIT 1`, tenantID, id).Scan(&ref)
 	if err = translate(err); errors.Is(err, ErrNotFound) {

@@ -20,14 +20,14 @@ func unknownOp(t *testing.T, b *testBundle, tenant, intent string) store.Operati
 // key filled in) as its send's.
 func unknownAfter(t *testing.T, b *testBundle, tenant, intent string, outcome store.OutcomeParams) store.Operation {
 	t.Helper()
-	op, _, err := b.store.Prepare(b.ctx, prepareParams(tenant, intent, `{"amount":1}`))
+	op, _, err := b.all.Prepare(b.ctx, prepareParams(tenant, intent, `{"amount":1}`))
 	require.NoError(t, err)
-	claimed, err := b.store.Claim(b.ctx, claimParams(100))
+	claimed, err := b.all.Claim(b.ctx, claimParams(100))
 	require.NoError(t, err)
 	for _, c := range claimed {
 		if c.ID == op.ID {
 			outcome.TenantID, outcome.ID, outcome.Fence, outcome.State, outcome.Actor = tenant, op.ID, c.FenceToken, store.StateUnknown, "test"
-			got, err := b.store.RecordOutcome(b.ctx, outcome)
+			got, err := b.all.RecordOutcome(b.ctx, outcome)
 			require.NoError(t, err)
 			require.NotNil(t, got.NextCheckAt, "entering UNKNOWN schedules a check")
 			return got
@@ -47,23 +47,23 @@ func TestClaimUnknownIsExclusiveAndFenced(t *testing.T) {
 	b := setup(t)
 	op := unknownOp(t, b, "acme", "u-1")
 
-	first, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	first, err := b.all.ClaimUnknown(b.ctx, unknownParams())
 	require.NoError(t, err)
 	require.Len(t, first, 1)
 	require.Equal(t, op.FenceToken+1, first[0].FenceToken, "a reconciler's claim takes a new fence")
 	require.Equal(t, store.StateUnknown, first[0].State, "without a change of state")
 	require.Equal(t, op.Revision, first[0].Revision)
 
-	second, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	second, err := b.all.ClaimUnknown(b.ctx, unknownParams())
 	require.NoError(t, err)
 	require.Empty(t, second, "two reconcilers never hold one operation")
 
 	// The old fence (the dispatcher's) can no longer record.
-	_, err = b.store.RecordCheck(b.ctx, store.CheckParams{TenantID: "acme", ID: op.ID, Fence: op.FenceToken,
+	_, err = b.all.RecordCheck(b.ctx, store.CheckParams{TenantID: "acme", ID: op.ID, Fence: op.FenceToken,
 		Actor: "stale"})
 	require.ErrorIs(t, err, store.ErrFenceLost)
 
-	checked, err := b.store.RecordCheck(b.ctx, store.CheckParams{TenantID: "acme", ID: op.ID, Fence: first[0].FenceToken,
+	checked, err := b.all.RecordCheck(b.ctx, store.CheckParams{TenantID: "acme", ID: op.ID, Fence: first[0].FenceToken,
 		Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, CheckAfter: time.Hour, AcceptedUnfinished: true, Actor: "rec"})
 	require.NoError(t, err)
 	require.Equal(t, store.StateUnknown, checked.State)
@@ -75,7 +75,7 @@ func TestClaimUnknownIsExclusiveAndFenced(t *testing.T) {
 		"the next check is scheduled by the database's clock")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE from_state = 'UNKNOWN' AND to_state = 'UNKNOWN' AND reason = 'NOT_FOUND'`))
 
-	notDue, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	notDue, err := b.all.ClaimUnknown(b.ctx, unknownParams())
 	require.NoError(t, err)
 	require.Empty(t, notDue, "not before the next check is due")
 }
@@ -85,7 +85,7 @@ func TestResolveUnknown(t *testing.T) {
 	b := setup(t)
 	ok := unknownOp(t, b, "acme", "u-ok")
 	esc := unknownOp(t, b, "acme", "u-esc")
-	claimed, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	claimed, err := b.all.ClaimUnknown(b.ctx, unknownParams())
 	require.NoError(t, err)
 	require.Len(t, claimed, 2)
 	fence := map[string]int64{}
@@ -93,16 +93,16 @@ func TestResolveUnknown(t *testing.T) {
 		fence[c.IntentRef] = c.FenceToken
 	}
 
-	done, err := b.store.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: ok.ID, Fence: fence["u-ok"],
+	done, err := b.all.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: ok.ID, Fence: fence["u-ok"],
 		State: store.StateSucceeded, RemoteRef: "ch_9", Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "rec"})
 	require.NoError(t, err)
 	require.Equal(t, store.StateSucceeded, done.State)
 	require.Equal(t, "ch_9", done.RemoteRef)
 
-	_, err = b.store.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: esc.ID, Fence: fence["u-esc"],
+	_, err = b.all.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: esc.ID, Fence: fence["u-esc"],
 		State: store.StateEscalated, Actor: "rec"})
 	require.Error(t, err, "an escalation needs an owner")
-	escalated, err := b.store.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: esc.ID, Fence: fence["u-esc"],
+	escalated, err := b.all.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: esc.ID, Fence: fence["u-esc"],
 		State: store.StateEscalated, Escalation: &store.Escalation{Owner: "payments-oncall", Reason: "no lookup", EscalatedAt: time.Now()},
 		Observation: store.Observation{Source: "BROKER", Outcome: "ESCALATED"}, Actor: "rec"})
 	require.NoError(t, err)
@@ -117,11 +117,11 @@ func TestBeginReplayIsAFencedTransition(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	op := unknownOp(t, b, "acme", "u-replay")
-	claimed, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	claimed, err := b.all.ClaimUnknown(b.ctx, unknownParams())
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 
-	replay, err := b.store.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+	replay, err := b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
 		Target: "demo", Worker: "rec", Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, store.StateInFlight, replay.State)
@@ -133,7 +133,7 @@ func TestBeginReplayIsAFencedTransition(t *testing.T) {
 	require.NotEmpty(t, replay.Payload, "the same bytes are sent again")
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1`, op.ID))
 
-	_, err = b.store.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+	_, err = b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
 		Target: "demo", Worker: "rec", Lease: time.Minute})
 	require.ErrorIs(t, err, store.ErrFenceLost, "a fence replays once")
 }
@@ -150,19 +150,19 @@ func TestClaimUnknownReportsTheSends(t *testing.T) {
 		Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}})
 
 	// A send whose lease expired, whose stale worker records its answer later.
-	stale, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "u-stale", `{"amount":1}`))
+	stale, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "u-stale", `{"amount":1}`))
 	require.NoError(t, err)
-	claimed, err := b.store.Claim(b.ctx, claimParams(1))
+	claimed, err := b.all.Claim(b.ctx, claimParams(1))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
-	swept, err := b.store.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
+	swept, err := b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
 	require.NoError(t, err)
 	require.Equal(t, 1, swept)
-	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: stale.ID, Fence: claimed[0].FenceToken,
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: stale.ID, Fence: claimed[0].FenceToken,
 		State: store.StateUnknown, NotSent: true, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "stale"})
 	require.ErrorIs(t, err, store.ErrFenceLost)
 
-	claims, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	claims, err := b.all.ClaimUnknown(b.ctx, unknownParams())
 	require.NoError(t, err)
 	require.Len(t, claims, 3)
 	byID := map[uuid.UUID]store.UnknownClaim{}
@@ -194,13 +194,13 @@ func TestClaimUnknownReportsTheSends(t *testing.T) {
 func TestClaimUnknownCountsAnUnfinishedAttemptAsSent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "u-crashed", `{"amount":1}`))
+	_, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "u-crashed", `{"amount":1}`))
 	require.NoError(t, err)
-	_, err = b.store.Claim(b.ctx, claimParams(1))
+	_, err = b.all.Claim(b.ctx, claimParams(1))
 	require.NoError(t, err)
-	_, err = b.store.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
+	_, err = b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
 	require.NoError(t, err)
-	claims, err := b.store.ClaimUnknown(b.ctx, unknownParams())
+	claims, err := b.all.ClaimUnknown(b.ctx, unknownParams())
 	require.NoError(t, err)
 	require.Len(t, claims, 1)
 	require.True(t, claims[0].MayHaveExecuted)

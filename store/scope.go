@@ -13,41 +13,52 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// Every statement on a tenant's data runs in the scope its context carries: one tenant
-// (an API call, after authorisation) or every tenant (the broker's own workers). The
-// scope is set for the statement's transaction only (set_config(…, true), sent in the
-// same round trip), never for a pooled session, and PostgreSQL's row-level security
-// (migration 006) limits the statement to it. A context without a scope is refused.
+// Scope is the ledger as one caller may reach it: one tenant's data (an API call, after
+// authorisation: Store.Tenant) or every tenant's (the broker's own workers:
+// Store.AllTenants). Every statement on a tenant's data is a method of Scope, so a call
+// without a scope does not compile. The scope is set for the statement's transaction
+// only (set_config(…, true), sent in the same round trip), never for a pooled session,
+// and PostgreSQL's row-level security (migration 006) limits the statement to it: the
+// scope bounds what a statement may reach, its arguments choose the rows.
+//
+// The zero Scope reaches nothing: its statements fail.
+type Scope struct {
+	s *Store
+	// tenants is the setting opbroker.tenant: one tenant id, allTenants, or for a
+	// statement written for the callers of several tenants, their ids comma-separated.
+	tenants string
+}
 
-type scopeKey struct{}
-
-// allTenants is the scope of the broker's own workers.
+// allTenants is the setting of the broker's own workers.
 const allTenants = "*"
 
-// WithTenant returns ctx limited to one tenant's data.
-func WithTenant(ctx context.Context, tenantID string) context.Context {
-	return context.WithValue(ctx, scopeKey{}, tenantID)
+// Tenant returns the scope of one tenant's data. An id that is empty or could name
+// several tenants ("*", or one holding a comma; tenant ids hold neither) gives a scope
+// whose statements fail.
+func (s *Store) Tenant(tenantID string) Scope {
+	if tenantID == "" || tenantID == allTenants || strings.Contains(tenantID, ",") {
+		return Scope{s: s}
+	}
+	return Scope{s: s, tenants: tenantID}
 }
 
-// WithAllTenants returns ctx that reaches every tenant's data: for the dispatcher, the
+// AllTenants returns the scope of every tenant's data: for the dispatcher, the
 // reconciler, the sweeper and the watch hub, never for a call on behalf of a client.
-func WithAllTenants(ctx context.Context) context.Context {
-	return context.WithValue(ctx, scopeKey{}, allTenants)
+func (s *Store) AllTenants() Scope { return Scope{s: s, tenants: allTenants} }
+
+// tenantsOf returns the scope of exactly the tenants of scopes (each a Tenant's
+// setting), or of every tenant when every scope is allTenants.
+func (s *Store) tenantsOf(scopes []string) Scope {
+	tenants := slices.DeleteFunc(slices.Sorted(slices.Values(scopes)), func(t string) bool { return t == allTenants })
+	if len(tenants) == 0 {
+		return s.AllTenants()
+	}
+	return Scope{s: s, tenants: strings.Join(slices.Compact(tenants), ",")}
 }
 
-// tenantList is the scope of a statement written for the callers of several tenants at
-// once (a combined Prepare): those tenants, comma-separated, and no others.
-type tenantList string
-
-// withTenants returns ctx limited to the data of the tenants of scopes, each a single
-// tenant's scope.
-func withTenants(ctx context.Context, scopes []string) context.Context {
-	tenants := slices.Compact(slices.Sorted(slices.Values(scopes)))
-	return context.WithValue(ctx, scopeKey{}, tenantList(strings.Join(tenants, ",")))
-}
-
-// ErrNoScope means a context reached the ledger without a tenant scope: a bug.
-var ErrNoScope = errors.New("no tenant scope in the context (store.WithTenant or store.WithAllTenants)")
+// ErrNoScope is the error of every statement of a scope that reaches nothing: the zero
+// Scope, or Store.Tenant of an id that names no single tenant. It is a bug.
+var ErrNoScope = errors.New("a scope that names no single tenant (use Store.Tenant or Store.AllTenants)")
 
 // The statements sent ahead of each statement, in its transaction: its scope, and when
 // the context asks for one, its lock timeout.
@@ -55,20 +66,6 @@ const (
 	setScope            = `SELECT set_config('opbroker.tenant', $1, true)`
 	setScopeLockTimeout = `SELECT set_config('opbroker.tenant', $1, true), set_config('lock_timeout', $2, true)`
 )
-
-// scopeOf returns the scope of ctx as the setting spells it. A single tenant's scope
-// holding a comma would name several tenants: it is refused (tenant ids never hold one).
-func scopeOf(ctx context.Context) (string, error) {
-	switch scope := ctx.Value(scopeKey{}).(type) {
-	case tenantList:
-		return string(scope), nil
-	case string:
-		if scope != "" && !strings.Contains(scope, ",") {
-			return scope, nil
-		}
-	}
-	return "", ErrNoScope
-}
 
 type lockTimeoutKey struct{}
 
@@ -78,20 +75,19 @@ func withLockTimeout(ctx context.Context, d time.Duration) context.Context {
 	return context.WithValue(ctx, lockTimeoutKey{}, d)
 }
 
-// query runs one statement in the context's scope, in one round trip.
-func (s *Store) query(ctx context.Context, sql string, args ...any) pgx.Rows {
-	scope, err := scopeOf(ctx)
-	if err != nil {
-		return &failedRows{err: err}
+// query runs one statement in the scope, in one round trip.
+func (q Scope) query(ctx context.Context, sql string, args ...any) pgx.Rows {
+	if q.tenants == "" {
+		return &failedRows{err: ErrNoScope}
 	}
 	batch := &pgx.Batch{}
 	if d, ok := ctx.Value(lockTimeoutKey{}).(time.Duration); ok {
-		batch.Queue(setScopeLockTimeout, scope, fmt.Sprintf("%dms", max(1, d.Milliseconds())))
+		batch.Queue(setScopeLockTimeout, q.tenants, fmt.Sprintf("%dms", max(1, d.Milliseconds())))
 	} else {
-		batch.Queue(setScope, scope)
+		batch.Queue(setScope, q.tenants)
 	}
 	batch.Queue(sql, args...)
-	results := s.pool.SendBatch(ctx, batch)
+	results := q.s.pool.SendBatch(ctx, batch)
 	if _, err := results.Exec(); err != nil {
 		results.Close()
 		return &failedRows{err: err}
@@ -101,25 +97,24 @@ func (s *Store) query(ctx context.Context, sql string, args ...any) pgx.Rows {
 }
 
 // queryRow is query for one row: pgx.ErrNoRows when there is none.
-func (s *Store) queryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return &firstRow{rows: s.query(ctx, sql, args...)}
+func (q Scope) queryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return &firstRow{rows: q.query(ctx, sql, args...)}
 }
 
-// exec runs one statement that returns no rows in the context's scope.
-func (s *Store) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	rows := s.query(ctx, sql, args...)
+// exec runs one statement that returns no rows in the scope.
+func (q Scope) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	rows := q.query(ctx, sql, args...)
 	rows.Close()
 	return rows.CommandTag(), rows.Err()
 }
 
-// inTx runs fn in a transaction in the context's scope.
-func (s *Store) inTx(ctx context.Context, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
-	scope, err := scopeOf(ctx)
-	if err != nil {
-		return err
+// inTx runs fn in a transaction in the scope.
+func (q Scope) inTx(ctx context.Context, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
+	if q.tenants == "" {
+		return ErrNoScope
 	}
-	return pgx.BeginTxFunc(ctx, s.pool, opts, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, setScope, scope); err != nil {
+	return pgx.BeginTxFunc(ctx, q.s.pool, opts, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, setScope, q.tenants); err != nil {
 			return err
 		}
 		return fn(tx)

@@ -62,9 +62,9 @@ type PrepareParams struct {
 // commit (see combiner; at most maxPrepareBatch per statement): across tenants, in the
 // scope of exactly the tenants of the calls in the statement. Each intent keeps its own
 // answer, as if it had been prepared alone.
-func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, created bool, err error) {
+func (q Scope) Prepare(ctx context.Context, p PrepareParams) (op Operation, created bool, err error) {
 	if p.RejectCreation != nil {
-		existing, err := s.findByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
+		existing, err := q.findByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
 		if errors.Is(err, ErrNotFound) {
 			return Operation{}, false, p.RejectCreation
 		}
@@ -77,9 +77,9 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 	if err != nil {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
 	}
-	scope, err := scopeOf(ctx)
-	if err != nil {
-		return Operation{}, false, err
+	scope := q.tenants
+	if scope == "" {
+		return Operation{}, false, ErrNoScope
 	}
 	if scope != allTenants && scope != p.TenantID {
 		// Alone, row-level security would refuse it; in a statement combined with that
@@ -93,7 +93,7 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 	if scope == allTenants {
 		lane = allTenants
 	}
-	results, i, err := s.prepares.do(ctx, lane, prepareCall{PrepareParams: p, id: id, scope: scope}, s.insertEach)
+	results, i, err := q.s.prepares.do(ctx, lane, prepareCall{PrepareParams: p, id: id, scope: scope}, q.s.insertEach)
 	if err == nil {
 		err = results[i].err
 	}
@@ -105,7 +105,7 @@ func (s *Store) Prepare(ctx context.Context, p PrepareParams) (op Operation, cre
 	}
 
 	// The intent was already recorded (the conflicting insert waited for it to commit).
-	existing, err := s.findByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
+	existing, err := q.findByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef)
 	if err != nil {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
 	}
@@ -148,7 +148,7 @@ func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared
 	if len(calls) > 1 {
 		combined = withLockTimeout(ctx, combinedLockWait)
 	}
-	created, err := s.insertOperations(scopeOfCalls(combined, calls), calls)
+	created, err := s.scopeOfCalls(calls).insertOperations(combined, calls)
 	if err != nil && len(calls) > 1 && !errors.Is(err, ErrUnavailable) {
 		results := make([]prepared, len(calls))
 		var wg sync.WaitGroup
@@ -172,31 +172,26 @@ func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared
 const combinedLockWait = time.Second
 
 func (s *Store) insertOne(ctx context.Context, c prepareCall) prepared {
-	created, err := s.insertOperations(scopeOfCalls(ctx, []prepareCall{c}), []prepareCall{c})
+	created, err := s.scopeOfCalls([]prepareCall{c}).insertOperations(ctx, []prepareCall{c})
 	op, ok := created[c.id]
 	return prepared{op: op, created: ok, err: err}
 }
 
-// scopeOfCalls returns ctx in the scope of the callers of calls: exactly their tenants,
-// or every tenant when that is what they all had.
-func scopeOfCalls(ctx context.Context, calls []prepareCall) context.Context {
-	var tenants []string
-	for _, c := range calls {
-		if c.scope != allTenants {
-			tenants = append(tenants, c.scope)
-		}
+// scopeOfCalls returns the scope of the callers of calls: exactly their tenants, or
+// every tenant when that is what they all had.
+func (s *Store) scopeOfCalls(calls []prepareCall) Scope {
+	scopes := make([]string, len(calls))
+	for i, c := range calls {
+		scopes[i] = c.scope
 	}
-	if len(tenants) == 0 {
-		return WithAllTenants(ctx)
-	}
-	return withTenants(ctx, tenants)
+	return s.tenantsOf(scopes)
 }
 
 // insertOperations inserts the intents not yet recorded, each with its creation event,
 // in one statement, and returns the operations it created by id. Rows go in in intent
 // order, so two statements with common intents wait for each other in one order and
 // never deadlock.
-func (s *Store) insertOperations(ctx context.Context, calls []prepareCall) (map[uuid.UUID]Operation, error) {
+func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[uuid.UUID]Operation, error) {
 	n := len(calls)
 	tenants, ids, types, intents := make([]string, n), make([]uuid.UUID, n), make([]string, n), make([]string, n)
 	contentTypes, payloads, digests := make([]string, n), make([][]byte, n), make([][]byte, n)
@@ -215,7 +210,7 @@ func (s *Store) insertOperations(ctx context.Context, calls []prepareCall) (map[
 		}
 		labels[i] = string(js)
 	}
-	rows := s.query(ctx, `
+	rows := q.query(ctx, `
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @operation_types::text[], @intent_refs::text[],
 				@content_types::text[], @payloads::bytea[], @payload_sha256s::bytea[], @supersedes_ids::uuid[],
@@ -245,8 +240,8 @@ func (s *Store) insertOperations(ctx context.Context, calls []prepareCall) (map[
 		created[op.ID] = op
 	}
 	if len(ops) > 0 {
-		s.wake.signal()
-		s.events.signal()
+		q.s.wake.signal()
+		q.s.events.signal()
 	}
 	return created, nil
 }
@@ -260,8 +255,8 @@ func replay(existing Operation, p PrepareParams) (Operation, bool, error) {
 }
 
 // findByIntent returns the operation recording an intent, or ErrNotFound.
-func (s *Store) findByIntent(ctx context.Context, tenantID, operationType, intentRef string) (Operation, error) {
-	rows := s.query(ctx, `SELECT `+operationColumns+` FROM operations
+func (q Scope) findByIntent(ctx context.Context, tenantID, operationType, intentRef string) (Operation, error) {
+	rows := q.query(ctx, `SELECT `+operationColumns+` FROM operations
 		WHERE tenant_id = $1 AND operation_type = $2 AND intent_ref = $3`,
 		tenantID, operationType, intentRef)
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
@@ -269,8 +264,8 @@ func (s *Store) findByIntent(ctx context.Context, tenantID, operationType, inten
 }
 
 // Get returns one operation of a tenant, or ErrNotFound.
-func (s *Store) Get(ctx context.Context, tenantID string, id uuid.UUID) (Operation, error) {
-	rows := s.query(ctx, `SELECT `+operationColumns+` FROM operations
+func (q Scope) Get(ctx context.Context, tenantID string, id uuid.UUID) (Operation, error) {
+	rows := q.query(ctx, `SELECT `+operationColumns+` FROM operations
 		WHERE tenant_id = $1 AND operation_id = $2`, tenantID, id)
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
 	if err != nil {
@@ -289,9 +284,9 @@ type ListParams struct {
 }
 
 // List returns up to Limit operations and whether more follow.
-func (s *Store) List(ctx context.Context, p ListParams) (ops []Operation, more bool, err error) {
+func (q Scope) List(ctx context.Context, p ListParams) (ops []Operation, more bool, err error) {
 	states := stateNames(p.States)
-	rows := s.query(ctx, `SELECT `+operationColumns+` FROM operations
+	rows := q.query(ctx, `SELECT `+operationColumns+` FROM operations
 		WHERE tenant_id = $1
 		  AND (coalesce(cardinality($2::text[]), 0) = 0 OR state = ANY ($2::text[]::operation_state[]))
 		  AND ($3::uuid IS NULL OR operation_id < $3)
@@ -317,8 +312,8 @@ type CancelParams struct {
 // Cancel moves a PREPARED operation to CANCELLED with one conditional update, so it can
 // never race a claim. Cancelling a CANCELLED operation returns it unchanged; any other
 // state is a *StateError.
-func (s *Store) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
-	rows := s.query(ctx, `
+func (q Scope) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
+	rows := q.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET state = 'CANCELLED', revision = revision + 1, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'PREPARED'
@@ -327,13 +322,13 @@ func (s *Store) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
 		SELECT `+operationColumns+` FROM upd`, p.TenantID, p.ID, p.Actor)
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
 	if err == nil {
-		s.events.signal()
+		q.s.events.signal()
 		return op, nil
 	}
 	if err = translate(err); !errors.Is(err, ErrNotFound) {
 		return Operation{}, fmt.Errorf("store: cancel: %w", err)
 	}
-	current, err := s.Get(ctx, p.TenantID, p.ID)
+	current, err := q.Get(ctx, p.TenantID, p.ID)
 	if err != nil {
 		return Operation{}, err
 	}

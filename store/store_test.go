@@ -21,13 +21,14 @@ import (
 type testBundle struct {
 	ctx   context.Context
 	store *store.Store
+	all   store.Scope // every tenant's, as the broker's workers reach the ledger
 	pool  *pgxpool.Pool
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	s, pool := storetest.NewStore(t)
-	return &testBundle{ctx: store.WithAllTenants(context.Background()), store: s, pool: pool}
+	return &testBundle{ctx: context.Background(), store: s, all: s.AllTenants(), pool: pool}
 }
 
 // prepareParams returns a valid intent; opts may change it.
@@ -59,7 +60,7 @@ func TestPrepareCreatesWithCreationEvent(t *testing.T) {
 	p.Labels = map[string]string{"team": "billing"}
 	p.DispatchDeadline = &deadline
 
-	op, created, err := b.store.Prepare(b.ctx, p)
+	op, created, err := b.all.Prepare(b.ctx, p)
 	require.NoError(t, err)
 	require.True(t, created)
 	require.Equal(t, store.StatePrepared, op.State)
@@ -93,7 +94,7 @@ func TestPrepareIdempotentUnderConcurrency(t *testing.T) {
 	for i := range callers {
 		wg.Go(func() {
 			<-start
-			op, c, err := b.store.Prepare(b.ctx, p)
+			op, c, err := b.all.Prepare(b.ctx, p)
 			ids[i], created[i], errs[i] = op.ID, c, err
 		})
 	}
@@ -116,15 +117,15 @@ func TestPrepareIdempotentUnderConcurrency(t *testing.T) {
 func TestPreparePayloadMismatchChangesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	first, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-1", `{"amount":100}`))
+	first, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "order-1", `{"amount":100}`))
 	require.NoError(t, err)
 
-	_, _, err = b.store.Prepare(b.ctx, prepareParams("acme", "order-1", `{"amount":40}`))
+	_, _, err = b.all.Prepare(b.ctx, prepareParams("acme", "order-1", `{"amount":40}`))
 	var mismatch *store.PayloadMismatchError
 	require.ErrorAs(t, err, &mismatch)
 	require.Equal(t, first.ID, mismatch.Existing.ID)
 
-	again, err := b.store.Get(b.ctx, "acme", first.ID)
+	again, err := b.all.Get(b.ctx, "acme", first.ID)
 	require.NoError(t, err)
 	require.Equal(t, first, again)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations`))
@@ -134,9 +135,9 @@ func TestPreparePayloadMismatchChangesNothing(t *testing.T) {
 func TestPrepareLegitimateRepeatIsNewOperation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a, createdA, err := b.store.Prepare(b.ctx, prepareParams("acme", "purchase-1", `{"item":"tea"}`))
+	a, createdA, err := b.all.Prepare(b.ctx, prepareParams("acme", "purchase-1", `{"item":"tea"}`))
 	require.NoError(t, err)
-	c, createdC, err := b.store.Prepare(b.ctx, prepareParams("acme", "purchase-2", `{"item":"tea"}`))
+	c, createdC, err := b.all.Prepare(b.ctx, prepareParams("acme", "purchase-2", `{"item":"tea"}`))
 	require.NoError(t, err)
 	require.True(t, createdA)
 	require.True(t, createdC)
@@ -147,15 +148,15 @@ func TestPrepareLegitimateRepeatIsNewOperation(t *testing.T) {
 func TestPrepareScopesIntentByTenantAndType(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "x", `1`))
+	a, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "x", `1`))
 	require.NoError(t, err)
-	other, created, err := b.store.Prepare(b.ctx, prepareParams("globex", "x", `2`))
+	other, created, err := b.all.Prepare(b.ctx, prepareParams("globex", "x", `2`))
 	require.NoError(t, err)
 	require.True(t, created)
 	require.NotEqual(t, a.ID, other.ID)
 	p := prepareParams("acme", "x", `3`)
 	p.OperationType = "demo.notify"
-	_, created, err = b.store.Prepare(b.ctx, p)
+	_, created, err = b.all.Prepare(b.ctx, p)
 	require.NoError(t, err)
 	require.True(t, created)
 }
@@ -163,33 +164,33 @@ func TestPrepareScopesIntentByTenantAndType(t *testing.T) {
 func TestPrepareSupersedes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	original, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "credit-1", `{"amount":50}`))
+	original, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "credit-1", `{"amount":50}`))
 	require.NoError(t, err)
 
 	amend := prepareParams("acme", "credit-1-amended", `{"amount":40}`)
 	amend.SupersedesID = uuid.NullUUID{UUID: original.ID, Valid: true}
-	amended, _, err := b.store.Prepare(b.ctx, amend)
+	amended, _, err := b.all.Prepare(b.ctx, amend)
 	require.NoError(t, err)
 	require.Equal(t, original.ID, amended.SupersedesID.UUID)
 
-	unchanged, err := b.store.Get(b.ctx, "acme", original.ID)
+	unchanged, err := b.all.Get(b.ctx, "acme", original.ID)
 	require.NoError(t, err)
 	require.Equal(t, original, unchanged, "an amendment never overwrites the original")
 
 	cross := prepareParams("globex", "credit-x", `{"amount":40}`)
 	cross.SupersedesID = uuid.NullUUID{UUID: original.ID, Valid: true}
-	_, _, err = b.store.Prepare(b.ctx, cross)
+	_, _, err = b.all.Prepare(b.ctx, cross)
 	require.ErrorIs(t, err, store.ErrSupersededNotFound, "another tenant's operation cannot be superseded")
 }
 
 func TestGetIsScopedByTenant(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	op, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
+	op, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
 	require.NoError(t, err)
-	_, err = b.store.Get(b.ctx, "globex", op.ID)
+	_, err = b.all.Get(b.ctx, "globex", op.ID)
 	require.ErrorIs(t, err, store.ErrNotFound)
-	_, err = b.store.Get(b.ctx, "acme", uuid.Must(uuid.NewV7()))
+	_, err = b.all.Get(b.ctx, "acme", uuid.Must(uuid.NewV7()))
 	require.ErrorIs(t, err, store.ErrNotFound)
 }
 
@@ -198,19 +199,19 @@ func TestListPagesNewestFirstWithFilter(t *testing.T) {
 	b := setup(t)
 	var ids []uuid.UUID
 	for i := range 7 {
-		op, _, err := b.store.Prepare(b.ctx, prepareParams("acme", fmt.Sprintf("o-%d", i), `{}`))
+		op, _, err := b.all.Prepare(b.ctx, prepareParams("acme", fmt.Sprintf("o-%d", i), `{}`))
 		require.NoError(t, err)
 		ids = append(ids, op.ID)
 	}
-	_, _, err := b.store.Prepare(b.ctx, prepareParams("globex", "o-0", `{}`))
+	_, _, err := b.all.Prepare(b.ctx, prepareParams("globex", "o-0", `{}`))
 	require.NoError(t, err)
-	_, err = b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: ids[2], Actor: "test"})
+	_, err = b.all.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: ids[2], Actor: "test"})
 	require.NoError(t, err)
 
 	var seen []uuid.UUID
 	var before uuid.NullUUID
 	for {
-		page, more, err := b.store.List(b.ctx, store.ListParams{TenantID: "acme", Before: before, Limit: 3})
+		page, more, err := b.all.List(b.ctx, store.ListParams{TenantID: "acme", Before: before, Limit: 3})
 		require.NoError(t, err)
 		for _, op := range page {
 			require.Equal(t, "acme", op.TenantID)
@@ -226,7 +227,7 @@ func TestListPagesNewestFirstWithFilter(t *testing.T) {
 		require.Equal(t, ids[len(ids)-1-i], seen[i], "newest first")
 	}
 
-	cancelled, more, err := b.store.List(b.ctx, store.ListParams{TenantID: "acme", States: []store.State{store.StateCancelled}, Limit: 10})
+	cancelled, more, err := b.all.List(b.ctx, store.ListParams{TenantID: "acme", States: []store.State{store.StateCancelled}, Limit: 10})
 	require.NoError(t, err)
 	require.False(t, more)
 	require.Len(t, cancelled, 1)
@@ -236,26 +237,26 @@ func TestListPagesNewestFirstWithFilter(t *testing.T) {
 func TestCancelRules(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	op, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
+	op, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
 	require.NoError(t, err)
 
-	cancelled, err := b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
+	cancelled, err := b.all.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
 	require.NoError(t, err)
 	require.Equal(t, store.StateCancelled, cancelled.State)
 	require.Equal(t, int64(2), cancelled.Revision)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE revision = 2 AND from_state = 'PREPARED' AND to_state = 'CANCELLED'`))
 
-	again, err := b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
+	again, err := b.all.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
 	require.NoError(t, err, "cancelling twice is idempotent")
 	require.Equal(t, cancelled, again)
 
-	_, err = b.store.Cancel(b.ctx, store.CancelParams{TenantID: "globex", ID: op.ID, Actor: "test"})
+	_, err = b.all.Cancel(b.ctx, store.CancelParams{TenantID: "globex", ID: op.ID, Actor: "test"})
 	require.ErrorIs(t, err, store.ErrNotFound)
 
-	sent, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-2", `{}`))
+	sent, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "order-2", `{}`))
 	require.NoError(t, err)
 	forceInFlight(t, b, sent.ID)
-	_, err = b.store.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: sent.ID, Actor: "test"})
+	_, err = b.all.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: sent.ID, Actor: "test"})
 	var stateErr *store.StateError
 	require.ErrorAs(t, err, &stateErr)
 	require.Equal(t, store.StateInFlight, stateErr.Operation.State)
@@ -276,9 +277,9 @@ func forceInFlight(t *testing.T, b *testBundle, id uuid.UUID) {
 func TestSchemaRefusesIllegalStates(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	op, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
+	op, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
 	require.NoError(t, err)
-	done, _, err := b.store.Prepare(b.ctx, prepareParams("acme", "order-2", `{}`))
+	done, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "order-2", `{}`))
 	require.NoError(t, err)
 	forceInFlight(t, b, done.ID)
 	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET state = 'SUCCEEDED', revision = revision + 1, remote_ref = 'ch_1',
@@ -308,7 +309,7 @@ func TestSchemaRefusesIllegalStates(t *testing.T) {
 		_, err := b.pool.Exec(b.ctx, sql, done.ID)
 		require.Error(t, err, name)
 	}
-	unchanged, err := b.store.Get(b.ctx, "acme", op.ID)
+	unchanged, err := b.all.Get(b.ctx, "acme", op.ID)
 	require.NoError(t, err)
 	require.Equal(t, op, unchanged)
 }
@@ -336,24 +337,24 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 func TestErrorsNameThePackageOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.store.Get(b.ctx, "acme", uuid.New())
+	_, err := b.all.Get(b.ctx, "acme", uuid.New())
 	require.ErrorIs(t, err, store.ErrNotFound)
 	require.Equal(t, "store: get: operation not found", err.Error())
 
 	p := prepareParams("acme", "amends-nothing", `{"amount":1}`)
 	p.SupersedesID = uuid.NullUUID{UUID: uuid.New(), Valid: true}
-	_, _, err = b.store.Prepare(b.ctx, p)
+	_, _, err = b.all.Prepare(b.ctx, p)
 	require.ErrorIs(t, err, store.ErrSupersededNotFound)
 	require.Equal(t, "store: prepare: superseded operation not found", err.Error())
 
-	_, _, err = b.store.Prepare(b.ctx, prepareParams("acme", "once", `{"amount":1}`))
+	_, _, err = b.all.Prepare(b.ctx, prepareParams("acme", "once", `{"amount":1}`))
 	require.NoError(t, err)
-	_, _, err = b.store.Prepare(b.ctx, prepareParams("acme", "once", `{"amount":2}`))
+	_, _, err = b.all.Prepare(b.ctx, prepareParams("acme", "once", `{"amount":2}`))
 	var mismatch *store.PayloadMismatchError
 	require.ErrorAs(t, err, &mismatch)
 	require.Equal(t, 1, strings.Count(err.Error(), "store:"), err.Error())
 
-	_, err = b.store.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: uuid.New(), Fence: 1,
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: uuid.New(), Fence: 1,
 		State: store.StateUnknown, Actor: "test"})
 	require.ErrorIs(t, err, store.ErrFenceLost)
 	require.Equal(t, "fence lost", err.Error())

@@ -159,7 +159,7 @@ func PrepareJSON(t testing.TB, st *store.Store, tenant, operationType, intent, b
 	if err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
-	op, _, err := st.Prepare(store.WithTenant(context.Background(), tenant), store.PrepareParams{TenantID: tenant, OperationType: operationType,
+	op, _, err := st.Tenant(tenant).Prepare(context.Background(), store.PrepareParams{TenantID: tenant, OperationType: operationType,
 		IntentRef: intent, ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test"})
 	if err != nil {
 		t.Fatalf("storetest: prepare: %v", err)

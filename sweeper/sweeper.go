@@ -78,7 +78,7 @@ func New(cfg Config) (*Sweeper, error) {
 
 // Start sweeps every Interval until Stop, and returns at once.
 func (s *Sweeper) Start(ctx context.Context) error {
-	s.Base.Start(store.WithAllTenants(ctx), func(ctx context.Context) {
+	s.Base.Start(ctx, func(ctx context.Context) {
 		ticker := time.NewTicker(s.cfg.Interval)
 		defer ticker.Stop()
 		for {
@@ -106,15 +106,15 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) error {
 	}
 	steps := []step{
 		{func() (int, error) {
-			return s.cfg.Store.SweepExpiredLeases(ctx, store.SweepParams{Now: now, Limit: batch})
+			return s.cfg.Store.AllTenants().SweepExpiredLeases(ctx, store.SweepParams{Now: now, Limit: batch})
 		}, s.swept},
 		{func() (int, error) {
-			return s.cfg.Store.ExpireDeadlines(ctx, store.SweepParams{Now: now, Limit: batch})
+			return s.cfg.Store.AllTenants().ExpireDeadlines(ctx, store.SweepParams{Now: now, Limit: batch})
 		}, s.expired},
 	}
 	if s.cfg.PayloadRetention > 0 {
 		steps = append(steps, step{func() (int, error) {
-			return s.cfg.Store.PurgePayloads(ctx, store.PurgeParams{Retention: s.cfg.PayloadRetention, Limit: batch})
+			return s.cfg.Store.AllTenants().PurgePayloads(ctx, store.PurgeParams{Retention: s.cfg.PayloadRetention, Limit: batch})
 		}, s.purged})
 	}
 	for _, step := range steps {

@@ -30,9 +30,9 @@ func newSweeper(t *testing.T, st *store.Store, retention time.Duration) *sweeper
 func TestPurgesPayloadsAfterRetention(t *testing.T) {
 	t.Parallel()
 	st, pool := storetest.NewStore(t)
-	ctx := store.WithAllTenants(context.Background())
+	ctx := context.Background()
 	op := storetest.PrepareJSON(t, st, "acme", "demo.charge", "done", `{"amount":1}`)
-	_, err := st.Cancel(ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
+	_, err := st.AllTenants().Cancel(ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE operations SET updated_at = now() - interval '2 hours'`)
 	require.NoError(t, err)
@@ -54,16 +54,16 @@ func TestPurgesPayloadsAfterRetention(t *testing.T) {
 func TestSweepsOnItsOwn(t *testing.T) {
 	t.Parallel()
 	st, _ := storetest.NewStore(t)
-	ctx := store.WithAllTenants(context.Background())
+	ctx := context.Background()
 	s := newSweeper(t, st, 0)
 	for i, intent := range []string{"first", "second"} {
 		op := storetest.PrepareJSON(t, st, "acme", "demo.charge", intent, `{"amount":1}`)
-		_, err := st.Claim(ctx, store.ClaimParams{Target: "demo", FairClaim: store.FairClaim{OperationTypes: []string{"demo.charge"},
+		_, err := st.AllTenants().Claim(ctx, store.ClaimParams{Target: "demo", FairClaim: store.FairClaim{OperationTypes: []string{"demo.charge"},
 			Worker: "gone", Lease: time.Millisecond, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 		require.NoError(t, err)
 		require.NoError(t, s.Start(ctx))
 		require.Eventually(t, func() bool {
-			got, err := st.Get(ctx, "acme", op.ID)
+			got, err := st.AllTenants().Get(ctx, "acme", op.ID)
 			require.NoError(t, err)
 			return got.State == store.StateUnknown
 		}, 10*time.Second, 10*time.Millisecond, "run %d", i)

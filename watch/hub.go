@@ -101,7 +101,7 @@ func (s *Subscription) Close() {
 // Start runs the hub until Stop, and returns at once.
 func (h *Hub) Start(ctx context.Context) error {
 	events, unsubscribe := h.store.SubscribeEvents()
-	if !h.Base.Start(store.WithAllTenants(ctx), func(ctx context.Context) {
+	if !h.Base.Start(ctx, func(ctx context.Context) {
 		defer unsubscribe()
 		ticker := time.NewTicker(h.poll)
 		defer ticker.Stop()
@@ -137,7 +137,7 @@ func (h *Hub) runOnce(ctx context.Context) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	revs, err := h.store.Revisions(ctx, keys)
+	revs, err := h.store.AllTenants().Revisions(ctx, keys)
 	if err != nil {
 		return err
 	}

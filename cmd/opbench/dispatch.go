@@ -24,7 +24,6 @@ import (
 // trail written (a claim with its event and attempt record, an outcome with its event),
 // for each target and mode asked, each on a fresh schema of the same PostgreSQL.
 func benchDispatch(ctx context.Context, cmd *cli.Command) error {
-	ctx = store.WithAllTenants(ctx)
 	for _, t := range cmd.StringSlice("targets") {
 		if t != "noop" && t != "http" {
 			return fmt.Errorf("--targets: %q is neither noop nor http", t)

@@ -21,7 +21,6 @@ import (
 // benchLedger measures Prepare and claim latency on an empty ledger, then again as it
 // grows to --operations finished operations, to show they do not degrade with its size.
 func benchLedger(ctx context.Context, cmd *cli.Command) error {
-	ctx = store.WithAllTenants(ctx)
 	pool, cleanup, err := openDatabase(ctx, cmd, true)
 	if err != nil {
 		return err
@@ -129,7 +128,7 @@ func claimThrough(ctx context.Context, st *store.Store, size, tenants, n int) (c
 	cursor := ""
 	for {
 		start := time.Now()
-		claimed, err := st.Claim(ctx, store.ClaimParams{Target: "demo", FairClaim: store.FairClaim{
+		claimed, err := st.AllTenants().Claim(ctx, store.ClaimParams{Target: "demo", FairClaim: store.FairClaim{
 			OperationTypes: []string{simtarget.DemoCharge}, Worker: "opbench", Lease: time.Minute,
 			Limit: 64, PerTenant: 16, MaxTenants: 64, AfterTenant: cursor}})
 		if err != nil {
@@ -145,7 +144,7 @@ func claimThrough(ctx context.Context, st *store.Store, size, tenants, n int) (c
 		errs := make([]error, len(claimed))
 		for i, c := range claimed {
 			wg.Go(func() {
-				_, errs[i] = st.RecordOutcome(ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+				_, errs[i] = st.AllTenants().RecordOutcome(ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
 					State: store.StateSucceeded, RemoteRef: "ref_" + c.ID.String(), Observation: store.Observation{Outcome: "CREATED"}, Actor: "opbench"})
 			})
 		}

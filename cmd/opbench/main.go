@@ -202,7 +202,7 @@ func prepareIntent(ctx context.Context, st *store.Store, tenant, intent string, 
 	if err != nil {
 		return store.Operation{}, err
 	}
-	op, _, err := st.Prepare(store.WithTenant(ctx, tenant), store.PrepareParams{TenantID: tenant, OperationType: simtarget.DemoCharge,
+	op, _, err := st.Tenant(tenant).Prepare(ctx, store.PrepareParams{TenantID: tenant, OperationType: simtarget.DemoCharge,
 		IntentRef: intent, ContentType: "application/json", Payload: body, PayloadSHA256: digest[:], Actor: "opbench"})
 	return op, err
 }

@@ -20,7 +20,6 @@ import (
 // (so each is recorded UNKNOWN with its effect in place), then the reconciler alone
 // looks each one up and records it SUCCEEDED.
 func benchReconcile(ctx context.Context, cmd *cli.Command) error {
-	ctx = store.WithAllTenants(ctx)
 	url, stopCluster, err := cluster(ctx, cmd.String("database-url"))
 	if err != nil {
 		return err

@@ -132,7 +132,7 @@ func watchLatency(ctx context.Context, pool *pgxpool.Pool, st *store.Store, addr
 	var latencies []time.Duration
 	for i := range min(changes, n) {
 		op := ops[i*n/min(changes, n)]
-		if _, err := writer.Cancel(store.WithTenant(ctx, op.TenantID), store.CancelParams{TenantID: op.TenantID, ID: op.ID, Actor: "opbench"}); err != nil {
+		if _, err := writer.Tenant(op.TenantID).Cancel(ctx, store.CancelParams{TenantID: op.TenantID, ID: op.ID, Actor: "opbench"}); err != nil {
 			return result{}, err
 		}
 		committed := time.Now()
