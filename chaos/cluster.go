@@ -21,6 +21,7 @@ import (
 	"github.com/opbroker/opbroker/auth"
 	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/embeddedpg"
+	"github.com/opbroker/opbroker/provision"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
@@ -96,13 +97,13 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 		base = c.pg.URL()
 	}
 	c.schema = fmt.Sprintf("chaos_%d_%d", cfg.Seed, time.Now().UnixNano())
-	if c.appURL, err = store.Provision(ctx, base, "opbroker_chaos", c.schema); err != nil {
+	if c.appURL, err = provision.Schema(ctx, base, "opbroker_chaos", c.schema); err != nil {
 		return c, err
 	}
 	if err := store.MigrateURL(ctx, c.appURL); err != nil {
 		return c, err
 	}
-	if c.adminURL, err = store.WithParams(base, map[string]string{"search_path": c.schema}); err != nil {
+	if c.adminURL, err = provision.WithParams(base, map[string]string{"search_path": c.schema}); err != nil {
 		return c, err
 	}
 	if c.admin, err = pgxpool.New(ctx, c.adminURL); err != nil {
@@ -211,7 +212,7 @@ func (c *cluster) start(i int) error {
 	}
 	c.mu.Unlock()
 
-	url, err := store.WithParams(c.appURL, map[string]string{"application_name": fmt.Sprintf("opbroker-chaos-%d", i)})
+	url, err := provision.WithParams(c.appURL, map[string]string{"application_name": fmt.Sprintf("opbroker-chaos-%d", i)})
 	if err != nil {
 		return err
 	}
@@ -410,7 +411,7 @@ func (c *cluster) close() {
 		c.admin.Close()
 	}
 	if c.adminURL != "" {
-		if err := store.DropSchema(context.Background(), c.adminURL, c.schema); err != nil {
+		if err := provision.DropSchema(context.Background(), c.adminURL, c.schema); err != nil {
 			fmt.Fprintf(c.cfg.Log, "chaos: dropping the run's schema: %v\n", err)
 		}
 	}

@@ -5,10 +5,6 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
-	"maps"
-	neturl "net/url"
-	"slices"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -104,32 +100,6 @@ func checkIsolation(ctx context.Context, conn *pgxpool.Conn) error {
 	return nil
 }
 
-// Provision prepares a database for the broker from an administrator's connection
-// string: an ordinary role (NOLOGIN, no superuser, no BYPASSRLS) owning a schema, both
-// created when missing. It returns the connection string that connects with the
-// administrator's credentials as that role (the role startup parameter) with the schema
-// on the search path, for migrations and the broker alike. For opbroker dev and tests;
-// in production the role is created by whoever runs the database (docs/security.md).
-func Provision(ctx context.Context, adminURL, role, schema string) (string, error) {
-	conn, err := pgx.Connect(ctx, adminURL)
-	if err != nil {
-		return "", fmt.Errorf("store: provision: %w", err)
-	}
-	defer conn.Close(ctx)
-	ident := pgx.Identifier{role}.Sanitize()
-	// Concurrent provisioning (parallel test binaries) may race to create the role.
-	if _, err := conn.Exec(ctx, `DO $$ BEGIN
-			CREATE ROLE `+ident+` NOLOGIN NOSUPERUSER NOBYPASSRLS;
-		EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-		END $$`); err != nil {
-		return "", fmt.Errorf("store: provision role: %w", err)
-	}
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()+` AUTHORIZATION `+ident); err != nil {
-		return "", fmt.Errorf("store: provision schema: %w", err)
-	}
-	return WithParams(adminURL, map[string]string{"search_path": schema, "role": role})
-}
-
 // MigrateURL is Migrate on a pool of its own over the database at url.
 func MigrateURL(ctx context.Context, url string) error {
 	pool, err := pgxpool.New(ctx, url)
@@ -138,39 +108,4 @@ func MigrateURL(ctx context.Context, url string) error {
 	}
 	defer pool.Close()
 	return Migrate(ctx, pool)
-}
-
-// DropSchema removes a schema made by Provision, with everything in it, from an
-// administrator's connection string.
-func DropSchema(ctx context.Context, adminURL, schema string) error {
-	conn, err := pgx.Connect(ctx, adminURL)
-	if err != nil {
-		return fmt.Errorf("store: drop schema: %w", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-		return fmt.Errorf("store: drop schema: %w", err)
-	}
-	return nil
-}
-
-// WithParams sets connection parameters in a connection string of either form.
-func WithParams(conn string, params map[string]string) (string, error) {
-	keys := slices.Sorted(maps.Keys(params))
-	if !strings.Contains(conn, "://") {
-		for _, k := range keys {
-			conn += " " + k + "=" + params[k]
-		}
-		return conn, nil
-	}
-	u, err := neturl.Parse(conn)
-	if err != nil {
-		return "", err
-	}
-	q := u.Query()
-	for _, k := range keys {
-		q.Set(k, params[k])
-	}
-	u.RawQuery = q.Encode()
-	return u.String(), nil
 }

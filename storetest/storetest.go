@@ -20,6 +20,7 @@ import (
 
 	"github.com/opbroker/opbroker/embeddedpg"
 	"github.com/opbroker/opbroker/payload"
+	"github.com/opbroker/opbroker/provision"
 	"github.com/opbroker/opbroker/store"
 )
 
@@ -104,14 +105,14 @@ func EmptySchema(t testing.TB) string {
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	schema := "test_" + hex.EncodeToString(suffix)
-	url, err := store.Provision(ctx, URL(t), AppRole, schema)
+	url, err := provision.Schema(ctx, URL(t), AppRole, schema)
 	if err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := store.DropSchema(ctx, URL(t), schema); err != nil {
+		if err := provision.DropSchema(ctx, URL(t), schema); err != nil {
 			t.Errorf("storetest: %v", err)
 		}
 	})

@@ -24,6 +24,7 @@ import (
 
 	"github.com/opbroker/opbroker/embeddedpg"
 	"github.com/opbroker/opbroker/payload"
+	"github.com/opbroker/opbroker/provision"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 )
@@ -146,11 +147,11 @@ func cluster(ctx context.Context, url string) (string, func(), error) {
 // the broker's is; without, it is the administrator's.
 func database(ctx context.Context, url string, rls bool) (*pgxpool.Pool, func(), error) {
 	schema := fmt.Sprintf("opbench_%d", time.Now().UnixNano())
-	appURL, err := store.Provision(ctx, url, "opbroker_bench", schema)
+	appURL, err := provision.Schema(ctx, url, "opbroker_bench", schema)
 	if err != nil {
 		return nil, nil, err
 	}
-	drop := func() { _ = store.DropSchema(context.Background(), url, schema) }
+	drop := func() { _ = provision.DropSchema(context.Background(), url, schema) }
 	cfg, err := pgxpool.ParseConfig(appURL)
 	if err != nil {
 		drop()

@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/opbroker/opbroker/embeddedpg"
+	"github.com/opbroker/opbroker/provision"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 )
@@ -55,7 +56,7 @@ func runDev(ctx context.Context, cmd *cli.Command) error {
 	}()
 	// The broker connects as an ordinary role, bound by row-level security as in
 	// production; the printed PostgreSQL address is the administrator's.
-	appURL, err := store.Provision(ctx, pg.URL(), "opbroker", "opbroker")
+	appURL, err := provision.Schema(ctx, pg.URL(), "opbroker", "opbroker")
 	if err != nil {
 		return err
 	}
