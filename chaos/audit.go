@@ -16,6 +16,7 @@ import (
 type ledgerOp struct {
 	Tenant, Type, IntentRef, State string
 	Name, RemoteKey, RemoteRef     string
+	Supersedes                     string // the name of the operation it amends, or ""
 	Escalated, NextCheck           bool
 	LastObservation                string
 	Events                         []ledgerEvent
@@ -62,12 +63,13 @@ func (c *cluster) readLedger(ctx context.Context) (map[string]*ledgerOp, error) 
 	ops := map[string]*ledgerOp{}
 	rows, _ := c.admin.Query(ctx, `SELECT tenant_id, operation_type, intent_ref, state::text,
 			'tenants/' || tenant_id || '/operations/' || operation_id, remote_key::text, coalesce(remote_ref, ''),
+			coalesce('tenants/' || tenant_id || '/operations/' || supersedes_id, ''),
 			escalation IS NOT NULL, next_check_at IS NOT NULL,
 			coalesce(last_observation->>'outcome', '') || ' ' || coalesce(last_observation->>'summary', '')
 		FROM operations`)
 	var op ledgerOp
 	if _, err := pgx.ForEachRow(rows, []any{&op.Tenant, &op.Type, &op.IntentRef, &op.State, &op.Name, &op.RemoteKey,
-		&op.RemoteRef, &op.Escalated, &op.NextCheck, &op.LastObservation}, func() error {
+		&op.RemoteRef, &op.Supersedes, &op.Escalated, &op.NextCheck, &op.LastObservation}, func() error {
 		o := op
 		ops[o.Name] = &o
 		return nil
@@ -117,7 +119,7 @@ func (c *cluster) truth() map[string]*simtarget.KeyTruth {
 
 var terminal = []string{"SUCCEEDED", "FAILED_TERMINAL", "CANCELLED"}
 
-// audit checks invariants I1–I10 (docs/testing.md#the-chaos-run) and fills the report's
+// audit checks invariants I1–I11 (docs/testing.md#the-chaos-run) and fills the report's
 // counts.
 func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyTruth, h *history) {
 	inv := map[string][]string{}
@@ -151,6 +153,10 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 			fail("I6", "%s: the target saw %d different payloads under its key", op.Name, len(kt.PayloadSHA256))
 		}
 		auditEvents(op, fail)
+		if op.Supersedes != "" {
+			r.Amendments++
+			auditAmendment(op, ops[op.Supersedes], truth, fail)
+		}
 		// I9: after healing, terminal, or ESCALATED/UNKNOWN with an owner.
 		switch {
 		case slices.Contains(terminal, op.State):
@@ -206,7 +212,8 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 	if n := len(resolutions); n > 0 {
 		r.UnknownToResolution = Durations{Median: resolutions[n/2].Round(time.Millisecond), Worst: resolutions[n-1].Round(time.Millisecond)}
 	}
-	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10"} {
+	r.AmendmentsWaited = h.amendmentsWaited
+	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "I11"} {
 		res := Invariant{ID: id, Name: invariantNames[id], Held: len(inv[id]) == 0}
 		res.Violations = inv[id][:min(len(inv[id]), 20)]
 		r.Invariants = append(r.Invariants, res)
@@ -262,6 +269,35 @@ func auditEvents(op *ledgerOp, fail func(id, format string, args ...any)) {
 	}
 }
 
+// auditAmendment checks I11 for an amendment: it was recorded only beside an original
+// that was settled, or PREPARED and then cancelled by it in the same transaction, in
+// which case the original never reached the target.
+func auditAmendment(op, original *ledgerOp, truth map[string]*simtarget.KeyTruth, fail func(id, format string, args ...any)) {
+	if original == nil {
+		fail("I11", "%s: amends %s, which the ledger does not hold", op.Name, op.Supersedes)
+		return
+	}
+	found, _, _ := strings.Cut(strings.TrimPrefix(op.Events[0].Reason, "SUPERSEDES_"), " ")
+	switch {
+	case found == "PREPARED":
+		kt := truth[original.RemoteKey]
+		if original.State != "CANCELLED" || len(original.Attempts) > 0 || (kt != nil && kt.Attempts > 0) {
+			fail("I11", "%s: amended %s while PREPARED, but the original is %s with %d attempts\n%s",
+				op.Name, original.Name, original.State, len(original.Attempts), strings.Join(original.trail(orEmpty(kt)), "\n"))
+		}
+	case slices.Contains(terminal, found):
+	default:
+		fail("I11", "%s: recorded while its original %s was %q", op.Name, original.Name, found)
+	}
+}
+
+func orEmpty(kt *simtarget.KeyTruth) *simtarget.KeyTruth {
+	if kt == nil {
+		return &simtarget.KeyTruth{}
+	}
+	return kt
+}
+
 // resolution returns how long the operation spent from its first UNKNOWN to the change
 // that resolved it (SUCCEEDED, FAILED_TERMINAL or ESCALATED), and whether it recovered
 // (resolved to SUCCEEDED or FAILED_TERMINAL). Zero when it never was UNKNOWN or is still.
@@ -291,4 +327,5 @@ var invariantNames = map[string]string{
 	"I8":  "no tenant read or changed another tenant's operation",
 	"I9":  "after healing, every operation is terminal, or ESCALATED/UNKNOWN with an owner",
 	"I10": "only allowed transitions in the event log, and the counts add up",
+	"I11": "an amendment is recorded only beside a settled original, or one it cancelled before any send",
 }

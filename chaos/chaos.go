@@ -4,7 +4,7 @@
 // kill -9 and SIGSTOP of replicas, PostgreSQL restarted in immediate mode and its
 // connections terminated, while clients prepare, retry, duplicate, amend and probe other
 // tenants. Then everything heals, the run waits for the work to settle, and the audit
-// checks invariants I1–I10 (docs/testing.md#the-chaos-run) against the targets' ground
+// checks invariants I1–I11 (docs/testing.md#the-chaos-run) against the targets' ground
 // truth, the ledger and the clients' history. A run is reproducible from its seed as far
 // as the workload, the fault schedule and the targets' faults go; processes and the
 // network add their own timing.
@@ -103,6 +103,10 @@ type Report struct {
 	Crashes  int            `json:"crashes"`
 	Probes   int            `json:"cross_tenant_probes"`
 	GaveUp   int            `json:"intents_never_acknowledged"`
+	// Amendments recorded, and amendments the clients sent again after the broker refused
+	// them while their original was unsettled.
+	Amendments       int `json:"amendments"`
+	AmendmentsWaited int `json:"amendments_waited"`
 	// The four that must be zero.
 	Lost        int `json:"lost"`
 	Duplicated  int `json:"duplicated"`
@@ -233,7 +237,8 @@ func (r *Report) WriteText(w io.Writer) {
 	for _, k := range slices.Sorted(maps.Keys(r.Faults)) {
 		fmt.Fprintf(w, " %s %d;", k, r.Faults[k])
 	}
-	fmt.Fprintf(w, "\n  replica crashes %d, cross-tenant probes %d\n", r.Crashes, r.Probes)
+	fmt.Fprintf(w, "\n  replica crashes %d, cross-tenant probes %d, amendments %d (%d sent again once their original settled)\n",
+		r.Crashes, r.Probes, r.Amendments, r.AmendmentsWaited)
 	fmt.Fprintf(w, "  lost %d, duplicated %d, unconfirmed %d, false-failed %d\n", r.Lost, r.Duplicated, r.Unconfirmed, r.FalseFailed)
 	fmt.Fprintf(w, "  recovered from UNKNOWN %d, escalated %d, still UNKNOWN %d (settled: %v)\n", r.Recovered, r.Escalated, r.Unresolved, r.Settled)
 	for _, u := range r.UnresolvedSamples {

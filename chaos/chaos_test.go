@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 // TestShortChaosRun is the short, fixed-seed chaos run: three replicas as processes,
 // every fault of the targets, crash points, kill -9, SIGSTOP past the lease,
 // pg_terminate_backend and (on the embedded PostgreSQL) an immediate restart, then the
-// audit of I1–I10.
+// audit of I1–I11.
 func TestShortChaosRun(t *testing.T) {
 	var log bytes.Buffer
 	report, err := chaos.Run(context.Background(), chaos.Config{
@@ -65,4 +65,5 @@ func TestShortChaosRun(t *testing.T) {
 	require.Positive(t, report.Crashes)
 	require.Positive(t, report.Recovered, "some operations went through UNKNOWN and were resolved")
 	require.Positive(t, report.Probes)
+	require.Positive(t, report.Amendments, "some amendments were recorded")
 }

@@ -5,15 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/server"
 )
 
 // intent is one business intent of the workload and what the clients were told of it.
@@ -47,6 +51,9 @@ type history struct {
 	probes     int
 	violations []string // I8: a probe that got anything but a refusal
 	gaveUp     int      // intents never acknowledged (within the retry budget): not counted as lost
+	// amendmentsWaited counts amendments refused because their original was not settled
+	// yet, which the client sent again once it was.
+	amendmentsWaited int
 }
 
 func (h *history) add(in *intent) {
@@ -91,24 +98,24 @@ func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i i
 	if rng.IntN(5) == 0 { // a concurrent duplicate, as from a client that timed out and retried at once
 		var wg sync.WaitGroup
 		other := rand.New(rand.NewPCG(rng.Uint64(), 7)) // the client's own random source
-		wg.Go(func() { c.prepare(ctx, other, h, in) })
-		c.prepare(ctx, rng, h, in)
+		wg.Go(func() { _ = c.prepare(ctx, other, h, in) })
+		_ = c.prepare(ctx, rng, h, in)
 		wg.Wait()
 	} else {
-		c.prepare(ctx, rng, h, in)
+		_ = c.prepare(ctx, rng, h, in)
 	}
 	name := in.name()
 	if name == "" {
 		return
 	}
 	if rng.IntN(10) == 0 { // a retry long after the acknowledgement
-		c.prepare(ctx, rng, h, in)
+		_ = c.prepare(ctx, rng, h, in)
 	}
 	if rng.IntN(20) == 0 { // a genuinely new action with the same payload: a new intent
 		repeat := &intent{req: cloneRequest(in.req)}
 		repeat.req.IntentRef += "-repeat"
 		h.add(repeat)
-		c.prepare(ctx, rng, h, repeat)
+		_ = c.prepare(ctx, rng, h, repeat)
 	}
 	if rng.IntN(20) == 0 { // an amendment of the acknowledged operation
 		amend := &intent{req: cloneRequest(in.req)}
@@ -116,7 +123,7 @@ func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i i
 		amend.req.Supersedes = name
 		amend.req.Payload = fmt.Appendf(nil, `{"amount":%d,"order":%d,"amended":true}`, 1+rng.IntN(10000), i)
 		h.add(amend)
-		c.prepare(ctx, rng, h, amend)
+		c.amend(ctx, rng, h, amend)
 	}
 	if rng.IntN(10) == 0 {
 		c.probe(ctx, rng, h, tenant, name)
@@ -147,9 +154,65 @@ func retryable(err error) bool {
 	return false
 }
 
+// amend prepares an amendment as a client that follows the rule does: while the
+// original is not settled the broker refuses it (SUPERSEDED_OPERATION_UNRESOLVED), so
+// the client waits until the original is terminal and sends it again. An original that
+// ends ESCALATED waits for a person: the amendment is given up.
+func (c *cluster) amend(ctx context.Context, rng *rand.Rand, h *history, in *intent) {
+	waited := false
+	for ctx.Err() == nil {
+		err := c.prepare(ctx, rng, h, in)
+		if status.Code(err) != codes.FailedPrecondition || reasonOf(err) != server.ReasonSupersededUnresolved {
+			return
+		}
+		if !waited {
+			waited = true
+			h.mu.Lock()
+			h.amendmentsWaited++
+			h.mu.Unlock()
+		}
+		if !c.waitSettled(ctx, rng, in.req.GetTenant(), in.req.GetSupersedes()) {
+			return
+		}
+	}
+}
+
+// waitSettled polls an operation until it is terminal (true) or ESCALATED, or a minute
+// passes (false).
+func (c *cluster) waitSettled(ctx context.Context, rng *rand.Rand, tenant, name string) bool {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; {
+		if conn, err := c.client(rng); err == nil {
+			callCtx, cancel := context.WithTimeout(c.as(ctx, tenant), 5*time.Second)
+			resp, err := opbrokerv1.NewOperationServiceClient(conn).GetOperation(callCtx, &opbrokerv1.GetOperationRequest{Name: name})
+			cancel()
+			if err == nil {
+				switch st := strings.TrimPrefix(resp.GetOperation().GetState().String(), "STATE_"); {
+				case slices.Contains(terminal, st):
+					return true
+				case st == "ESCALATED":
+					return false
+				}
+			}
+		}
+		time.Sleep(time.Duration(100+rng.IntN(200)) * time.Millisecond)
+	}
+	return false
+}
+
+// reasonOf returns the ErrorInfo reason of a gRPC error, or "".
+func reasonOf(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
 // prepare sends the intent's PrepareOperation until it is acknowledged, retrying the
-// same request as a careful client does, for up to a minute.
-func (c *cluster) prepare(ctx context.Context, rng *rand.Rand, h *history, in *intent) {
+// same request as a careful client does, for up to a minute. It returns the error that
+// ended it without an acknowledgement (nil when acknowledged).
+func (c *cluster) prepare(ctx context.Context, rng *rand.Rand, h *history, in *intent) error {
 	deadline := time.Now().Add(time.Minute)
 	for attempt := 0; time.Now().Before(deadline) && ctx.Err() == nil; attempt++ {
 		conn, err := c.client(rng)
@@ -160,11 +223,11 @@ func (c *cluster) prepare(ctx context.Context, rng *rand.Rand, h *history, in *i
 			cancel()
 			if err == nil {
 				in.ack(resp.GetOperation().GetName())
-				return
+				return nil
 			}
 			if !retryable(err) {
 				fmt.Fprintf(c.cfg.Log, "chaos: %s refused: %v\n", in.req.GetIntentRef(), err)
-				return
+				return err
 			}
 		}
 		time.Sleep(time.Duration(20+rng.IntN(100)) * time.Millisecond << min(attempt, 4))
@@ -172,6 +235,7 @@ func (c *cluster) prepare(ctx context.Context, rng *rand.Rand, h *history, in *i
 	h.mu.Lock()
 	h.gaveUp++
 	h.mu.Unlock()
+	return ctx.Err()
 }
 
 // as returns ctx with the tenant's bearer token.

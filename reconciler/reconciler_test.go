@@ -65,13 +65,21 @@ func (b *testBundle) prepare(t *testing.T, typ, intent, body string, supersedes 
 	if len(supersedes) == 0 {
 		return storetest.PrepareJSON(t, b.store, "acme", typ, intent, body)
 	}
-	digest, err := payload.Hash("application/json", []byte(body))
-	require.NoError(t, err)
-	op, _, err := b.store.AllTenants().Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: typ, IntentRef: intent,
-		ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test",
-		SupersedesID: uuid.NullUUID{UUID: supersedes[0], Valid: true}})
+	op, err := b.amend(typ, intent, body, supersedes[0])
 	require.NoError(t, err)
 	return op
+}
+
+// amend prepares an amendment of the operation supersedes.
+func (b *testBundle) amend(typ, intent, body string, supersedes uuid.UUID) (store.Operation, error) {
+	digest, err := payload.Hash("application/json", []byte(body))
+	if err != nil {
+		return store.Operation{}, err
+	}
+	op, _, err := b.store.AllTenants().Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: typ, IntentRef: intent,
+		ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test",
+		SupersedesID: uuid.NullUUID{UUID: supersedes, Valid: true}})
+	return op, err
 }
 
 func (b *testBundle) get(t *testing.T, op store.Operation) store.Operation {
@@ -272,20 +280,27 @@ func TestUnkeyedTargetEscalatesToItsOwner(t *testing.T) {
 	require.Equal(t, 1, b.truth(t, op).Attempts, "never re-sent")
 }
 
-// TestAmendmentWhileOriginalUnknown: the amendment is its own operation; the original is
-// resolved on its own evidence and never overwritten.
+// TestAmendmentWhileOriginalUnknown: an amendment of an operation whose outcome is
+// unknown is refused, since the original may have taken effect (here it has); once the
+// reconciler has resolved the original, the amendment is recorded and sent. Before the
+// rule, both were sent while the original was UNKNOWN: two credits for one change.
 func TestAmendmentWhileOriginalUnknown(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
 	orig := b.prepare(t, simtarget.DemoCharge, "credit-1", fault(simtarget.FaultCommitThenReset))
 	require.NoError(t, b.dispatcher.Start(b.ctx))
 	b.waitState(t, orig, store.StateUnknown)
-	amend := b.prepare(t, simtarget.DemoCharge, "credit-1-amended", `{"amount":40}`, orig.ID)
+	_, err := b.amend(simtarget.DemoCharge, "credit-1-amended", `{"amount":40}`, orig.ID)
+	var unresolved *store.SupersededUnresolvedError
+	require.ErrorAs(t, err, &unresolved, "an amendment of an UNKNOWN operation is refused")
+	require.Equal(t, store.StateUnknown, unresolved.Superseded.State)
+
 	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
 	b.waitState(t, orig, store.StateSucceeded)
-	b.waitState(t, amend, store.StateSucceeded)
 	require.Equal(t, 1, b.truth(t, orig).Effects)
-	require.Equal(t, 1, b.truth(t, amend).Effects)
+	amend := b.prepare(t, simtarget.DemoCharge, "credit-1-amended", `{"amount":40}`, orig.ID)
+	b.waitState(t, amend, store.StateSucceeded)
+	require.Equal(t, 1, b.truth(t, amend).Effects, "the amendment, sent once its original was settled")
 	require.Len(t, b.truth(t, orig).PayloadSHA256, 1, "the original's key only ever carried its own payload")
 }
 

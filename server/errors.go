@@ -23,6 +23,7 @@ const (
 	ReasonInvalidArgument             = "INVALID_ARGUMENT"
 	ReasonOperationNotFound           = "OPERATION_NOT_FOUND"
 	ReasonSupersededOperationNotFound = "SUPERSEDED_OPERATION_NOT_FOUND"
+	ReasonSupersededUnresolved        = "SUPERSEDED_OPERATION_UNRESOLVED"
 	ReasonIntentPayloadMismatch       = "INTENT_PAYLOAD_MISMATCH"
 	ReasonOperationState              = "OPERATION_STATE"
 	ReasonDatabaseUnavailable         = "DATABASE_UNAVAILABLE"
@@ -84,10 +85,11 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return err // already a status, e.g. from a library
 	}
 	var (
-		invalid   *invalidArgumentError
-		mismatch  *store.PayloadMismatchError
-		stateErr  *store.StateError
-		tenantErr *tenantError
+		invalid    *invalidArgumentError
+		mismatch   *store.PayloadMismatchError
+		stateErr   *store.StateError
+		unresolved *store.SupersededUnresolvedError
+		tenantErr  *tenantError
 	)
 	switch {
 	case errors.As(err, &invalid):
@@ -106,6 +108,14 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		desc := fmt.Sprintf("operation is %s; this requires %s", stateErr.Operation.State, stateErr.Want)
 		return newStatus(codes.FailedPrecondition, desc, ReasonOperationState,
 			map[string]string{"operation": name, "state": "STATE_" + string(stateErr.Operation.State)},
+			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
+				{Type: "STATE", Subject: name, Description: desc}}})
+	case errors.As(err, &unresolved):
+		name := operationName(unresolved.Superseded.TenantID, unresolved.Superseded.ID)
+		desc := fmt.Sprintf("the superseded operation is %s: its effect may still happen, or may have happened unconfirmed; amend it once it is resolved",
+			unresolved.Superseded.State)
+		return newStatus(codes.FailedPrecondition, desc, ReasonSupersededUnresolved,
+			map[string]string{"operation": name, "state": "STATE_" + string(unresolved.Superseded.State)},
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
 				{Type: "STATE", Subject: name, Description: desc}}})
 	case errors.As(err, &tenantErr) && errors.Is(tenantErr.err, store.ErrTenantHasOpenOperations):

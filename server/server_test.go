@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric/noop"
@@ -297,6 +298,22 @@ func TestPrepareSupersedes(t *testing.T) {
 	missing.Supersedes = "tenants/acme/operations/0190a4a8-0000-7000-8000-000000000000"
 	_, err = b.client.PrepareOperation(b.ctx, missing)
 	requireStatus(t, err, codes.NotFound, server.ReasonSupersededOperationNotFound)
+
+	// The amendment is sent (IN_FLIGHT): amending it is refused, naming it and its state.
+	id, err := uuid.Parse(strings.TrimPrefix(resp.GetOperation().GetName(), "tenants/acme/operations/"))
+	require.NoError(t, err)
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, id, claimed[0].ID)
+	again := prepareRequest("acme", "credit-1c", `{"amount":30}`)
+	again.Supersedes = resp.GetOperation().GetName()
+	_, err = b.client.PrepareOperation(b.ctx, again)
+	st := requireStatus(t, err, codes.FailedPrecondition, server.ReasonSupersededUnresolved)
+	info := errorInfo(st)
+	require.Equal(t, resp.GetOperation().GetName(), info.GetMetadata()["operation"])
+	require.Equal(t, "STATE_IN_FLIGHT", info.GetMetadata()["state"])
 }
 
 func TestPrepareWithPastDeadline(t *testing.T) {

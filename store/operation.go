@@ -147,6 +147,23 @@ func (e *StateError) Error() string {
 // tenant.
 var ErrSupersededNotFound = errors.New("superseded operation not found")
 
+// unresolvedStates is the SQL list of the states of an operation that has been sent and
+// whose effect is not settled: it may still happen, or have happened unconfirmed.
+const unresolvedStates = `('IN_FLIGHT', 'UNKNOWN', 'ESCALATED')`
+
+// SupersededUnresolvedError means an amendment named an operation that may still cause
+// its effect, or caused it unconfirmed (IN_FLIGHT, UNKNOWN or ESCALATED): recording the
+// amendment could put both effects at the target. It is refused until the superseded
+// operation is resolved. Superseded holds the operation as it is now.
+type SupersededUnresolvedError struct {
+	Superseded Operation
+}
+
+func (e *SupersededUnresolvedError) Error() string {
+	return fmt.Sprintf("the superseded operation %s is %s: it may still take effect, so it must be resolved before an amendment",
+		e.Superseded.ID, e.Superseded.State)
+}
+
 // ErrUnavailable wraps errors of reaching the database: the connection failed, was lost
 // or the server is shutting down. Whatever the call was, it may be retried: every write
 // of the ledger is idempotent or conditional.

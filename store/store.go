@@ -56,7 +56,10 @@ type PrepareParams struct {
 // operation is created, the others wait for it on the unique index and return it with
 // created=false. If the intent is recorded with another payload hash it returns a
 // *PayloadMismatchError and changes nothing. A SupersedesID that does not exist in the
-// tenant is ErrSupersededNotFound.
+// tenant is ErrSupersededNotFound. An amendment (SupersedesID) of a PREPARED operation
+// cancels it in the statement that records the amendment, so that it is never sent; of
+// an operation that is IN_FLIGHT, UNKNOWN or ESCALATED it is a
+// *SupersededUnresolvedError and records nothing; of a terminal one it is recorded.
 //
 // Intents prepared at the same time are written together, in one statement and one
 // commit (see combiner; at most maxPrepareBatch per statement): across tenants, in the
@@ -96,6 +99,13 @@ func (q Scope) Prepare(ctx context.Context, p PrepareParams) (op Operation, crea
 	results, i, err := q.s.prepares.do(ctx, lane, prepareCall{PrepareParams: p, id: id, scope: scope}, q.s.insertEach)
 	if err == nil {
 		err = results[i].err
+	}
+	var unresolved *SupersededUnresolvedError
+	if errors.As(err, &unresolved) {
+		// A retry of an amendment recorded earlier still gets its operation.
+		if existing, findErr := q.findByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef); findErr == nil {
+			return replay(existing, p)
+		}
 	}
 	if err != nil {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
@@ -148,7 +158,7 @@ func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared
 	if len(calls) > 1 {
 		combined = withLockTimeout(ctx, combinedLockWait)
 	}
-	created, err := s.scopeOfCalls(calls).insertOperations(combined, calls)
+	answers, err := s.scopeOfCalls(calls).insertOperations(combined, calls)
 	if err != nil && len(calls) > 1 && !errors.Is(err, ErrUnavailable) {
 		results := make([]prepared, len(calls))
 		var wg sync.WaitGroup
@@ -163,7 +173,7 @@ func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared
 	}
 	results := make([]prepared, len(calls))
 	for i, c := range calls {
-		results[i].op, results[i].created = created[c.id]
+		results[i] = answers[c.id]
 	}
 	return results, nil
 }
@@ -172,9 +182,11 @@ func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared
 const combinedLockWait = time.Second
 
 func (s *Store) insertOne(ctx context.Context, c prepareCall) prepared {
-	created, err := s.scopeOfCalls([]prepareCall{c}).insertOperations(ctx, []prepareCall{c})
-	op, ok := created[c.id]
-	return prepared{op: op, created: ok, err: err}
+	answers, err := s.scopeOfCalls([]prepareCall{c}).insertOperations(ctx, []prepareCall{c})
+	if err != nil {
+		return prepared{err: err}
+	}
+	return answers[c.id]
 }
 
 // scopeOfCalls returns the scope of the callers of calls: exactly their tenants, or
@@ -188,10 +200,11 @@ func (s *Store) scopeOfCalls(calls []prepareCall) Scope {
 }
 
 // insertOperations inserts the intents not yet recorded, each with its creation event,
-// in one statement, and returns the operations it created by id. Rows go in in intent
-// order, so two statements with common intents wait for each other in one order and
-// never deadlock.
-func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[uuid.UUID]Operation, error) {
+// in one statement, and answers each call by its operation's id: the operation it
+// created, a *SupersededUnresolvedError, or nothing (the intent was already recorded).
+// Rows go in in intent order, and superseded operations are locked in id order, so two
+// statements with common intents wait for each other in one order and never deadlock.
+func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[uuid.UUID]prepared, error) {
 	n := len(calls)
 	tenants, ids, types, intents := make([]string, n), make([]uuid.UUID, n), make([]string, n), make([]string, n)
 	contentTypes, payloads, digests := make([]string, n), make([][]byte, n), make([][]byte, n)
@@ -210,6 +223,12 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 		}
 		labels[i] = string(js)
 	}
+	// sup locks the operations the intents supersede, in one order, and reads their
+	// current state. An amendment of one that may still cause or have caused its effect
+	// is refused; one of a PREPARED operation cancels it in this statement, so that it is
+	// never sent; one of a terminal operation is recorded as it is. An amendment's
+	// creation event says what it found (reason SUPERSEDES_<state>), the cancellation's
+	// reason is SUPERSEDED.
 	rows := q.query(ctx, `
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @operation_types::text[], @intent_refs::text[],
@@ -218,32 +237,69 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 				AS u (tenant_id, operation_id, operation_type, intent_ref,
 					content_type, payload, payload_sha256, supersedes_id,
 					labels, dispatch_deadline, actor)
+		), sup AS (
+			SELECT o.tenant_id, o.operation_id, o.state FROM operations o
+			WHERE (o.tenant_id, o.operation_id) IN (SELECT tenant_id, supersedes_id FROM u WHERE supersedes_id IS NOT NULL)
+			ORDER BY o.tenant_id, o.operation_id
+			FOR UPDATE
+		), refused AS (
+			SELECT u.operation_id AS call_id, sup.tenant_id, sup.operation_id, sup.state
+			FROM u JOIN sup ON sup.tenant_id = u.tenant_id AND sup.operation_id = u.supersedes_id
+			WHERE sup.state IN `+unresolvedStates+`
 		), ins AS (
 			INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
 				payload, payload_sha256, supersedes_id, labels, dispatch_deadline)
 			SELECT tenant_id, operation_id, operation_type, intent_ref, content_type,
 				payload, payload_sha256, supersedes_id, labels, dispatch_deadline
-			FROM u ORDER BY tenant_id, operation_type, intent_ref
+			FROM u WHERE operation_id NOT IN (SELECT call_id FROM refused)
+			ORDER BY tenant_id, operation_type, intent_ref
 			ON CONFLICT ON CONSTRAINT operations_intent_key DO NOTHING
 			RETURNING *
-		), ev AS (`+eventsFrom("ins JOIN (SELECT operation_id, actor FROM u) a USING (operation_id)", "NULL", "actor", "NULL", "NULL")+`)
-		SELECT `+operationColumns+` FROM ins`,
+		), ev AS (`+eventsFrom(`ins JOIN (SELECT operation_id, actor FROM u) a USING (operation_id)
+			LEFT JOIN (SELECT tenant_id AS sup_tenant, operation_id AS sup_id, state AS sup_state FROM sup) s
+				ON s.sup_tenant = ins.tenant_id AND s.sup_id = ins.supersedes_id`,
+		"NULL", "actor", "'SUPERSEDES_' || sup_state", "NULL")+`
+		), cancelled AS (
+			UPDATE operations o SET state = 'CANCELLED', revision = o.revision + 1, updated_at = now()
+			FROM ins JOIN u USING (operation_id), sup
+			WHERE o.tenant_id = ins.tenant_id AND o.operation_id = ins.supersedes_id
+				AND sup.tenant_id = o.tenant_id AND sup.operation_id = o.operation_id AND sup.state = 'PREPARED'
+			RETURNING o.*, u.actor AS amendment_actor
+		), cancel_ev AS (`+eventsFrom("cancelled", "'PREPARED'", "amendment_actor", "'SUPERSEDED'", "NULL")+`)
+		SELECT NULL::uuid, NULL::operation_state, `+operationColumns+` FROM ins
+		UNION ALL
+		SELECT r.call_id, r.state, x.* FROM refused r CROSS JOIN LATERAL (
+			SELECT `+operationColumns+` FROM operations
+			WHERE tenant_id = r.tenant_id AND operation_id = r.operation_id) x`,
 		pgx.NamedArgs{"tenant_ids": tenants, "operation_ids": ids, "operation_types": types, "intent_refs": intents,
 			"content_types": contentTypes, "payloads": payloads, "payload_sha256s": digests, "supersedes_ids": supersedes,
 			"labels": labels, "dispatch_deadlines": deadlines, "actors": actors})
-	ops, err := pgx.CollectRows(rows, scanOperation)
-	if err != nil {
+	answers := make(map[uuid.UUID]prepared, n)
+	var created bool
+	for rows.Next() {
+		var op Operation
+		var refusedCall uuid.NullUUID
+		var supersededState *State
+		if err := rows.Scan(append([]any{&refusedCall, &supersededState}, operationDest(&op)...)...); err != nil {
+			rows.Close()
+			return nil, translate(err)
+		}
+		if refusedCall.Valid {
+			op.State = *supersededState // as locked, not as the statement's snapshot saw it
+			answers[refusedCall.UUID] = prepared{err: &SupersededUnresolvedError{Superseded: op}}
+			continue
+		}
+		answers[op.ID] = prepared{op: op, created: true}
+		created = true
+	}
+	if err := rows.Err(); err != nil {
 		return nil, translate(err)
 	}
-	created := make(map[uuid.UUID]Operation, len(ops))
-	for _, op := range ops {
-		created[op.ID] = op
-	}
-	if len(ops) > 0 {
+	if created {
 		q.s.wake.signal()
 		q.s.events.signal()
 	}
-	return created, nil
+	return answers, nil
 }
 
 // replay answers a Prepare whose intent is already recorded.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/store"
@@ -161,26 +162,128 @@ func TestPrepareScopesIntentByTenantAndType(t *testing.T) {
 	require.True(t, created)
 }
 
+// TestPrepareSupersedes: an amendment of a PREPARED operation cancels it in the same
+// statement; of an operation that was sent and is not settled it is refused and records
+// nothing; of a terminal one it is recorded and leaves the original as it was.
 func TestPrepareSupersedes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	original, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "credit-1", `{"amount":50}`))
-	require.NoError(t, err)
+	amendment := func(intent string, of store.Operation) store.PrepareParams {
+		p := prepareParams(of.TenantID, intent, `{"amount":40}`)
+		p.SupersedesID = uuid.NullUUID{UUID: of.ID, Valid: true}
+		return p
+	}
+	events := func(op store.Operation) []store.Event {
+		t.Helper()
+		evs, err := b.all.Events(b.ctx, op.TenantID, op.ID, 0, 100)
+		require.NoError(t, err)
+		return evs
+	}
 
-	amend := prepareParams("acme", "credit-1-amended", `{"amount":40}`)
-	amend.SupersedesID = uuid.NullUUID{UUID: original.ID, Valid: true}
-	amended, _, err := b.all.Prepare(b.ctx, amend)
+	prepared, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "credit-1", `{"amount":50}`))
 	require.NoError(t, err)
-	require.Equal(t, original.ID, amended.SupersedesID.UUID)
+	amended, created, err := b.all.Prepare(b.ctx, amendment("credit-1-amended", prepared))
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Equal(t, prepared.ID, amended.SupersedesID.UUID)
+	original, err := b.all.Get(b.ctx, "acme", prepared.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateCancelled, original.State, "a PREPARED original is never sent once amended")
+	require.Equal(t, "SUPERSEDED", events(original)[1].Reason)
+	require.Equal(t, "SUPERSEDES_PREPARED", events(amended)[0].Reason)
+	claimed, err := b.all.Claim(b.ctx, claimParams(10))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, amended.ID, claimed[0].ID, "only the amendment is sent")
 
-	unchanged, err := b.all.Get(b.ctx, "acme", original.ID)
+	// claimed[0] (the amendment) is IN_FLIGHT now: amending it is refused.
+	_, _, err = b.all.Prepare(b.ctx, amendment("credit-1-again", amended))
+	var unresolved *store.SupersededUnresolvedError
+	require.ErrorAs(t, err, &unresolved)
+	require.Equal(t, store.StateInFlight, unresolved.Superseded.State)
+	require.Equal(t, amended.ID, unresolved.Superseded.ID)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM operations WHERE intent_ref = 'credit-1-again'`), "nothing recorded")
+
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: amended.ID, Fence: claimed[0].FenceToken,
+		State: store.StateUnknown, Observation: store.Observation{Outcome: "TIMEOUT"}, Actor: "test"})
 	require.NoError(t, err)
-	require.Equal(t, original, unchanged, "an amendment never overwrites the original")
+	_, _, err = b.all.Prepare(b.ctx, amendment("credit-1-again", amended))
+	require.ErrorAs(t, err, &unresolved, "nor while UNKNOWN")
+	require.Equal(t, store.StateUnknown, unresolved.Superseded.State)
+
+	succeeded, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "credit-2", `{"amount":50}`))
+	require.NoError(t, err)
+	claimed, err = b.all.Claim(b.ctx, claimParams(10))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: succeeded.ID, Fence: claimed[0].FenceToken,
+		State: store.StateSucceeded, RemoteRef: "ch_1", Observation: store.Observation{Outcome: "VERIFIED_SUCCESS"}, Actor: "test"})
+	require.NoError(t, err)
+	after, created, err := b.all.Prepare(b.ctx, amendment("credit-2-amended", succeeded))
+	require.NoError(t, err)
+	require.True(t, created, "a settled original can be amended")
+	require.Equal(t, "SUPERSEDES_SUCCEEDED", events(after)[0].Reason)
+	unchanged, err := b.all.Get(b.ctx, "acme", succeeded.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateSucceeded, unchanged.State, "an amendment never changes a settled original")
+	again, created, err := b.all.Prepare(b.ctx, amendment("credit-2-amended", succeeded))
+	require.NoError(t, err)
+	require.False(t, created)
+	require.Equal(t, after.ID, again.ID, "a retry of the amendment finds it")
 
 	cross := prepareParams("globex", "credit-x", `{"amount":40}`)
-	cross.SupersedesID = uuid.NullUUID{UUID: original.ID, Valid: true}
+	cross.SupersedesID = uuid.NullUUID{UUID: succeeded.ID, Valid: true}
 	_, _, err = b.all.Prepare(b.ctx, cross)
 	require.ErrorIs(t, err, store.ErrSupersededNotFound, "another tenant's operation cannot be superseded")
+}
+
+// TestAmendmentRacingAClaimNeverDoubles: amendments and claims of the same PREPARED
+// operations at once. Each original is either claimed, and its amendment refused, or
+// cancelled by its amendment and never claimed: never both sent.
+func TestAmendmentRacingAClaimNeverDoubles(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 40
+	originals := b.prepareN(t, "acme", n)
+	amendedBy := make([]error, n)
+	var claimedIDs []uuid.UUID
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for range n {
+			claimed, err := b.all.Claim(b.ctx, claimParams(3))
+			if !assert.NoError(t, err) {
+				return
+			}
+			for _, c := range claimed {
+				claimedIDs = append(claimedIDs, c.ID)
+			}
+		}
+	})
+	for i, id := range originals {
+		wg.Go(func() {
+			p := prepareParams("acme", fmt.Sprintf("amend-%d", i), `{"amount":1}`)
+			p.SupersedesID = uuid.NullUUID{UUID: id, Valid: true}
+			_, _, amendedBy[i] = b.all.Prepare(b.ctx, p)
+		})
+	}
+	wg.Wait()
+	var refused, cancelled int
+	for i, id := range originals {
+		original, err := b.all.Get(b.ctx, "acme", id)
+		require.NoError(t, err)
+		if amendedBy[i] != nil {
+			var unresolved *store.SupersededUnresolvedError
+			require.ErrorAs(t, amendedBy[i], &unresolved)
+			require.Contains(t, claimedIDs, id, "refused only because the original was claimed")
+			refused++
+			continue
+		}
+		require.Equal(t, store.StateCancelled, original.State, "an amended original is cancelled")
+		require.Zero(t, original.AttemptCount, "and was never claimed")
+		require.NotContains(t, claimedIDs, id)
+		cancelled++
+	}
+	t.Logf("%d originals claimed first (amendment refused), %d cancelled by their amendment", refused, cancelled)
 }
 
 func TestGetIsScopedByTenant(t *testing.T) {

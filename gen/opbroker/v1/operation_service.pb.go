@@ -44,7 +44,12 @@ type PrepareOperationRequest struct {
 	// If set, the operation fails without being sent when no send has started by then.
 	// Must be in the future when the operation is created.
 	DispatchDeadline *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=dispatch_deadline,json=dispatchDeadline,proto3" json:"dispatch_deadline,omitempty"`
-	// The name of an operation of the same tenant that this one amends.
+	// The name of an operation of the same tenant that this one amends. If that operation
+	// is PREPARED (never sent), it is cancelled in the same transaction that records this
+	// one, so only the amendment is sent. If it is IN_FLIGHT, UNKNOWN or ESCALATED, its
+	// effect may still happen or may have happened unconfirmed: the call fails with
+	// FAILED_PRECONDITION (reason SUPERSEDED_OPERATION_UNRESOLVED) and records nothing;
+	// amend it once it is resolved. A terminal one is left as it is.
 	Supersedes string `protobuf:"bytes,7,opt,name=supersedes,proto3" json:"supersedes,omitempty"`
 	// Non-sensitive labels: at most 16, keys lowercase (1 to 63 characters), values at most
 	// 256 bytes.
