@@ -5,7 +5,8 @@
 //   - a PREPARED operation whose dispatch deadline passed before any send becomes
 //     FAILED_TERMINAL (nothing was sent, so nothing happened);
 //   - a terminal operation's payload bytes are purged once it has been terminal for the
-//     payload retention (its hash and its events stay).
+//     data.retention of the contract that serves its operation type, or for the default
+//     payload retention when no contract gives one (its hash and its events stay).
 //
 // Every move is one conditional statement of the store, judged by the database's clock,
 // so any number of sweepers (one per replica) may run at once.
@@ -20,13 +21,14 @@ import (
 
 	"github.com/opbroker/opbroker/startstop"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
 )
 
 // Defaults of Config, which the broker's flags use too.
 const (
 	DefaultInterval = time.Second
-	// DefaultPayloadRetention is the broker's --payload-retention; a Config without one
-	// keeps payloads.
+	// DefaultPayloadRetention is the broker's --payload-retention: the retention of the
+	// operation types no contract gives one.
 	DefaultPayloadRetention = 30 * 24 * time.Hour
 )
 
@@ -37,8 +39,14 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// Interval between sweeps (DefaultInterval).
 	Interval time.Duration
-	// PayloadRetention is how long a terminal operation keeps its payload bytes; 0 keeps
-	// them.
+	// Targets, optional, give each operation type they serve its contract's
+	// data.retention: how long its terminal operations keep their payload bytes. A
+	// contract cannot keep them forever: go/no-go control 10 requires a retention.
+	Targets *target.Targets
+	// PayloadRetention is the retention of the other operation types: those no contract
+	// serves (any more), and those of a contract without data.retention, which only a
+	// contract built in code can be (target.New does not judge the controls). 0 keeps
+	// their payloads.
 	PayloadRetention time.Duration
 }
 
@@ -49,6 +57,7 @@ const batch = 500
 type Sweeper struct {
 	startstop.Base
 	cfg                    Config
+	retentions             map[string]time.Duration // operation type → its contract's data.retention
 	log                    *slog.Logger
 	swept, expired, purged metric.Int64Counter
 }
@@ -58,7 +67,17 @@ func New(cfg Config) (*Sweeper, error) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
 	}
-	s := &Sweeper{cfg: cfg, log: cfg.Logger.With("component", "sweeper")}
+	s := &Sweeper{cfg: cfg, retentions: map[string]time.Duration{}, log: cfg.Logger.With("component", "sweeper")}
+	if cfg.Targets != nil {
+		for _, c := range cfg.Targets.All() {
+			if c.Data.Retention <= 0 {
+				continue // PayloadRetention applies
+			}
+			for _, typ := range c.OperationTypes {
+				s.retentions[typ] = c.Data.Retention.D()
+			}
+		}
+	}
 	meter := cfg.MeterProvider.Meter("github.com/opbroker/opbroker/sweeper")
 	var err error
 	if s.swept, err = meter.Int64Counter("opbroker.leases.expired",
@@ -98,7 +117,7 @@ func (s *Sweeper) Start(ctx context.Context) error {
 // Sweep makes one pass: it moves every IN_FLIGHT operation whose lease expired before now
 // to UNKNOWN, fails every PREPARED one whose dispatch deadline passed (a zero now means
 // the database's clock), and purges the payload bytes of operations terminal for longer
-// than the payload retention. ctx must carry the store's scope of every tenant.
+// than their type's retention (always by the database's clock).
 func (s *Sweeper) Sweep(ctx context.Context, now time.Time) error {
 	type step struct {
 		run     func() (int, error)
@@ -112,9 +131,10 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) error {
 			return s.cfg.Store.AllTenants().ExpireDeadlines(ctx, store.SweepParams{Now: now, Limit: batch})
 		}, s.expired},
 	}
-	if s.cfg.PayloadRetention > 0 {
+	if len(s.retentions) > 0 || s.cfg.PayloadRetention > 0 {
 		steps = append(steps, step{func() (int, error) {
-			return s.cfg.Store.AllTenants().PurgePayloads(ctx, store.PurgeParams{Retention: s.cfg.PayloadRetention, Limit: batch})
+			return s.cfg.Store.AllTenants().PurgePayloads(ctx, store.PurgeParams{
+				Retentions: s.retentions, Default: s.cfg.PayloadRetention, Limit: batch})
 		}, s.purged})
 	}
 	for _, step := range steps {

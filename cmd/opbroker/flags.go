@@ -29,7 +29,7 @@ func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
 		&cli.IntFlag{Name: "watches-per-principal", Value: server.DefaultWatchesPerPrincipal, Usage: "open watch streams one principal may hold", Sources: cli.EnvVars("OPBROKER_WATCHES_PER_PRINCIPAL")},
 		&cli.Float64Flag{Name: "tenant-rate", Value: server.DefaultTenantRate, Usage: "calls per second one tenant may make (token bucket)", Sources: cli.EnvVars("OPBROKER_TENANT_RATE")},
 		&cli.IntFlag{Name: "tenant-burst", Value: server.DefaultTenantBurst, Usage: "calls one tenant may make at once above --tenant-rate", Sources: cli.EnvVars("OPBROKER_TENANT_BURST")},
-		&cli.DurationFlag{Name: "payload-retention", Value: sweeper.DefaultPayloadRetention, Usage: "how long a terminal operation keeps its payload bytes (hash and events stay); 0 keeps them", Sources: cli.EnvVars("OPBROKER_PAYLOAD_RETENTION")},
+		&cli.DurationFlag{Name: "payload-retention", Value: sweeper.DefaultPayloadRetention, Usage: "how long a terminal operation keeps its payload bytes (hash and events stay) when no target's contract gives its operation type a data.retention; 0 keeps those", Sources: cli.EnvVars("OPBROKER_PAYLOAD_RETENTION")},
 		&cli.DurationFlag{Name: "dispatch-lease", Value: dispatcher.DefaultLease, Usage: "how long a claim is held before an expired one becomes UNKNOWN (extended during a call)", Sources: cli.EnvVars("OPBROKER_DISPATCH_LEASE")},
 	}
 }

@@ -137,7 +137,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	if err != nil {
 		return err
 	}
-	b.sweeper, err = sweeper.New(sweeper.Config{Store: b.store, Logger: b.log, MeterProvider: b.meters,
+	b.sweeper, err = sweeper.New(sweeper.Config{Store: b.store, Targets: b.targets, Logger: b.log, MeterProvider: b.meters,
 		PayloadRetention: cmd.Duration("payload-retention")})
 	if err != nil {
 		return err
