@@ -17,7 +17,8 @@ const (
 func DemoContracts(baseURL string) []*target.Contract { return Contracts(baseURL, Config{}) }
 
 // Contracts returns the recorded contracts of a simulated target at baseURL configured
-// with cfg: what its key saves and how long it keeps it say what the target does.
+// with cfg: what its key saves and how long it keeps it say what the target does, and
+// they carry cfg.Auth when the target requires a credential.
 func Contracts(baseURL string, cfg Config) []*target.Contract {
 	saves, retention := target.SavesEveryAnswer, 24*time.Hour
 	if cfg.SaveOnlySuccesses {
@@ -29,7 +30,7 @@ func Contracts(baseURL string, cfg Config) []*target.Contract {
 	docs := target.Documentation{URL: "https://github.com/opbroker/opbroker/blob/main/simtarget/simtarget.go", Checked: "2026-11-29"}
 	owner := target.Owner{Team: "demo-oncall", Escalation: "README.md#operations"}
 	data := target.DataOwnership{Owner: "demo data owner", Retention: target.Duration(30 * 24 * time.Hour)}
-	return []*target.Contract{
+	contracts := []*target.Contract{
 		{
 			Name: "demo-payments", Documentation: docs, Owner: owner, Data: data,
 			OperationTypes: []string{DemoCharge},
@@ -56,4 +57,11 @@ func Contracts(baseURL string, cfg Config) []*target.Contract {
 			Responses: target.Responses{Success: []target.ResponseClass{{Status: []int{200}, RemoteRef: "/id"}}},
 		},
 	}
+	if cfg.Auth != nil {
+		for _, c := range contracts {
+			auth := *cfg.Auth
+			c.Auth = &auth
+		}
+	}
+	return contracts
 }

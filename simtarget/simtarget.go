@@ -11,12 +11,13 @@
 //
 // Faults are chosen per request: by a JSON payload field {"sim": {"fault": "..."}}, by
 // Config.Fault, or at random from Config.FaultRates with a seeded source. Provider
-// behaviours (how saved responses are replayed, key retention, lookup lag) are set in
-// Config.
+// behaviours (how saved responses are replayed, key retention, lookup lag, the
+// credential it requires) are set in Config.
 package simtarget
 
 import (
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -26,8 +27,11 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/opbroker/opbroker/target"
 )
 
 // Fault is what the target does wrong with one request.
@@ -51,6 +55,10 @@ const (
 	// FaultLookupUnavailable is a lookup answered 503 (Config.LookupFailures); it is
 	// counted in the ground truth, and a create cannot ask for it.
 	FaultLookupUnavailable Fault = "lookup_unavailable"
+	// FaultUnauthorized is a create or a lookup answered 401 because it did not carry
+	// the credential of Config.Auth; no effect, not an attempt of its key. A create
+	// cannot ask for it.
+	FaultUnauthorized Fault = "unauthorized"
 )
 
 // Faults lists every fault, for tests and the chaos run.
@@ -91,6 +99,11 @@ type Config struct {
 	Latency time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Auth, when set, is how every create and lookup must authenticate, and Credential
+	// the secret it must carry (not empty). Contracts gives the broker the same Auth:
+	// whoever runs the target puts Credential where Auth.Secret says.
+	Auth       *target.Auth
+	Credential string
 }
 
 // Effect is one real remote effect.
@@ -164,9 +177,9 @@ func New(cfg Config) *Target {
 		hang:  make(chan struct{}),
 		mux:   http.NewServeMux(),
 	}
-	t.mux.HandleFunc("POST /v1/charges", t.createCharge)
-	t.mux.HandleFunc("GET /v1/charges", t.lookupCharge)
-	t.mux.HandleFunc("POST /v1/notifications", t.createNotification)
+	t.mux.HandleFunc("POST /v1/charges", t.authorized(t.createCharge))
+	t.mux.HandleFunc("GET /v1/charges", t.authorized(t.lookupCharge))
+	t.mux.HandleFunc("POST /v1/notifications", t.authorized(t.createNotification))
 	t.mux.HandleFunc("GET /sim/truth", t.serveTruth)
 	return t
 }
@@ -240,6 +253,55 @@ func (t *Target) Heal() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.cfg.Fault, t.cfg.FaultRates, t.cfg.LookupFailures = FaultNone, nil, 0
+}
+
+// SetCredential replaces the credential the target requires, as a vendor does when a
+// key is rotated: from now on only the new one is accepted.
+func (t *Target) SetCredential(credential string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cfg.Credential = credential
+}
+
+// authorized answers 401, with no effect, to a request that does not carry the
+// configured credential.
+func (t *Target) authorized(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		a := t.cfg.Auth
+		if a == nil {
+			next(w, r)
+			return
+		}
+		t.mu.Lock()
+		want := t.cfg.Credential
+		t.mu.Unlock()
+		var got string
+		var ok bool
+		switch a.Scheme {
+		case target.AuthBasic:
+			var user string
+			user, got, ok = r.BasicAuth()
+			ok = ok && user == a.User
+		case target.AuthHeader:
+			got, ok = strings.CutPrefix(r.Header.Get(a.Header), a.Prefix)
+		default:
+			got, ok = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		}
+		if ok && want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1 {
+			next(w, r)
+			return
+		}
+		_, _ = readBody(r)
+		t.mu.Lock()
+		t.truth.Faults[FaultUnauthorized]++
+		t.mu.Unlock()
+		if a.Scheme == target.AuthBasic {
+			w.Header().Set("WWW-Authenticate", `Basic realm="simtarget"`)
+		} else if a.Scheme == target.AuthBearer {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="simtarget"`)
+		}
+		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "unauthorized", "note": "the request was not executed"})
+	}
 }
 
 func hashOf(body []byte) string {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/target"
 )
 
 func post(t *testing.T, url, key, body string) (*http.Response, error) {
@@ -175,4 +177,61 @@ func lookupStatus(t *testing.T, baseURL, key string) int {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// TestRequiresCredential: a target with Config.Auth answers a create or a lookup without
+// its credential 401, with no effect, and counts it; its contracts carry the auth.
+func TestRequiresCredential(t *testing.T) {
+	t.Parallel()
+	auth := &target.Auth{Scheme: target.AuthHeader, Header: "X-Api-Key", Prefix: "Token ", Secret: target.Secret{Env: "SIM_API_KEY"}}
+	sim := New(Config{Auth: auth, Credential: "k1"})
+	srv := httptest.NewServer(sim)
+	defer srv.Close()
+	request := func(method, path, credential string) (int, map[string]string) {
+		req, err := http.NewRequest(method, srv.URL+path, bytes.NewReader([]byte(`{"amount":1}`)))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "k")
+		if credential != "" {
+			req.Header.Set("X-Api-Key", credential)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var body map[string]string
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body
+	}
+	for _, tc := range []struct {
+		method, path, credential string
+		status                   int
+	}{
+		{http.MethodPost, "/v1/charges", "", 401},
+		{http.MethodPost, "/v1/charges", "Token k2", 401},
+		{http.MethodPost, "/v1/charges", "k1", 401}, // without the prefix
+		{http.MethodPost, "/v1/notifications", "", 401},
+		{http.MethodGet, "/v1/charges?reference=k", "", 401},
+		{http.MethodPost, "/v1/charges", "Token k1", 200},
+		{http.MethodGet, "/v1/charges?reference=k", "Token k1", 200},
+	} {
+		status, body := request(tc.method, tc.path, tc.credential)
+		require.Equal(t, tc.status, status, "%+v", tc)
+		if status == 401 {
+			require.Equal(t, "unauthorized", body["error"])
+		}
+	}
+	truth := sim.Snapshot()
+	require.Equal(t, 5, truth.Faults[FaultUnauthorized])
+	require.Equal(t, 1, truth.Keys["k"].Effects, "a refused create makes no effect")
+	require.Equal(t, 1, truth.Keys["k"].Attempts, "nor counts as an attempt of its key")
+
+	sim.SetCredential("k2")
+	status, _ := request(http.MethodGet, "/v1/charges?reference=k", "Token k1")
+	require.Equal(t, 401, status, "a rotated credential replaces the old one")
+
+	contracts := Contracts(srv.URL, Config{Auth: auth})
+	for _, c := range contracts {
+		require.Equal(t, auth, c.Auth)
+		require.NotSame(t, auth, c.Auth)
+	}
+	require.Nil(t, DemoContracts(srv.URL)[0].Auth)
 }

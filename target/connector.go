@@ -3,6 +3,8 @@ package target
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -45,6 +48,9 @@ const (
 	ClassTimeout             = "TIMEOUT"
 	ClassConnectFailed       = "CONNECT_FAILED"
 	ClassConnectionError     = "CONNECTION_ERROR"
+	// ClassCredentialUnavailable: a credential of the contract could not be read, so
+	// nothing was sent.
+	ClassCredentialUnavailable = "CREDENTIAL_UNAVAILABLE"
 )
 
 // Request is one send of an operation.
@@ -79,38 +85,191 @@ type Result struct {
 const maxResponseBody = 1 << 20
 
 // Connector sends operations to targets over HTTP. It is safe for concurrent use.
+//
+// A contract's auth, tls and headers apply to its sends and lookups. Its secret is read
+// at every request (a file only when it changed, credentials.go), its certificate files
+// at every new connection; a contract with tls has a transport of its own.
 type Connector struct {
+	dialer *net.Dialer
+	plain  *route // targets without auth or tls
+
+	mu     sync.Mutex
+	routes map[*Contract]*route // targets with auth or tls, built at their first request
+}
+
+// route is how the connector reaches one target: its HTTP client and where its
+// credentials are read. A contract with a tls block gets a transport of its own, so its
+// certificates are presented to that target only.
+type route struct {
 	client *http.Client
+	// auth and tlsFiles are the contract's blocks as the route was built from them: a
+	// contract changed since is given a new route.
+	auth     *Auth
+	tlsFiles *TLS
+	secret   *secretSource
+	pair     *watched[tls.Certificate]
+	ca       *watched[*x509.CertPool]
 }
 
 // NewConnector returns a connector whose client never retries and never follows
 // redirects, and ignores proxy settings of the environment: a target's address comes
 // only from its contract.
 func NewConnector() *Connector {
-	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	c := &Connector{dialer: &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}, routes: map[*Contract]*route{}}
+	c.plain = &route{}
+	c.plain.client = c.newClient(c.plain)
+	return c
+}
+
+// newClient returns a client for r. Every connection, plain or TLS, is a sentConn, so
+// that OnSent reports a request the operating system has.
+func (c *Connector) newClient(r *route) *http.Client {
 	transport := &http.Transport{
 		Proxy: nil,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := dialer.DialContext(ctx, network, addr)
+			conn, err := c.dialer.DialContext(ctx, network, addr)
 			if err != nil {
 				return nil, err
+			}
+			return &sentConn{Conn: conn}, nil
+		},
+		// The handshake is made here rather than by the transport so that the
+		// connection it returns is the sentConn (wrapping the TLS connection), and so
+		// that a failed handshake is known to have sent nothing.
+		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			config, err := r.tlsConfig()
+			if err != nil {
+				return nil, &handshakeError{err: err}
+			}
+			raw, err := c.dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			if config.ServerName, _, err = net.SplitHostPort(addr); err != nil {
+				raw.Close()
+				return nil, &handshakeError{err: err}
+			}
+			conn := tls.Client(raw, config)
+			hctx, cancel := context.WithTimeout(ctx, tlsHandshakeTimeout)
+			defer cancel()
+			if err := conn.HandshakeContext(hctx); err != nil {
+				raw.Close()
+				return nil, &handshakeError{err: err}
 			}
 			return &sentConn{Conn: conn}, nil
 		},
 		MaxIdleConns:        256,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     60 * time.Second,
-		TLSHandshakeTimeout: 5 * time.Second,
 	}
-	return &Connector{client: &http.Client{
+	return &http.Client{
 		Transport: transport,
 		// A redirect is never followed: it would send the same body again, to another
 		// address than the contract's.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
+	}
+}
+
+const tlsHandshakeTimeout = 5 * time.Second
+
+// handshakeError is a TLS connection that could not be made: nothing was sent on it.
+type handshakeError struct{ err error }
+
+func (e *handshakeError) Error() string { return "TLS handshake: " + e.err.Error() }
+func (e *handshakeError) Unwrap() error { return e.err }
+
+// route returns the route of contract, built at its first request.
+func (c *Connector) route(contract *Contract) *route {
+	if contract.Auth == nil && contract.TLS == nil {
+		return c.plain
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.routes[contract]
+	if ok && equalBlocks(r.auth, contract.Auth) && equalBlocks(r.tlsFiles, contract.TLS) {
+		return r
+	}
+	if ok && r.tlsFiles != nil {
+		r.client.CloseIdleConnections()
+	}
+	r = &route{client: c.plain.client}
+	if a := contract.Auth; a != nil {
+		copied := *a
+		r.auth, r.secret = &copied, newSecretSource(a.Secret)
+	}
+	if t := contract.TLS; t != nil {
+		copied := *t
+		r.tlsFiles = &copied
+		if t.ClientCertificate != "" {
+			r.pair = newWatched(func() (tls.Certificate, error) { return loadKeyPair(copied.ClientCertificate, copied.ClientKey) },
+				t.ClientCertificate, t.ClientKey)
+		}
+		if t.CA != "" {
+			r.ca = newWatched(func() (*x509.CertPool, error) { return loadCA(copied.CA) }, t.CA)
+		}
+		r.client = c.newClient(r)
+	}
+	c.routes[contract] = r
+	return r
+}
+
+func equalBlocks[T comparable](a, b *T) bool {
+	return a == nil && b == nil || a != nil && b != nil && *a == *b
+}
+
+// tlsConfig is the TLS configuration of a new connection, with the certificate files as
+// they are now: a rotated certificate or CA is used from the next connection on.
+func (r *route) tlsConfig() (*tls.Config, error) {
+	config := &tls.Config{MinVersion: tls.VersionTLS12}
+	if r.ca != nil {
+		pool, err := r.ca.get()
+		if err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+		config.RootCAs = pool
+	}
+	if r.pair != nil {
+		pair, err := r.pair.get()
+		if err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+		// Always presented, whatever CAs the target says it accepts.
+		config.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &pair, nil }
+	}
+	return config, nil
+}
+
+// authorize checks that the route's credentials can be read now and sets the auth
+// header. Its error names the field and the variable or file, never a value.
+func (r *route) authorize(h http.Header) error {
+	if r.tlsFiles != nil {
+		if _, err := r.tlsConfig(); err != nil {
+			return err
+		}
+	}
+	if r.auth == nil {
+		return nil
+	}
+	secret, err := r.secret.get()
+	if err != nil {
+		return fmt.Errorf("auth.secret: %w", err)
+	}
+	r.auth.apply(h, secret)
+	return nil
+}
+
+// setHeaders sets the User-Agent and the contract's static headers. The broker's own
+// headers are set after them: validation refuses a static header that would replace
+// one, and the order keeps it so for a contract that skipped validation.
+func setHeaders(h http.Header, contract *Contract) {
+	h.Set("User-Agent", "opbroker")
+	for name, value := range contract.Headers {
+		h.Set(name, value)
+	}
 }
 
 // Send transmits req once and classifies the answer by the contract. It never retries.
+// A credential that cannot be read is CREDENTIAL_UNAVAILABLE, and nothing is sent.
 func (c *Connector) Send(ctx context.Context, req Request) Result {
 	ep := req.Contract.Endpoint
 	timeout := ep.Timeout.D()
@@ -131,8 +290,8 @@ func (c *Connector) Send(ctx context.Context, req Request) Result {
 	// request on another connection: net/http would otherwise retry a request that
 	// carries an Idempotency-Key header after a failure on a reused connection.
 	httpReq.GetBody = nil
+	setHeaders(httpReq.Header, req.Contract)
 	httpReq.Header.Set("Content-Type", req.ContentType)
-	httpReq.Header.Set("User-Agent", "opbroker")
 	if idem := req.Contract.Idempotency; idem != nil {
 		httpReq.Header.Set(idem.Header, req.RemoteKey.String())
 	}
@@ -142,8 +301,12 @@ func (c *Connector) Send(ctx context.Context, req Request) Result {
 	if ep.FenceHeader != "" {
 		httpReq.Header.Set(ep.FenceHeader, strconv.FormatInt(req.Fence, 10))
 	}
+	r := c.route(req.Contract)
+	if err := r.authorize(httpReq.Header); err != nil {
+		return Result{Class: ClassCredentialUnavailable, Summary: "a credential cannot be read; nothing was sent: " + err.Error()}
+	}
 
-	resp, err := c.client.Do(httpReq)
+	resp, err := r.client.Do(httpReq)
 	if err != nil {
 		return transportResult(ctx, err)
 	}
@@ -161,11 +324,14 @@ func (c *Connector) Send(ctx context.Context, req Request) Result {
 // transportResult classifies a failure with no complete answer.
 func transportResult(ctx context.Context, err error) Result {
 	var opErr *net.OpError
+	var handshake *handshakeError
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded):
 		return Result{Class: ClassTimeout, Sent: true, Summary: "no answer before the timeout"}
 	case errors.As(err, &opErr) && opErr.Op == "dial":
 		return Result{Class: ClassConnectFailed, Summary: "the connection could not be made; nothing was sent"}
+	case errors.As(err, &handshake):
+		return Result{Class: ClassConnectFailed, Summary: "the TLS connection could not be made; nothing was sent: " + handshake.err.Error()}
 	default:
 		return Result{Class: ClassConnectionError, Sent: true, Summary: "the connection failed before a complete answer"}
 	}
@@ -266,8 +432,12 @@ func (c *Connector) Lookup(ctx context.Context, contract *Contract, remoteKey uu
 	if err != nil {
 		return LookupResult{Summary: "the lookup could not be built: " + err.Error()}
 	}
-	req.Header.Set("User-Agent", "opbroker")
-	resp, err := c.client.Do(req)
+	setHeaders(req.Header, contract)
+	r := c.route(contract)
+	if err := r.authorize(req.Header); err != nil {
+		return LookupResult{Summary: "a credential cannot be read; nothing was sent: " + err.Error()}
+	}
+	resp, err := r.client.Do(req)
 	if err != nil {
 		return LookupResult{Summary: transportResult(ctx, err).Summary}
 	}

@@ -34,6 +34,12 @@ type Contract struct {
 	Conditional    *Conditional  `yaml:"conditional_mutation"`
 	Responses      Responses     `yaml:"responses"`
 	Concurrency    int           `yaml:"concurrency"`
+
+	// Auth, TLS and Headers apply to every request to the target, sends and lookups.
+	// The contract names where a secret is read, never the secret (credentials.go).
+	Auth    *Auth             `yaml:"auth,omitempty"`
+	TLS     *TLS              `yaml:"tls,omitempty"`
+	Headers map[string]string `yaml:"headers,omitempty"` // sent as they are, e.g. an API version
 }
 
 // Documentation says where the contract comes from.
@@ -364,6 +370,7 @@ func (f *File) validate(file string) error {
 			bad("concurrency", "must not be negative (0 means the default)")
 		}
 		c.Responses.validate(bad)
+		c.validateAccess(bad)
 	}
 	return errors.Join(problems...)
 }

@@ -22,6 +22,7 @@ func (c *Contract) Controls() []ControlResult {
 	pass := func(n int, name, reason string) ControlResult {
 		return ControlResult{Number: n, Name: name, Pass: true, Reason: reason}
 	}
+	credentials := c.Credentials() // read once: the control and its reason agree
 	judge := func(n int, name string, problems []string, ok string) ControlResult {
 		if len(problems) > 0 {
 			return ControlResult{Number: n, Name: name, Reason: strings.Join(problems, "; ")}
@@ -29,8 +30,8 @@ func (c *Contract) Controls() []ControlResult {
 		return pass(n, name, ok)
 	}
 	return []ControlResult{
-		judge(1, "target contract recorded", c.contractProblems(),
-			fmt.Sprintf("documented at %s, checked %s; capabilities: %s%s", c.Documentation.URL, c.Documentation.Checked, c.Capabilities(), c.keySummary())),
+		judge(1, "target contract recorded", c.contractProblems(credentials),
+			fmt.Sprintf("documented at %s, checked %s; capabilities: %s%s%s", c.Documentation.URL, c.Documentation.Checked, c.Capabilities(), c.keySummary(), credentialSummary(credentials))),
 		pass(2, "durable operation identity",
 			"the ledger row is committed before any send, unique per (tenant, operation type, intent_ref), and its remote key is random and never regenerated"),
 		pass(3, "payload binding",
@@ -48,13 +49,14 @@ func (c *Contract) Controls() []ControlResult {
 		judge(9, "escalation path", c.ownerProblems(),
 			fmt.Sprintf("escalations go to %s (%s)", c.Owner.Team, c.Owner.Escalation)),
 		judge(10, "privacy ownership", c.dataProblems(),
-			fmt.Sprintf("stored data owned by %s, kept %s after a terminal state; remote keys are random", c.Data.Owner, c.Data.Retention)),
+			fmt.Sprintf("stored data owned by %s; payload bytes purged %s after a terminal state (the hash, events and attempts stay until the tenant's data is deleted); remote keys are random",
+				c.Data.Owner, c.Data.Retention)),
 		pass(11, "legitimate repeat operations",
 			"a new intent_ref makes a new operation even with a byte-identical payload"),
 	}
 }
 
-func (c *Contract) contractProblems() []string {
+func (c *Contract) contractProblems(credentials []Credential) []string {
 	var p []string
 	if c.Documentation.URL == "" {
 		p = append(p, "documentation.url is missing: link the vendor's primary documentation")
@@ -71,7 +73,21 @@ func (c *Contract) contractProblems() []string {
 		p = append(p, fmt.Sprintf("idempotency.saves is missing: say whether a repeat of the key returns the first answer, errors included (%s), or executes again after anything but a success (%s; the reading to take when the documentation is unclear)",
 			SavesEveryAnswer, SavesSuccessesOnly))
 	}
-	return p
+	// A credential that cannot be read now would make every request fail: the broker
+	// does not start on it.
+	return append(p, credentialProblems(credentials)...)
+}
+
+// credentialSummary says, for control 1, which credentials were read.
+func credentialSummary(credentials []Credential) string {
+	var fields []string
+	for _, cred := range credentials {
+		fields = append(fields, cred.Field)
+	}
+	if len(fields) == 0 {
+		return ""
+	}
+	return "; credentials present: " + strings.Join(fields, ", ")
 }
 
 // keySummary says, for control 1, what a repeat of the target's key does.

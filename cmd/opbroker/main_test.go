@@ -410,4 +410,49 @@ func TestTargetsCheck(t *testing.T) {
 	out, err = exec.Command(binary, "serve", "--database-url", "postgres://127.0.0.1:1/x", "--targets", bad).CombinedOutput()
 	require.Error(t, err)
 	require.Contains(t, string(out), `target "acme-mailer": go/no-go control 9 (escalation path) fails`, "serve refuses a failing target")
+
+	// Credentials are said present, missing or unreadable, never shown; one that is not
+	// present fails control 1, and serve refuses it.
+	dir := t.TempDir()
+	secret := fmt.Sprintf("sk_test_%d", time.Now().UnixNano())
+	keyFile := filepath.Join(dir, "mailer-key")
+	require.NoError(t, os.WriteFile(keyFile, []byte(secret+"\n"), 0o600))
+	credentialed := func(mailerKey string) string {
+		path := filepath.Join(t.TempDir(), "credentials.yaml")
+		require.NoError(t, os.WriteFile(path, []byte(strings.NewReplacer(
+			"    concurrency: 16\n", "    concurrency: 16\n    auth: {scheme: bearer, secret: {env: OPBROKER_TEST_ACME_TOKEN}}\n    headers: {Stripe-Version: 2024-06-20}\n",
+			"      request_id_header: X-Request-Id\n", "      request_id_header: X-Request-Id\n    auth: {scheme: header, header: X-Api-Key, secret: {file: "+mailerKey+"}}\n",
+		).Replace(string(good))), 0o644))
+		return path
+	}
+	check := func(path string, env ...string) (string, error) {
+		cmd := exec.Command(binary, "targets", "check", "--targets", path)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		require.NotContains(t, string(out), secret)
+		return string(out), err
+	}
+	withKey := credentialed(keyFile)
+	text, err := check(withKey, "OPBROKER_TEST_ACME_TOKEN="+secret)
+	require.NoError(t, err, text)
+	require.Contains(t, text, "  credential auth.secret (environment variable OPBROKER_TEST_ACME_TOKEN): present\n")
+	require.Contains(t, text, "  credential auth.secret (file "+keyFile+"): present\n")
+	require.Contains(t, text, "every control passes")
+
+	text, err = check(withKey)
+	require.Error(t, err, text)
+	require.Contains(t, text, "  credential auth.secret: missing: environment variable OPBROKER_TEST_ACME_TOKEN is not set\n")
+	require.Contains(t, text, "  FAIL   1 target contract recorded       auth.secret is missing: environment variable OPBROKER_TEST_ACME_TOKEN is not set: set it to the target's bearer token\n")
+	require.Contains(t, text, "1 control(s) fail")
+
+	text, err = check(credentialed(dir), "OPBROKER_TEST_ACME_TOKEN="+secret)
+	require.Error(t, err, text)
+	require.Contains(t, text, "  credential auth.secret: unreadable: file "+dir+" cannot be read: is a directory\n")
+	require.Contains(t, text, "  FAIL   1 target contract recorded       auth.secret is unreadable: file "+dir+" cannot be read: is a directory: the file must hold the value of header X-Api-Key, readable by the broker\n")
+
+	serve := exec.Command(binary, "serve", "--database-url", "postgres://127.0.0.1:1/x", "--targets", withKey)
+	out, err = serve.CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), `target "acme-payments": go/no-go control 1 (target contract recorded) fails: auth.secret is missing: environment variable OPBROKER_TEST_ACME_TOKEN is not set`, "serve refuses a missing credential")
+	require.NotContains(t, string(out), secret)
 }

@@ -16,7 +16,7 @@ func targetsCommand() *cli.Command {
 		Usage: "work with recorded target contracts",
 		Commands: []*cli.Command{{
 			Name:  "check",
-			Usage: "print the go/no-go controls of every target, each pass or fail with its reason; exit 1 if any fails",
+			Usage: "print the credentials and go/no-go controls of every target, each with its state or reason; exit 1 if any control fails",
 			Flags: []cli.Flag{targetsFlag},
 			Action: func(_ context.Context, cmd *cli.Command) error {
 				path := cmd.String("targets")
@@ -32,6 +32,15 @@ func targetsCommand() *cli.Command {
 				failed := 0
 				for _, c := range file.Targets {
 					fmt.Fprintf(out, "target %s (%v)\n  capabilities: %s\n", c.Name, c.OperationTypes, c.Capabilities())
+					// A credential is said to be present, missing or unreadable, never shown;
+					// one that is not present fails control 1.
+					for _, cred := range c.Credentials() {
+						if cred.Problem != "" { // it names the variable or the file
+							fmt.Fprintf(out, "  credential %s: %s: %s\n", cred.Field, cred.State, cred.Problem)
+						} else {
+							fmt.Fprintf(out, "  credential %s (%s): %s\n", cred.Field, cred.Source, cred.State)
+						}
+					}
 					for _, r := range c.Controls() {
 						verdict := "PASS"
 						if !r.Pass {
