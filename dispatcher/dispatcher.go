@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +25,9 @@ import (
 // (*target.Connector); a benchmark's may do nothing, to measure the broker alone.
 type Sender interface {
 	Send(ctx context.Context, req target.Request) target.Result
+	// CredentialVersion changes whenever the credential presented to the target
+	// changes (see target.Connector.CredentialVersion).
+	CredentialVersion(contract *target.Contract) string
 }
 
 // Config configures a dispatcher. Zero values take the defaults noted.
@@ -57,6 +62,10 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// RecordTimeout bounds writing one outcome, retries included (default 15s).
 	RecordTimeout time.Duration
+	// MaxResends caps how many answers documented as not executed one operation may get
+	// (DefaultMaxResends): each is sent again after max(Retry-After, backoff with
+	// jitter), and once the budget is spent it is FAILED_TERMINAL (nothing executed).
+	MaxResends int
 	// Clock reads the time (default time.Now). Every safety decision compares its
 	// readings only with each other: a lease or a window the database measured becomes
 	// a deadline on this clock, so a host whose clock is off by seconds decides the same.
@@ -69,6 +78,7 @@ const (
 	DefaultClaimBatch    = 64
 	DefaultLease         = 30 * time.Second
 	DefaultShutdownGrace = 30 * time.Second
+	DefaultMaxResends    = 10
 )
 
 func (c *Config) setDefaults() {
@@ -87,6 +97,7 @@ func (c *Config) setDefaults() {
 	def(&c.ClaimBatch, DefaultClaimBatch)
 	def(&c.PerTenant, max(1, c.ClaimBatch/4))
 	def(&c.MaxTenantsPerClaim, 64)
+	def(&c.MaxResends, DefaultMaxResends)
 	defDur(&c.Lease, DefaultLease)
 	defDur(&c.PollInterval, time.Second)
 	defDur(&c.ShutdownGrace, DefaultShutdownGrace)
@@ -110,6 +121,11 @@ type Dispatcher struct {
 
 	sends metric.Int64Counter
 
+	// refused holds, per target whose credential it refused, the credential's version
+	// then: the target's operations wait until it changes.
+	refusedMu sync.Mutex
+	refused   map[string]string
+
 	startstop.Base // the claim loop
 
 	mu          sync.Mutex
@@ -130,11 +146,24 @@ func New(cfg Config) (*Dispatcher, error) {
 		held:    make(chan struct{}, cfg.Unrecorded),
 		limiter: target.NewLimiter(cfg.Targets, cfg.PoolSize),
 		cursors: map[string]string{},
+		refused: map[string]string{},
 		freed:   make(chan struct{}, 1),
 	}
 	var err error
 	if d.sends, err = meter.Int64Counter("opbroker.dispatch.sends",
 		metric.WithDescription("Sends to targets by target and outcome class"), metric.WithUnit("{send}")); err != nil {
+		return nil, err
+	}
+	if _, err = meter.Int64ObservableGauge("opbroker.dispatch.credential_refused",
+		metric.WithDescription("1 for each target whose credential it refused: its sends wait until the credential changes"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			d.refusedMu.Lock()
+			defer d.refusedMu.Unlock()
+			for name := range d.refused {
+				o.Observe(1, metric.WithAttributes(attribute.String("target", name)))
+			}
+			return nil
+		})); err != nil {
 		return nil, err
 	}
 	d.sendCtx, d.cancelSends = context.WithCancel(context.Background())
@@ -213,6 +242,9 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 		if free <= 0 {
 			continue
 		}
+		if d.awaitingCredential(contract) {
+			continue
+		}
 		// The target's slots are taken before the claim: the reconciler's replays and
 		// lookups take them too, and a claim must not wait for one while its lease runs.
 		if free = d.limiter.Reserve(contract.Name, free); free == 0 {
@@ -263,6 +295,35 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 		claimed += len(ops)
 	}
 	return claimed, full, err
+}
+
+// awaitingCredential reports whether the target refused the credential it still has:
+// its operations wait, rather than hammer it, until the credential changes.
+func (d *Dispatcher) awaitingCredential(contract *target.Contract) bool {
+	d.refusedMu.Lock()
+	defer d.refusedMu.Unlock()
+	version, ok := d.refused[contract.Name]
+	if !ok {
+		return false
+	}
+	if d.cfg.Connector.CredentialVersion(contract) == version {
+		return true
+	}
+	delete(d.refused, contract.Name)
+	d.log.Info("the target's credential changed; sending to it again", "target", contract.Name)
+	return false
+}
+
+// credentialRefused makes the target's operations wait until its credential is no
+// longer version, the one the target refused.
+func (d *Dispatcher) credentialRefused(contract *target.Contract, version string) {
+	d.refusedMu.Lock()
+	defer d.refusedMu.Unlock()
+	if _, ok := d.refused[contract.Name]; !ok {
+		d.log.Error("the target refused the broker's credential; its sends wait until the credential changes",
+			"target", contract.Name)
+	}
+	d.refused[contract.Name] = version
 }
 
 func (d *Dispatcher) signalFreed() {
@@ -316,11 +377,13 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		}
 	}
 
-	// Sending again? A claim of the dispatcher's own is the operation's first send: only
-	// PREPARED operations are claimed, and the schema never lets a sent one be PREPARED
-	// again. A claim from BeginReplay is a same-key replay that the reconciler allowed
-	// only where no earlier attempt can execute again (see reconciler.Decide); the two
-	// checks below hold the claim and the key's window to the moment of the send.
+	// Sending again? A claim of the dispatcher's own is the operation's first send, or a
+	// send after answers the target documents as not executed: only PREPARED operations
+	// are claimed, and the schema lets an operation be PREPARED again only while every
+	// attempt was answered that way. A claim from BeginReplay is a same-key replay that
+	// the reconciler allowed only where no earlier attempt can execute again (see
+	// reconciler.Decide); the two checks below hold the claim and the key's window to
+	// the moment of the send.
 	//
 	// A claim whose lease is over, or nearly, may belong to someone else already: the
 	// sweeper may have made it UNKNOWN and a reconciler be replaying it under a new
@@ -335,13 +398,14 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	// A replay is safe only while the target still knows the key: the reconciler decided
 	// inside the window, but the send happens now, and a target that has forgotten the
 	// key executes it again.
-	if op.AttemptCount > 1 && contract.Idempotency != nil &&
+	if mayHaveExecuted(op) && contract.Idempotency != nil &&
 		op.SinceFirstSend+d.cfg.Clock().Sub(asOf) > contract.Idempotency.Retention.D()-margin {
 		log.Warn("the key's retention window closed before the replay was sent; not sending")
 		d.record(log, contract, op, target.Result{Outcome: target.Unknown, Class: "REPLAY_WINDOW_CLOSED",
 			Summary: "the key's retention window closed before the replay was sent; nothing was sent"})
 		return
 	}
+	credential := d.cfg.Connector.CredentialVersion(contract)
 	sendCtx, _ := d.calls()
 	callCtx, stopExtending := context.WithCancel(sendCtx)
 	extended := make(chan struct{})
@@ -370,6 +434,9 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		return
 	}
 	d.sends.Add(context.Background(), 1, metric.WithAttributes(attribute.String("target", contract.Name), attribute.String("class", res.Class)))
+	if res.Class == target.ClassCredentialRefused {
+		d.credentialRefused(contract, credential)
+	}
 	d.record(log, contract, op, res)
 	_ = crashpoint.Hit(crashpoint.DispatchAfterRecord)
 }
@@ -406,6 +473,43 @@ func (d *Dispatcher) extendLease(ctx context.Context, cutCall context.CancelFunc
 	}
 }
 
+// mayHaveExecuted reports whether an earlier attempt of the claim's operation may have
+// taken effect: one was made that the target did not answer as not executed.
+func mayHaveExecuted(op store.Claimed) bool { return op.AttemptCount-1 > op.NotExecuted }
+
+// Resends after answers documented as not executed wait max(Retry-After, backoff), the
+// backoff doubling from minResendWait to maxResendWait with jitter; a Retry-After is
+// obeyed up to maxRetryAfter.
+const (
+	minResendWait = time.Second
+	maxResendWait = 5 * time.Minute
+	maxRetryAfter = time.Hour
+)
+
+// notExecuted turns an answer documented as not executed into the outcome to record:
+// PREPARED, to be sent again after the wait, while every attempt so far was answered
+// that way and the budget allows; FAILED_TERMINAL once the budget is spent (nothing
+// was executed); UNKNOWN when an earlier attempt may have executed (a replay's answer
+// says nothing of the attempts before it: the reconciler goes on).
+func (d *Dispatcher) notExecuted(op store.Claimed, res target.Result, params *store.OutcomeParams) {
+	params.NotExecuted = true
+	answers := int(op.NotExecuted) + 1
+	switch {
+	case mayHaveExecuted(op):
+		params.State = store.StateUnknown
+		params.Observation.Summary += "; an earlier attempt may have executed, so the reconciler resolves it"
+	case answers >= d.cfg.MaxResends:
+		params.State = store.StateFailedTerminal
+		params.Observation.Summary += fmt.Sprintf("; %d answers documented as not executed, the resend budget: nothing was executed", answers)
+	default:
+		wait := min(minResendWait<<min(answers-1, 16), maxResendWait)
+		wait = time.Duration(float64(wait) * (0.8 + 0.4*rand.Float64())) // +-20%: resends of a burst spread out
+		wait = max(wait, min(res.RetryAfter, maxRetryAfter))
+		params.State, params.SendAgainAfter = store.StatePrepared, wait
+		params.Observation.Summary += fmt.Sprintf("; sent again in %s", wait.Round(time.Millisecond))
+	}
+}
+
 // record writes a send's outcome on a context that shutdown does not cancel, retrying
 // while the database is unreachable. If it cannot, the lease expires and the sweeper
 // makes the operation UNKNOWN: never a wrong state, only a slower one.
@@ -426,11 +530,14 @@ func (d *Dispatcher) record(log *slog.Logger, contract *target.Contract, op stor
 			HTTPStatus: res.HTTPStatus, Summary: res.Summary},
 		Actor: "dispatcher:" + d.cfg.Worker,
 	}
+	if res.Outcome == target.NotExecuted {
+		d.notExecuted(op, res, &params)
+	}
 	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 		_, err := d.cfg.Store.AllTenants().RecordOutcome(ctx, params)
 		switch {
 		case err == nil:
-			log.Debug("outcome recorded", "state", state, "class", res.Class)
+			log.Debug("outcome recorded", "state", params.State, "class", res.Class)
 			return
 		case errors.Is(err, store.ErrFenceLost):
 			log.Warn("fence lost before the outcome was recorded; kept as evidence only", "class", res.Class)

@@ -53,7 +53,8 @@ func TestLogsNeverCarrySensitiveData(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var pending int
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operations
-			WHERE state IN ('PREPARED', 'IN_FLIGHT') OR (state = 'UNKNOWN' AND checks + replays = 0)`).Scan(&pending))
+			WHERE state = 'IN_FLIGHT' OR (state = 'PREPARED' AND attempt_count = 0)
+				OR (state = 'UNKNOWN' AND checks + replays = 0)`).Scan(&pending))
 		return pending == 0
 	}, 60*time.Second, 50*time.Millisecond)
 

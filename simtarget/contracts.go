@@ -30,6 +30,11 @@ func Contracts(baseURL string, cfg Config) []*target.Contract {
 	docs := target.Documentation{URL: "https://github.com/opbroker/opbroker/blob/main/simtarget/simtarget.go", Checked: "2026-11-29"}
 	owner := target.Owner{Team: "demo-oncall", Escalation: "README.md#operations"}
 	data := target.DataOwnership{Owner: "demo data owner", Retention: target.Duration(30 * 24 * time.Hour)}
+	// The simulated target answers both before anything is executed or any key saved.
+	notExecuted := []target.ResponseClass{
+		{Status: []int{429}, Documented: "simtarget: a throttled request (429, with Retry-After) is refused before it is executed or its key saved"},
+		{Status: []int{401}, Credential: true, Documented: "simtarget: a request without the right credential (401) is refused before it is executed"},
+	}
 	contracts := []*target.Contract{
 		{
 			Name: "demo-payments", Documentation: docs, Owner: owner, Data: data,
@@ -46,7 +51,8 @@ func Contracts(baseURL string, cfg Config) []*target.Contract {
 				Success: []target.ResponseClass{{Status: []int{200, 201}, RemoteRef: "/id"}},
 				Rejection: []target.ResponseClass{{Status: []int{402},
 					Documented: "simtarget: a declined card (402) creates no charge"}},
-				InProgress: []target.ResponseClass{{Status: []int{409}}},
+				NotExecuted: notExecuted,
+				InProgress:  []target.ResponseClass{{Status: []int{409}}},
 			},
 		},
 		{
@@ -54,7 +60,8 @@ func Contracts(baseURL string, cfg Config) []*target.Contract {
 			OperationTypes: []string{DemoNotify},
 			Endpoint: target.Endpoint{Method: "POST", URL: baseURL + "/v1/notifications", Timeout: target.Duration(3 * time.Second),
 				RequestIDHeader: "X-Request-Id"},
-			Responses: target.Responses{Success: []target.ResponseClass{{Status: []int{200}, RemoteRef: "/id"}}},
+			Responses: target.Responses{Success: []target.ResponseClass{{Status: []int{200}, RemoteRef: "/id"}},
+				NotExecuted: notExecuted},
 		},
 	}
 	if cfg.Auth != nil {

@@ -47,7 +47,7 @@ const (
 	Fault5xxBeforeCommit   Fault = "5xx_before_commit"   // 503, no effect
 	Fault5xxAfterCommit    Fault = "5xx_after_commit"    // makes the effect, answers 500
 	FaultInProgress        Fault = "in_progress"         // 409: the key is still executing; no effect
-	FaultThrottle          Fault = "throttle"            // 429 with Retry-After; no effect
+	FaultThrottle          Fault = "throttle"            // 429 with Retry-After, before the key is looked at; no effect
 	FaultRedirect          Fault = "redirect"            // 307 to another host; no effect
 	FaultDecline           Fault = "decline"             // 402, documented as creating no charge
 	FaultLookupLag         Fault = "lookup_lag"          // makes the effect, invisible to lookups for LookupLag
@@ -324,6 +324,14 @@ func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
 
 	t.mu.Lock()
 	t.countArrival(fault, key, hash)
+	if fault == FaultThrottle {
+		// The rate limiter runs before the idempotency layer, as Stripe's does: nothing
+		// is executed and nothing is saved under the key.
+		t.mu.Unlock()
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "rate limited", "note": "the request was not executed"})
+		return
+	}
 	if key != "" {
 		if s, ok := t.keys[key]; ok && t.cfg.Retention > 0 && now.Sub(s.firstUsed) > t.cfg.Retention {
 			delete(t.keys, key) // the provider forgot the key
@@ -403,9 +411,6 @@ func (t *Target) execute(w http.ResponseWriter, fault Fault, key string, body []
 		return answer(w, http.StatusInternalServerError, map[string]string{"error": "internal"})
 	case FaultInProgress:
 		return answer(w, http.StatusConflict, map[string]string{"error": "a request with this key is in progress"})
-	case FaultThrottle:
-		w.Header().Set("Retry-After", "1")
-		return answer(w, http.StatusTooManyRequests, map[string]string{"error": "rate limited"})
 	case FaultRedirect:
 		w.Header().Set("Location", "http://127.0.0.2:1/v1/charges")
 		return answer(w, http.StatusTemporaryRedirect, map[string]string{"error": "moved"})

@@ -162,12 +162,12 @@ func (q Scope) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 
 func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	rows := q.query(ctx, fairPick("PREPARED",
-		"(dispatch_deadline IS NULL OR dispatch_deadline > now())", "operation_id")+`
+		"(dispatch_deadline IS NULL OR dispatch_deadline > now()) AND (next_check_at IS NULL OR next_check_at <= now())", "operation_id")+`
 		), claimed AS (
 			UPDATE operations o SET
 				state = 'IN_FLIGHT', revision = o.revision + 1, fence_token = o.fence_token + 1,
 				attempt_count = o.attempt_count + 1, lease_owner = $6, lease_expires_at = now() + $7::interval,
-				first_sent_at = coalesce(o.first_sent_at, now()), updated_at = now()
+				first_sent_at = coalesce(o.first_sent_at, now()), next_check_at = NULL, updated_at = now()
 			FROM picked
 			WHERE o.tenant_id = picked.tenant_id AND o.operation_id = picked.operation_id AND o.state = 'PREPARED'
 			RETURNING o.*
@@ -192,14 +192,20 @@ type OutcomeParams struct {
 	TenantID string
 	ID       uuid.UUID
 	Fence    int64
-	// State is SUCCEEDED, FAILED_TERMINAL or UNKNOWN.
+	// State is SUCCEEDED, FAILED_TERMINAL or UNKNOWN, or PREPARED to send again after
+	// an answer documented as not executed (NotExecuted, SendAgainAfter).
 	State     State
 	RemoteRef string // required for SUCCEEDED
 	// NotSent records that the request provably never left (nothing can have executed).
 	// The zero value, "it may have been sent", is the safe one.
-	NotSent     bool
-	Observation Observation
-	Actor       string
+	NotSent bool
+	// NotExecuted records that the target answered with an answer its documentation
+	// says was not executed: the attempt had no effect (it counts in not_executed).
+	NotExecuted bool
+	// SendAgainAfter, for PREPARED, is how long from now the next send waits.
+	SendAgainAfter time.Duration
+	Observation    Observation
+	Actor          string
 }
 
 // RecordOutcome finishes the claim's attempt record and, only if the fence still holds
@@ -213,8 +219,11 @@ type OutcomeParams struct {
 // caller waits while the statements before it run, and the outcomes that arrive
 // meanwhile join its statement (see combiner). Each keeps its own fence check.
 func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, error) {
-	if p.State != StateSucceeded && p.State != StateFailedTerminal && p.State != StateUnknown {
+	if p.State != StateSucceeded && p.State != StateFailedTerminal && p.State != StateUnknown && p.State != StatePrepared {
 		return Operation{}, fmt.Errorf("store: record outcome: %s is not an outcome of a send", p.State)
+	}
+	if p.State == StatePrepared && !p.NotExecuted {
+		return Operation{}, fmt.Errorf("store: record outcome: only an answer documented as not executed sends again")
 	}
 	if p.State == StateSucceeded && p.RemoteRef == "" {
 		return Operation{}, fmt.Errorf("store: record outcome: SUCCEEDED needs the target's reference")
@@ -247,9 +256,11 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Oper
 	tenants, ids, fences := make([]string, n), make([]uuid.UUID, n), make([]int64, n)
 	states, refs, observations := make([]string, n), make([]*string, n), make([]string, n)
 	actors, outcomes, statuses, summaries := make([]string, n), make([]string, n), make([]*int, n), make([]string, n)
-	sent := make([]bool, n)
+	sent, notExecuted, waits := make([]bool, n), make([]bool, n), make([]time.Duration, n)
 	for i, p := range ps {
-		tenants[i], ids[i], fences[i], states[i], sent[i] = p.TenantID, p.ID, p.Fence, string(p.State), !p.NotSent
+		tenants[i], ids[i], fences[i], states[i] = p.TenantID, p.ID, p.Fence, string(p.State)
+		// An attempt documented as not executed cannot have taken effect, as one never sent.
+		sent[i], notExecuted[i], waits[i] = !p.NotSent && !p.NotExecuted, p.NotExecuted, p.SendAgainAfter
 		if p.RemoteRef != "" {
 			refs[i] = &p.RemoteRef
 		}
@@ -264,15 +275,18 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Oper
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @fences::bigint[], @states::text[]::operation_state[],
 				@remote_refs::text[], @observations::text[]::jsonb[], @actors::text[], @outcomes::text[],
-				@http_statuses::int[], @summaries::text[], @sent::boolean[])
+				@http_statuses::int[], @summaries::text[], @sent::boolean[], @not_executed::boolean[],
+				@send_again_after::interval[])
 				AS u (tenant_id, operation_id, fence, state,
 					remote_ref, observation, actor, outcome,
-					http_status, summary, sent)
+					http_status, summary, sent, not_executed,
+					send_again_after)
 		), upd AS (
 			UPDATE operations o SET
 				state = u.state, revision = o.revision + 1, remote_ref = coalesce(u.remote_ref, o.remote_ref),
 				last_observation = u.observation, lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
-				next_check_at = CASE WHEN u.state = 'UNKNOWN' THEN now() END
+				not_executed = o.not_executed + u.not_executed::int,
+				next_check_at = CASE u.state WHEN 'UNKNOWN' THEN now() WHEN 'PREPARED' THEN now() + u.send_again_after END
 			FROM u
 			WHERE o.tenant_id = u.tenant_id AND o.operation_id = u.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = u.fence
 			RETURNING o.*, u.actor AS outcome_actor, u.outcome AS outcome_reason
@@ -287,7 +301,8 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Oper
 		SELECT `+operationColumns+` FROM upd`,
 		pgx.NamedArgs{"tenant_ids": tenants, "operation_ids": ids, "fences": fences, "states": states,
 			"remote_refs": refs, "observations": observations, "actors": actors, "outcomes": outcomes,
-			"http_statuses": statuses, "summaries": summaries, "sent": sent})
+			"http_statuses": statuses, "summaries": summaries, "sent": sent, "not_executed": notExecuted,
+			"send_again_after": waits})
 	moved, err := pgx.CollectRows(rows, scanOperation)
 	if err != nil {
 		return nil, fmt.Errorf("store: record outcome: %w", translate(err))

@@ -344,3 +344,62 @@ func TestClaimMeasuresTheDeadlineByTheDatabase(t *testing.T) {
 	require.NotNil(t, claimed[0].DeadlineLeft)
 	require.Equal(t, time.Duration(wantMicros)*time.Microsecond, *claimed[0].DeadlineLeft)
 }
+
+// TestNotExecutedGoesBackToPrepared: an answer the target documents as not executed
+// puts the operation back to PREPARED, counted, not to be claimed before its time;
+// the schema refuses PREPARED once any attempt may have executed.
+func TestNotExecutedGoesBackToPrepared(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.prepareN(t, "acme", 1)[0]
+	notExecuted := func(c store.Claimed, state store.State, wait time.Duration) (store.Operation, error) {
+		return b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+			State: state, NotExecuted: true, SendAgainAfter: wait, Actor: "test",
+			Observation: store.Observation{Outcome: "NOT_EXECUTED", HTTPStatus: 429}})
+	}
+	claimOne := func() []store.Claimed {
+		claimed, err := b.all.Claim(b.ctx, claimParams(10))
+		require.NoError(t, err)
+		return claimed
+	}
+
+	first := claimOne()
+	require.Len(t, first, 1)
+	op, err := notExecuted(first[0], store.StatePrepared, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, store.StatePrepared, op.State)
+	require.EqualValues(t, 1, op.AttemptCount)
+	require.EqualValues(t, 1, op.NotExecuted)
+	require.NotNil(t, op.NextCheckAt, "the next send's time is visible")
+	require.Empty(t, claimOne(), "not claimed before its time")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1 AND sent`, id),
+		"an attempt documented as not executed counts as one that had no effect")
+
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() WHERE operation_id = $1`, id)
+	require.NoError(t, err)
+	second := claimOne()
+	require.Len(t, second, 1, "claimed again once its time has come")
+	require.EqualValues(t, 2, second[0].AttemptCount)
+	require.Nil(t, second[0].NextCheckAt)
+	require.Greater(t, second[0].FenceToken, first[0].FenceToken)
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: second[0].FenceToken,
+		State: store.StatePrepared, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
+	require.ErrorContains(t, err, "only an answer documented as not executed sends again")
+
+	// The schema refuses PREPARED unless every attempt was documented as not executed.
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET state = 'PREPARED', revision = revision + 1 WHERE operation_id = $1`, id)
+	require.ErrorContains(t, err, "operations_unsent", "PREPARED means nothing sent took effect")
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: second[0].FenceToken,
+		State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
+	require.NoError(t, err)
+
+	// Every attempt not executed: cancelling is still safe.
+	other := b.prepareN(t, "globex", 1)[0]
+	c := claimOne()
+	require.Len(t, c, 1)
+	_, err = notExecuted(c[0], store.StatePrepared, 0)
+	require.NoError(t, err)
+	cancelled, err := b.all.Cancel(b.ctx, store.CancelParams{TenantID: "globex", ID: other, Actor: "test"})
+	require.NoError(t, err)
+	require.Equal(t, store.StateCancelled, cancelled.State)
+}

@@ -54,16 +54,20 @@ type Observation struct {
 
 // Operation is a ledger row without its payload bytes.
 type Operation struct {
-	TenantID         string
-	ID               uuid.UUID
-	OperationType    string
-	IntentRef        string
-	ContentType      string
-	PayloadSHA256    []byte
-	State            State
-	Revision         int64
-	FenceToken       int64
-	AttemptCount     int32
+	TenantID      string
+	ID            uuid.UUID
+	OperationType string
+	IntentRef     string
+	ContentType   string
+	PayloadSHA256 []byte
+	State         State
+	Revision      int64
+	FenceToken    int64
+	AttemptCount  int32
+	// NotExecuted counts the attempts the target answered with an answer its
+	// documentation says was not executed. While it equals AttemptCount, nothing sent
+	// has taken effect: such an operation may be PREPARED (or CANCELLED) again.
+	NotExecuted      int32
 	RemoteRef        string
 	LastObservation  *Observation
 	SupersedesID     uuid.NullUUID
@@ -73,8 +77,10 @@ type Operation struct {
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 
+	// NextCheckAt is when the broker next acts on the operation: an UNKNOWN one's next
+	// check, or a PREPARED one's next send after an answer documented as not executed.
+	NextCheckAt *time.Time
 	// Reconciliation of an UNKNOWN operation.
-	NextCheckAt        *time.Time
 	Checks             int32
 	Replays            int32
 	AcceptedUnfinished bool
@@ -90,7 +96,7 @@ type Escalation struct {
 
 // operationColumns is the select list that scanOperation reads, in order.
 const operationColumns = `tenant_id, operation_id, operation_type, intent_ref, content_type,
-	payload_sha256, state, revision, fence_token, attempt_count, coalesce(remote_ref, ''),
+	payload_sha256, state, revision, fence_token, attempt_count, not_executed, coalesce(remote_ref, ''),
 	last_observation, supersedes_id, labels, dispatch_deadline, first_sent_at, created_at, updated_at,
 	next_check_at, checks, replays, accepted_unfinished, escalation`
 
@@ -103,7 +109,7 @@ func scanOperation(row pgx.CollectableRow) (Operation, error) {
 // operationDest returns the scan destinations of operationColumns.
 func operationDest(op *Operation) []any {
 	return []any{&op.TenantID, &op.ID, &op.OperationType, &op.IntentRef, &op.ContentType,
-		&op.PayloadSHA256, &op.State, &op.Revision, &op.FenceToken, &op.AttemptCount, &op.RemoteRef,
+		&op.PayloadSHA256, &op.State, &op.Revision, &op.FenceToken, &op.AttemptCount, &op.NotExecuted, &op.RemoteRef,
 		&op.LastObservation, &op.SupersedesID, &op.Labels, &op.DispatchDeadline, &op.FirstSentAt,
 		&op.CreatedAt, &op.UpdatedAt, &op.NextCheckAt, &op.Checks, &op.Replays, &op.AcceptedUnfinished, &op.Escalation}
 }

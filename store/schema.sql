@@ -81,8 +81,8 @@ BEGIN
       USING ERRCODE = 'integrity_constraint_violation';
   END IF;
   IF NEW.fence_token < OLD.fence_token OR NEW.revision < OLD.revision
-     OR NEW.attempt_count < OLD.attempt_count THEN
-    RAISE EXCEPTION 'operation %: fence, revision and attempt count never decrease', OLD.operation_id
+     OR NEW.attempt_count < OLD.attempt_count OR NEW.not_executed < OLD.not_executed THEN
+    RAISE EXCEPTION 'operation %: fence, revision, attempt count and not-executed count never decrease', OLD.operation_id
       USING ERRCODE = 'integrity_constraint_violation';
   END IF;
   IF NEW.state <> OLD.state THEN
@@ -213,11 +213,13 @@ CREATE TABLE opbroker.operations (
     replays integer DEFAULT 0 NOT NULL,
     accepted_unfinished boolean DEFAULT false NOT NULL,
     escalation jsonb,
+    not_executed integer DEFAULT 0 NOT NULL,
     CONSTRAINT operations_counters CHECK (((revision >= 1) AND (fence_token >= 0) AND (attempt_count >= 0))),
     CONSTRAINT operations_escalated_has_owner CHECK (((state <> 'ESCALATED'::opbroker.operation_state) OR COALESCE(((escalation ? 'owner'::text) AND (escalation ? 'reason'::text)), false))),
     CONSTRAINT operations_in_flight_leased CHECK (((state <> 'IN_FLIGHT'::opbroker.operation_state) OR ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT operations_intent_ref_size CHECK (((octet_length(intent_ref) >= 1) AND (octet_length(intent_ref) <= 256))),
     CONSTRAINT operations_labels_object CHECK ((jsonb_typeof(labels) = 'object'::text)),
+    CONSTRAINT operations_not_executed_count CHECK (((not_executed >= 0) AND (not_executed <= attempt_count))),
     CONSTRAINT operations_payload_kept_until_terminal CHECK (((payload IS NOT NULL) OR (state = ANY (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])))),
     CONSTRAINT operations_payload_sha256_size CHECK ((octet_length(payload_sha256) = 32)),
     CONSTRAINT operations_reconcile_counters CHECK (((checks >= 0) AND (replays >= 0))),
@@ -226,7 +228,7 @@ CREATE TABLE opbroker.operations (
     CONSTRAINT operations_supersedes_other CHECK ((supersedes_id <> operation_id)),
     CONSTRAINT operations_tenant_id_format CHECK ((tenant_id ~ '^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT operations_terminal_unleased CHECK (((state <> ALL (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])) OR ((lease_owner IS NULL) AND (lease_expires_at IS NULL)))),
-    CONSTRAINT operations_unsent CHECK (((state <> ALL (ARRAY['PREPARED'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])) OR ((fence_token = 0) AND (attempt_count = 0) AND (first_sent_at IS NULL))))
+    CONSTRAINT operations_unsent CHECK (((state <> ALL (ARRAY['PREPARED'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])) OR ((attempt_count = not_executed) AND ((attempt_count > 0) OR ((fence_token = 0) AND (first_sent_at IS NULL))))))
 );
 
 ALTER TABLE ONLY opbroker.operations FORCE ROW LEVEL SECURITY;

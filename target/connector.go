@@ -3,6 +3,7 @@ package target
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -32,12 +33,17 @@ const (
 	// Rejected: the target answered with a rejection its documentation says has no
 	// side effect.
 	Rejected
+	// NotExecuted: the target answered with an answer its documentation says was never
+	// executed (no effect); the request may be sent again later with the same key.
+	NotExecuted
 )
 
 // Classes of a send's result, recorded as the observation's outcome.
 const (
 	ClassVerifiedSuccess     = "VERIFIED_SUCCESS"
 	ClassDocumentedRejection = "DOCUMENTED_REJECTION"
+	ClassNotExecuted         = "NOT_EXECUTED"
+	ClassCredentialRefused   = "CREDENTIAL_REFUSED"
 	ClassSuccessWithoutRef   = "SUCCESS_WITHOUT_REFERENCE"
 	ClassInProgress          = "IN_PROGRESS"
 	ClassAccepted            = "ACCEPTED_NOT_CONFIRMED"
@@ -77,7 +83,8 @@ type Result struct {
 	Summary    string
 	// Sent is false only when the request provably never left (the connection could not
 	// be made).
-	Sent       bool
+	Sent bool
+	// RetryAfter, for NotExecuted, is the delay the target's Retry-After asked for.
 	RetryAfter time.Duration
 }
 
@@ -211,6 +218,36 @@ func (c *Connector) route(contract *Contract) *route {
 	}
 	c.routes[contract] = r
 	return r
+}
+
+// CredentialVersion returns a token that changes whenever the credential the connector
+// presents to the target changes: its secret, or its client certificate. It is a
+// SHA-256 over what they hold now, kept in memory by its caller to notice a rotation,
+// never stored, logged or shown. "" for a target without credentials, or one that
+// cannot be read now.
+func (c *Connector) CredentialVersion(contract *Contract) string {
+	r := c.route(contract)
+	if r.secret == nil && r.pair == nil {
+		return ""
+	}
+	h := sha256.New()
+	if r.secret != nil {
+		secret, err := r.secret.get()
+		if err != nil {
+			return ""
+		}
+		h.Write([]byte(secret))
+	}
+	if r.pair != nil {
+		pair, err := r.pair.get()
+		if err != nil {
+			return ""
+		}
+		for _, der := range pair.Certificate {
+			h.Write(der)
+		}
+	}
+	return string(h.Sum(nil))
 }
 
 func equalBlocks[T comparable](a, b *T) bool {
@@ -362,6 +399,16 @@ func (r *Responses) classify(resp *http.Response, body []byte) Result {
 			return res
 		}
 	}
+	for _, class := range r.NotExecuted {
+		if slices.Contains(class.Status, status) {
+			res.Outcome, res.Class, res.RetryAfter = NotExecuted, ClassNotExecuted, retryAfter(resp.Header.Get("Retry-After"))
+			res.Summary = fmt.Sprintf("status %d: documented as not executed", status)
+			if class.Credential {
+				res.Class, res.Summary = ClassCredentialRefused, fmt.Sprintf("status %d: the target refused the credential; documented as not executed", status)
+			}
+			return res
+		}
+	}
 	for _, class := range r.InProgress {
 		if slices.Contains(class.Status, status) {
 			res.Class, res.Summary = ClassInProgress, fmt.Sprintf("status %d: still executing at the target", status)
@@ -370,9 +417,7 @@ func (r *Responses) classify(resp *http.Response, body []byte) Result {
 	}
 	switch {
 	case status == http.StatusTooManyRequests:
-		res.Class = ClassThrottled
-		res.RetryAfter = retryAfter(resp.Header.Get("Retry-After"))
-		res.Summary = "status 429: throttled"
+		res.Class, res.Summary = ClassThrottled, "status 429: throttled, but the contract does not document it as not executed"
 	case status == http.StatusAccepted:
 		res.Class, res.Summary = ClassAccepted, "status 202: accepted, completion not confirmed"
 	case status >= 300 && status < 400:

@@ -50,7 +50,7 @@ func TestSendClassifiesEveryFault(t *testing.T) {
 		simtarget.Fault5xxBeforeCommit:   {target.Unknown, target.ClassServerError},
 		simtarget.Fault5xxAfterCommit:    {target.Unknown, target.ClassServerError},
 		simtarget.FaultInProgress:        {target.Unknown, target.ClassInProgress},
-		simtarget.FaultThrottle:          {target.Unknown, target.ClassThrottled},
+		simtarget.FaultThrottle:          {target.NotExecuted, target.ClassNotExecuted},
 		simtarget.FaultRedirect:          {target.Unknown, target.ClassRedirect},
 		simtarget.FaultLookupLag:         {target.Succeeded, target.ClassVerifiedSuccess},
 	} {

@@ -138,9 +138,13 @@ type Conditional struct {
 
 // Responses classify the target's answers to a send.
 type Responses struct {
-	Success    []ResponseClass `yaml:"success"`
-	Rejection  []ResponseClass `yaml:"rejection"`
-	InProgress []ResponseClass `yaml:"in_progress"`
+	Success   []ResponseClass `yaml:"success"`
+	Rejection []ResponseClass `yaml:"rejection"`
+	// NotExecuted lists the answers the vendor documents as never executed (a rate
+	// limit that runs before its idempotency layer, a refused credential): the
+	// operation is sent again later, with the same key and bytes.
+	NotExecuted []ResponseClass `yaml:"not_executed"`
+	InProgress  []ResponseClass `yaml:"in_progress"`
 }
 
 // ResponseClass is a set of HTTP statuses that mean one thing.
@@ -154,6 +158,9 @@ type ResponseClass struct {
 	// Reference, for lookups, is the JSON pointer at which the object carries the
 	// operation's remote key.
 	Reference string `yaml:"reference"`
+	// Credential, for a not_executed class, says the answer means the target refused the
+	// broker's credential: the target's sends wait until the credential changes.
+	Credential bool `yaml:"credential,omitempty"`
 }
 
 // Duration is a time.Duration written in YAML as "10s", "5m" or "24h"; a malformed one
@@ -443,7 +450,7 @@ func (r *Responses) validate(bad func(field, format string, args ...any)) {
 	for _, kinds := range []struct {
 		kind    string
 		classes []ResponseClass
-	}{{"success", r.Success}, {"rejection", r.Rejection}, {"in_progress", r.InProgress}} {
+	}{{"success", r.Success}, {"rejection", r.Rejection}, {"not_executed", r.NotExecuted}, {"in_progress", r.InProgress}} {
 		kind := kinds.kind
 		for i, class := range kinds.classes {
 			field := fmt.Sprintf("responses.%s[%d]", kind, i)
@@ -459,6 +466,9 @@ func (r *Responses) validate(bad func(field, format string, args ...any)) {
 			}
 			if class.RemoteRef != "" && !strings.HasPrefix(class.RemoteRef, "/") {
 				bad(field+".remote_ref", "must be a JSON pointer, e.g. /id")
+			}
+			if class.Credential && kind != "not_executed" {
+				bad(field+".credential", "only a not_executed class can mean a refused credential")
 			}
 		}
 	}

@@ -55,6 +55,10 @@ func TestLoadErrorsNameFileTargetAndField(t *testing.T) {
 		"no documentation":     {"url: https://docs.example.com/mailer", "url: \"\"", []string{`target "acme-mailer": go/no-go control 1`}},
 		"key coverage unsaid":  {"      saves: every_answer\n", "", []string{`target "acme-payments": go/no-go control 1 (target contract recorded) fails: idempotency.saves is missing`}},
 		"key coverage unknown": {"saves: every_answer", "saves: errors", []string{`target "acme-payments": idempotency.saves: must be every_answer or successes_only`}},
+		"undocumented not executed": {`documented: "Rate limiters run before the idempotency layer (idempotent requests page)"`, `documented: ""`,
+			[]string{`go/no-go control 6 (unknown handling) fails: responses.not_executed[0] does not quote the documentation`}},
+		"2xx not executed":     {"- status: [429]", "- status: [202]", []string{`go/no-go control 6 (unknown handling) fails: 202 is listed as not executed`}},
+		"credential elsewhere": {"- status: [402]\n", "- status: [402]\n          credential: true\n", []string{`target "acme-payments": responses.rejection[0].credential: only a not_executed class`}},
 	} {
 		mutated := strings.Replace(string(good), tc.from, tc.to, 1)
 		require.NotEqual(t, string(good), mutated, "%s: the mutation must apply", name)

@@ -41,7 +41,7 @@ func (c *Contract) Controls() []ControlResult {
 		pass(5, "atomic scheduling",
 			"the ledger row is the schedule: PrepareOperation returns only after it is committed, and the dispatcher finds it there"),
 		judge(6, "unknown handling", c.unknownProblems(),
-			"timeouts, resets, 5xx, 202 and every unlisted answer are UNKNOWN; nothing is retried inline"),
+			c.unknownSummary()),
 		judge(7, "verified acknowledgment", c.acknowledgmentProblems(),
 			"every success class names where the target's reference is in the body"),
 		judge(8, "terminal failure rule", c.rejectionProblems(),
@@ -118,7 +118,25 @@ func (c *Contract) unknownProblems() []string {
 			}
 		}
 	}
+	for i, class := range c.Responses.NotExecuted {
+		if strings.TrimSpace(class.Documented) == "" {
+			p = append(p, fmt.Sprintf("responses.not_executed[%d] does not quote the documentation that says the request was not executed", i))
+		}
+		for _, st := range class.Status {
+			if st >= 200 && st < 300 {
+				p = append(p, fmt.Sprintf("%d is listed as not executed: a 2xx may have had an effect", st))
+			}
+		}
+	}
 	return p
+}
+
+func (c *Contract) unknownSummary() string {
+	summary := "timeouts, resets, 5xx, 202 and every unlisted answer are UNKNOWN; nothing is retried inline"
+	if len(c.Responses.NotExecuted) > 0 {
+		summary += "; only the answers quoted from the documentation as not executed are sent again, later, with the same key"
+	}
+	return summary
 }
 
 func (c *Contract) acknowledgmentProblems() []string {

@@ -374,7 +374,7 @@ func TestAuthArrives(t *testing.T) {
 			sim.SetCredential(randomSecret(t))
 			refused := send(t, c, targets, simtarget.DemoCharge, uuid.New(), `{"amount":1}`)
 			require.Equal(t, http.StatusUnauthorized, refused.HTTPStatus)
-			require.Equal(t, target.ClassUnlistedStatus, refused.Class)
+			require.Equal(t, target.ClassCredentialRefused, refused.Class)
 			notFound := c.Lookup(context.Background(), contract, key, []byte(`{"amount":1}`))
 			require.Equal(t, target.LookupFailed, notFound.Outcome)
 			require.Equal(t, http.StatusUnauthorized, notFound.HTTPStatus)

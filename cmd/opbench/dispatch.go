@@ -90,6 +90,8 @@ func (s *noopSender) Send(_ context.Context, req target.Request) target.Result {
 	return target.Result{Outcome: target.Succeeded, Class: "NOOP", RemoteRef: fmt.Sprint("noop_", s.n.Add(1)), Sent: true}
 }
 
+func (s *noopSender) CredentialVersion(*target.Contract) string { return "" }
+
 // dispatchRun is one measurement: a fresh schema, a target and a dispatcher for it.
 type dispatchRun struct {
 	pool   *pgxpool.Pool

@@ -21,6 +21,7 @@ func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
 		&cli.BoolFlag{Name: "dispatch", Value: true, Usage: "run the dispatcher in this replica (--dispatch=false serves the API only)", Sources: cli.EnvVars("OPBROKER_DISPATCH")},
 		&cli.IntFlag{Name: "dispatch-pool-size", Value: dispatcher.DefaultPoolSize, Usage: "concurrent sends of this replica", Sources: cli.EnvVars("OPBROKER_DISPATCH_POOL_SIZE")},
 		&cli.IntFlag{Name: "dispatch-claim-batch", Value: dispatcher.DefaultClaimBatch, Usage: "operations claimed per statement", Sources: cli.EnvVars("OPBROKER_DISPATCH_CLAIM_BATCH")},
+		&cli.IntFlag{Name: "dispatch-max-resends", Value: dispatcher.DefaultMaxResends, Usage: "answers documented as not executed one operation may get before it fails (nothing executed); each is sent again after backoff", Sources: cli.EnvVars("OPBROKER_DISPATCH_MAX_RESENDS")},
 		&cli.BoolFlag{Name: "reconcile", Value: true, Usage: "run the reconciler in this replica (resolves UNKNOWN operations)", Sources: cli.EnvVars("OPBROKER_RECONCILE")},
 		&cli.IntFlag{Name: "reconcile-max-replays", Value: reconciler.DefaultMaxReplays, Usage: "same-key replays of one UNKNOWN operation before it is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_MAX_REPLAYS")},
 		&cli.IntFlag{Name: "reconcile-max-looks", Value: reconciler.DefaultMaxLooks, Usage: "lookups of one UNKNOWN operation before it is escalated", Sources: cli.EnvVars("OPBROKER_RECONCILE_MAX_LOOKS")},

@@ -131,7 +131,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 		Store: b.store, Targets: b.targets, Connector: connector,
 		Logger: b.log, MeterProvider: b.meters,
 		PoolSize: cmd.Int("dispatch-pool-size"), ClaimBatch: cmd.Int("dispatch-claim-batch"),
-		Lease: cmd.Duration("dispatch-lease"), ShutdownGrace: b.grace,
+		Lease: cmd.Duration("dispatch-lease"), ShutdownGrace: b.grace, MaxResends: cmd.Int("dispatch-max-resends"),
 		Clock: clock,
 	})
 	if err != nil {

@@ -1,0 +1,107 @@
+package dispatcher_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/dispatcher"
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
+)
+
+// TestNotExecutedIsSentAgain: a 429 the contract documents as not executed puts the
+// operation back to PREPARED, and it is sent again, with the same key, after the
+// target's Retry-After; once the target accepts, it succeeds with one effect.
+func TestNotExecutedIsSentAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Fault: simtarget.FaultThrottle})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "throttled", `{"amount":5}`)
+	d := b.dispatcher(t, dispatcher.Config{})
+	_, _, err := d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return b.get(t, op).NotExecuted == 1 }, 10*time.Second, 10*time.Millisecond)
+	got := b.get(t, op)
+	require.Equal(t, store.StatePrepared, got.State)
+	require.Equal(t, "NOT_EXECUTED", got.LastObservation.Outcome)
+	require.NotNil(t, got.NextCheckAt)
+	require.GreaterOrEqual(t, got.NextCheckAt.Sub(got.UpdatedAt), time.Second, "the target's Retry-After is obeyed")
+
+	b.sim.Heal()
+	require.NoError(t, d.Start(b.ctx))
+	require.Eventually(t, func() bool { return b.get(t, op).State == store.StateSucceeded }, 10*time.Second, 10*time.Millisecond)
+	truth := b.sim.Snapshot().Keys[b.remoteKey(t, op)]
+	require.Equal(t, 1, truth.Effects)
+	require.Equal(t, 2, truth.Attempts, "the same key, sent twice")
+	require.EqualValues(t, 2, b.get(t, op).AttemptCount)
+}
+
+// TestNotExecutedBudget: once the resend budget is spent the operation fails, truthfully:
+// nothing was executed.
+func TestNotExecutedBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Fault: simtarget.FaultThrottle})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "always-throttled", `{"amount":5}`)
+	d := b.dispatcher(t, dispatcher.Config{MaxResends: 2, PollInterval: 20 * time.Millisecond})
+	require.NoError(t, d.Start(b.ctx))
+	require.Eventually(t, func() bool { return b.get(t, op).State == store.StateFailedTerminal }, 15*time.Second, 20*time.Millisecond)
+	got := b.get(t, op)
+	require.EqualValues(t, 2, got.AttemptCount)
+	require.EqualValues(t, 2, got.NotExecuted)
+	require.Contains(t, got.LastObservation.Summary, "resend budget")
+	require.Zero(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)].Effects)
+}
+
+// TestRefusedCredentialWaitsForANewOne: a 401 the contract documents as a refused
+// credential is not executed; the target's sends then wait, even when due, until the
+// credential changes, and go on with the new one.
+func TestRefusedCredentialWaitsForANewOne(t *testing.T) {
+	t.Parallel()
+	secret := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(secret, []byte("old-token"), 0o600))
+	b := setup(t, simtarget.Config{Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: secret}},
+		Credential: "rotated-token"})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "refused", `{"amount":5}`)
+	d := b.dispatcher(t, dispatcher.Config{})
+	_, _, err := d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return b.get(t, op).NotExecuted == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, "CREDENTIAL_REFUSED", b.get(t, op).LastObservation.Outcome)
+
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() WHERE operation_id = $1`, op.ID)
+	require.NoError(t, err)
+	claimed, _, err := d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, claimed, "due, but the target refused the credential it still has")
+
+	require.NoError(t, os.WriteFile(secret, []byte("rotated-token"), 0o600))
+	require.Eventually(t, func() bool {
+		claimed, _, err := d.RunOnce(b.ctx)
+		require.NoError(t, err)
+		return claimed == 1
+	}, 10*time.Second, 10*time.Millisecond, "the new credential is noticed without a restart")
+	require.Eventually(t, func() bool { return b.get(t, op).State == store.StateSucceeded }, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, 1, b.sim.Snapshot().Keys[b.remoteKey(t, op)].Effects)
+}
+
+// TestNotExecutedReplayStaysUnknown: a replay's answer documented as not executed says
+// nothing of the attempts before it, which may have executed: the operation stays
+// UNKNOWN for the reconciler, never PREPARED.
+func TestNotExecutedReplayStaysUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Fault: simtarget.FaultThrottle})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "replayed", `{"amount":5}`)
+	replay, asOf := b.replayClaim(t, op)
+	contract, ok := b.targets.ForType(simtarget.DemoCharge)
+	require.True(t, ok)
+	b.dispatcher(t, dispatcher.Config{}).Deliver(contract, replay, asOf)
+	got := b.get(t, op)
+	require.Equal(t, store.StateUnknown, got.State)
+	require.Equal(t, "NOT_EXECUTED", got.LastObservation.Outcome)
+	require.EqualValues(t, 1, got.NotExecuted)
+	require.Contains(t, got.LastObservation.Summary, "an earlier attempt may have executed")
+}
