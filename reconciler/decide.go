@@ -18,10 +18,14 @@ const (
 	// arrived, may still be executing, or may not be visible yet.
 	NotFound
 	// InProgress: the target says the request was accepted and is not finished (202,
-	// 409 for the key, a reference without completion).
+	// 409 for the key, a reference without completion, an object whose status is
+	// pending or not one the contract lists).
 	InProgress
 	// LookupFailed: the lookup itself got no usable answer (timeout, 5xx).
 	LookupFailed
+	// FoundFailed: a lookup found the object, matching, with a status the contract
+	// documents as final and without effect (a canceled payment).
+	FoundFailed
 )
 
 // Evidence is one observation, checked before it reaches Decide.
@@ -119,8 +123,10 @@ const (
 )
 
 // Decide chooses the next action for an UNKNOWN operation. It is conservative:
-//   - a found effect is a success only if it matches the approved payload, and is
-//     escalated otherwise, never accepted;
+//   - a found effect is a success only if it matches the approved payload and its status
+//     (where the target finishes later) says it succeeded; one that is still pending is
+//     looked at again, never replayed; one whose status the target documents as final
+//     and without effect is a failure; a mismatch is escalated, never accepted;
 //   - "not found" counts only once the visibility delay has passed since the last send
 //     ended; it becomes a failure only when absence is provably final (the visibility
 //     delay waited out, the target documents that the request can no longer take
@@ -141,6 +147,13 @@ func Decide(in Input) Decision {
 			return Decision{Action: RecordSuccess, RemoteRef: ev.RemoteRef, Reason: "the target has the effect, and it matches the approved payload"}
 		}
 		return Decision{Action: Escalate, Reason: "the target has an effect under this reference that does not match the approved payload"}
+	}
+
+	if ev.Kind == FoundFailed {
+		if ev.Matches {
+			return Decision{Action: RecordFailure, Reason: "the target has the object, and its status is one it documents as final and without effect"}
+		}
+		return Decision{Action: Escalate, Reason: "the target has a failed object under this reference that does not match the approved payload"}
 	}
 
 	budgetSpent := in.ResolutionLeft <= 0 || (in.MaxLooks > 0 && in.Looks >= in.MaxLooks)

@@ -168,7 +168,7 @@ func FuzzDecide(f *testing.F) {
 			jitter = 0.5
 		}
 		in := Input{
-			Evidence: Evidence{Kind: EvidenceKind(kind % 5), RemoteRef: ref, Matches: matches},
+			Evidence: Evidence{Kind: EvidenceKind(kind % 6), RemoteRef: ref, Matches: matches},
 			Replay:   replay, Lookup: lookup, KeyCoversEveryAttempt: keyCovers,
 			Retention: time.Duration(retention), VisibilityDelay: time.Duration(visibility),
 			AbsenceFinalAfter: time.Duration(absenceFinal), MayHaveExecuted: mayHaveExecuted,
@@ -195,6 +195,10 @@ func FuzzDecide(f *testing.F) {
 			require.True(t, in.Evidence.Matches, "a mismatched effect is never accepted")
 			require.NotEmpty(t, d.RemoteRef)
 		case RecordFailure:
+			if in.Evidence.Kind == FoundFailed {
+				require.True(t, in.Evidence.Matches, "only the operation's own object, failed as documented final")
+				break
+			}
 			require.True(t, absenceProven && in.AbsenceFinalAfter > 0 && in.SinceLastSend >= in.AbsenceFinalAfter,
 				"not found becomes a failure only when absence is provably final")
 			replayable, _ := in.replayable(true)
@@ -206,8 +210,12 @@ func FuzzDecide(f *testing.F) {
 			require.Greater(t, d.After, time.Duration(0))
 			require.LessOrEqual(t, d.After, in.ResolutionLeft)
 		}
-		if in.Evidence.Kind == Found && !in.Evidence.Matches {
+		if (in.Evidence.Kind == Found || in.Evidence.Kind == FoundFailed) && !in.Evidence.Matches {
 			require.Equal(t, Escalate, d.Action)
+		}
+		if in.Evidence.Kind == InProgress {
+			require.NotEqual(t, RecordSuccess, d.Action, "a pending object is never SUCCEEDED")
+			require.NotEqual(t, Replay, d.Action, "nor replayed")
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -303,9 +304,20 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 		obs.HTTPStatus = res.HTTPStatus
 		switch res.Outcome {
 		case target.LookupFound:
-			obs.Outcome = "FOUND"
-			if !res.Matches {
+			switch {
+			case !res.Matches:
 				obs.Outcome = "FOUND_MISMATCH"
+			case res.Settlement == target.Pending:
+				obs.Outcome = "FOUND_PENDING"
+				return Evidence{Kind: InProgress}, obs
+			case res.Settlement == target.Unsettled:
+				obs.Outcome = "FOUND_NOT_CONFIRMED"
+				return Evidence{Kind: InProgress}, obs
+			case res.Settlement == target.FailedFinal:
+				obs.Outcome = "FOUND_FAILED"
+				return Evidence{Kind: FoundFailed, RemoteRef: res.RemoteRef, Matches: true}, obs
+			default:
+				obs.Outcome = "FOUND"
 			}
 			return Evidence{Kind: Found, RemoteRef: res.RemoteRef, Matches: res.Matches}, obs
 		case target.LookupNotFound:
@@ -325,13 +337,17 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 		obs.Outcome = "STALE_VERIFIED_SUCCESS"
 		return Evidence{Kind: Found, RemoteRef: ref, Matches: true}, obs
 	}
-	if last := op.LastObservation; last != nil && (last.Outcome == target.ClassInProgress || last.Outcome == target.ClassAccepted) {
+	if last := op.LastObservation; last != nil && slices.Contains(acceptedClasses, last.Outcome) {
 		obs.Outcome = "ACCEPTED_UNFINISHED"
 		return Evidence{Kind: InProgress}, obs
 	}
 	obs.Outcome = "NO_EVIDENCE"
 	return Evidence{Kind: NoEvidence}, obs
 }
+
+// acceptedClasses are the answers that say the target accepted the request without
+// finishing it: a replay is never sent after one (it may still finish).
+var acceptedClasses = []string{target.ClassInProgress, target.ClassAccepted, target.ClassPending, target.ClassNotConfirmed}
 
 func (r *Reconciler) check(ctx context.Context, op store.UnknownClaim, obs store.Observation, after time.Duration, accepted bool) error {
 	_, err := r.cfg.Store.AllTenants().RecordCheck(ctx, store.CheckParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,

@@ -64,6 +64,11 @@ func Contracts(baseURL string, cfg Config) []*target.Contract {
 				NotExecuted: notExecuted},
 		},
 	}
+	if cfg.Completion > 0 {
+		contracts[0].Completion = &target.Completion{Field: "/status",
+			Succeeded: []string{StatusSucceeded}, Pending: []string{StatusProcessing}, Failed: []string{StatusFailed},
+			Documented: "simtarget: a charge whose status is failed is final and moved no money"}
+	}
 	if cfg.Auth != nil {
 		for _, c := range contracts {
 			auth := *cfg.Auth

@@ -99,6 +99,12 @@ type Config struct {
 	Latency time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Completion makes charges finish after they are made, as a card payment does:
+	// for this long their status is "processing", then "succeeded", or "failed" (final,
+	// no money moved) when the request's payload asks with {"sim": {"completes":
+	// "failed"}}. Answers and lookups carry the status; 0 finishes at once and says
+	// nothing of a status.
+	Completion time.Duration
 	// Auth, when set, is how every create and lookup must authenticate, and Credential
 	// the secret it must carry (not empty). Contracts gives the broker the same Auth:
 	// whoever runs the target puts Credential where Auth.Secret says.
@@ -113,7 +119,27 @@ type Effect struct {
 	PayloadSHA256 string    `json:"payload_sha256"`
 	At            time.Time `json:"at"`
 	visibleAt     time.Time
-	body          []byte // the request that made it, echoed by lookups
+	body          []byte    // the request that made it, echoed by lookups
+	doneAt        time.Time // with Config.Completion: when it stops processing
+	fails         bool      // and then fails instead of succeeding
+}
+
+// The statuses of a charge with Config.Completion.
+const (
+	StatusProcessing = "processing"
+	StatusSucceeded  = "succeeded"
+	StatusFailed     = "failed"
+)
+
+// status is the charge's status at now.
+func (e *Effect) status(now time.Time) string {
+	switch {
+	case now.Before(e.doneAt):
+		return StatusProcessing
+	case e.fails:
+		return StatusFailed
+	}
+	return StatusSucceeded
 }
 
 // KeyTruth is what really happened for one key.
@@ -122,6 +148,10 @@ type KeyTruth struct {
 	Attempts      int      `json:"attempts"`
 	PayloadSHA256 []string `json:"payload_sha256"`
 	IDs           []string `json:"ids"`
+	// With Config.Completion, the effects still processing, and those that failed
+	// (final, without effect), at the time of the snapshot.
+	Processing int `json:"processing,omitempty"`
+	Failed     int `json:"failed,omitempty"`
 }
 
 // Truth is the ground truth of a target.
@@ -202,6 +232,14 @@ func (t *Target) Snapshot() Truth {
 		c := *v
 		c.PayloadSHA256 = append([]string(nil), v.PayloadSHA256...)
 		c.IDs = append([]string(nil), v.IDs...)
+		for _, e := range t.byKey[k] {
+			switch e.status(t.cfg.Now()) {
+			case StatusProcessing:
+				c.Processing++
+			case StatusFailed:
+				c.Failed++
+			}
+		}
 		out.Keys[k] = &c
 	}
 	for f, n := range t.truth.Faults {
@@ -431,7 +469,8 @@ func (t *Target) commit(key string, body []byte, now time.Time, extraLag time.Du
 	defer t.mu.Unlock()
 	t.seq++
 	e := &Effect{ID: fmt.Sprintf("ch_%06d", t.seq), Key: key, PayloadSHA256: hashOf(body), At: now,
-		visibleAt: now.Add(t.cfg.LookupLag + extraLag), body: body}
+		visibleAt: now.Add(t.cfg.LookupLag + extraLag), body: body,
+		doneAt: now.Add(t.cfg.Completion), fails: completesFailed(body)}
 	t.eff[e.ID] = e
 	if key == "" {
 		t.truth.Unkeyed++
@@ -459,8 +498,22 @@ func (t *Target) chargeBodyLocked(key string) []byte {
 		return b
 	}
 	e := effects[len(effects)-1]
-	b, _ := json.Marshal(map[string]string{"id": e.ID, "object": "charge", "reference": key})
+	resp := map[string]string{"id": e.ID, "object": "charge", "reference": key}
+	if t.cfg.Completion > 0 {
+		resp["status"] = e.status(t.cfg.Now())
+	}
+	b, _ := json.Marshal(resp)
 	return b
+}
+
+// completesFailed reports whether a request's payload asks its charge to fail.
+func completesFailed(body []byte) bool {
+	var doc struct {
+		Sim struct {
+			Completes string `json:"completes"`
+		} `json:"sim"`
+	}
+	return json.Unmarshal(body, &doc) == nil && doc.Sim.Completes == StatusFailed
 }
 
 // delay counts a request in progress and applies the configured latency; the returned
@@ -528,6 +581,9 @@ func (t *Target) lookupCharge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp := map[string]any{"id": found.ID, "object": "charge", "reference": key, "payload_sha256": found.PayloadSHA256}
+	if t.cfg.Completion > 0 {
+		resp["status"] = found.status(now)
+	}
 	if json.Valid(found.body) {
 		resp["request"] = json.RawMessage(found.body)
 	}

@@ -42,6 +42,9 @@ const (
 const (
 	ClassVerifiedSuccess     = "VERIFIED_SUCCESS"
 	ClassDocumentedRejection = "DOCUMENTED_REJECTION"
+	ClassPending             = "PENDING"
+	ClassDocumentedFailure   = "DOCUMENTED_FAILURE"
+	ClassNotConfirmed        = "STATUS_NOT_CONFIRMED"
 	ClassNotExecuted         = "NOT_EXECUTED"
 	ClassCredentialRefused   = "CREDENTIAL_REFUSED"
 	ClassSuccessWithoutRef   = "SUCCESS_WITHOUT_REFERENCE"
@@ -355,7 +358,7 @@ func (c *Connector) Send(ctx context.Context, req Request) Result {
 		r.Summary = fmt.Sprintf("status %d, then the body could not be read: %s", resp.StatusCode, r.Summary)
 		return r
 	}
-	return req.Contract.Responses.classify(resp, body)
+	return req.Contract.Responses.classify(resp, body, req.Contract.Completion)
 }
 
 // transportResult classifies a failure with no complete answer.
@@ -377,7 +380,7 @@ func transportResult(ctx context.Context, err error) Result {
 // classify maps a complete answer to an outcome. Only a listed success with the
 // target's reference is a success, only a listed (documented) rejection is a rejection;
 // everything else is unknown.
-func (r *Responses) classify(resp *http.Response, body []byte) Result {
+func (r *Responses) classify(resp *http.Response, body []byte, completion *Completion) Result {
 	status := resp.StatusCode
 	res := Result{HTTPStatus: status, Sent: true}
 	for _, class := range r.Success {
@@ -387,8 +390,21 @@ func (r *Responses) classify(resp *http.Response, body []byte) Result {
 				res.Class, res.Summary = ClassSuccessWithoutRef, fmt.Sprintf("status %d without the reference at %s", status, class.RemoteRef)
 				return res
 			}
-			res.Outcome, res.Class, res.RemoteRef = Succeeded, ClassVerifiedSuccess, ref
-			res.Summary = fmt.Sprintf("status %d with reference", status)
+			res.RemoteRef = ref
+			switch settled, value := completion.Of(body); settled {
+			case Settled:
+				res.Outcome, res.Class = Succeeded, ClassVerifiedSuccess
+				res.Summary = fmt.Sprintf("status %d with reference", status)
+			case Pending:
+				res.Class = ClassPending
+				res.Summary = fmt.Sprintf("status %d with reference, but the object is %q: accepted, not finished", status, value)
+			case FailedFinal:
+				res.Outcome, res.Class = Rejected, ClassDocumentedFailure
+				res.Summary = fmt.Sprintf("status %d, the object is %q: documented as final and without effect", status, value)
+			default:
+				res.Class = ClassNotConfirmed
+				res.Summary = fmt.Sprintf("status %d with reference, but the object's status %q is not one the contract lists as succeeded", status, value)
+			}
 			return res
 		}
 	}
@@ -459,7 +475,10 @@ type LookupResult struct {
 	RemoteRef string
 	// Matches: the found object carries our key and agrees with the approved payload on
 	// every field the contract lists.
-	Matches    bool
+	Matches bool
+	// Settlement, for a matching object, is what its status says (Settled without a
+	// completion in the contract).
+	Settlement Settlement
 	HTTPStatus int
 	Summary    string
 }
@@ -498,6 +517,12 @@ func (c *Connector) Lookup(ctx context.Context, contract *Contract, remoteKey uu
 		res.Outcome = LookupFound
 		res.RemoteRef, _ = jsonPointerString(body, l.Found.RemoteRef)
 		res.Matches, res.Summary = l.matches(body, remoteKey, approved)
+		if res.Matches {
+			var value string
+			if res.Settlement, value = contract.Completion.Of(body); res.Settlement != Settled {
+				res.Summary += fmt.Sprintf("; its status is %q", value)
+			}
+		}
 	default:
 		res.Summary = fmt.Sprintf("status %d is not a lookup answer of the contract", resp.StatusCode)
 	}

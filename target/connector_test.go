@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/opbroker/opbroker/clocktest"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/target"
 )
@@ -22,7 +23,7 @@ func demo(t *testing.T, cfg simtarget.Config) (*simtarget.Target, *target.Target
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
 	t.Cleanup(sim.Close)
-	targets, err := target.New(simtarget.DemoContracts(srv.URL)...)
+	targets, err := target.New(simtarget.Contracts(srv.URL, cfg)...)
 	require.NoError(t, err)
 	return sim, targets
 }
@@ -197,4 +198,58 @@ func TestLookup(t *testing.T) {
 
 	notify, _ := targets.ForType(simtarget.DemoNotify)
 	require.Equal(t, target.LookupFailed, c.Lookup(context.Background(), notify, key, nil).Outcome, "no lookup, no answer")
+}
+
+// TestCompletion: with a completion in the contract, an answer or a found object is a
+// success only when its status says so. Processing is pending (kept as UNKNOWN, with the
+// target's reference), failed is a documented failure, any other status is not
+// confirmed.
+func TestCompletion(t *testing.T) {
+	t.Parallel()
+	simClock := clocktest.New(0)
+	sim, targets := demo(t, simtarget.Config{Completion: time.Minute, Now: simClock.Now})
+	contract, _ := targets.ForType(simtarget.DemoCharge)
+	c := target.NewConnector()
+	pays, fails := uuid.New(), uuid.New()
+
+	res := send(t, c, targets, simtarget.DemoCharge, pays, `{"amount":1}`)
+	require.Equal(t, target.Unknown, res.Outcome)
+	require.Equal(t, target.ClassPending, res.Class, res.Summary)
+	require.Equal(t, sim.Snapshot().Keys[pays.String()].IDs[0], res.RemoteRef)
+	send(t, c, targets, simtarget.DemoCharge, fails, `{"amount":1,"sim":{"completes":"failed"}}`)
+	for _, key := range []uuid.UUID{pays, fails} {
+		found := c.Lookup(context.Background(), contract, key, []byte(`{"amount":1}`))
+		require.True(t, found.Matches, found.Summary)
+		require.Equal(t, target.Pending, found.Settlement, found.Summary)
+	}
+
+	simClock.Advance(time.Hour)
+	require.Equal(t, target.Settled, c.Lookup(context.Background(), contract, pays, []byte(`{"amount":1}`)).Settlement)
+	failed := c.Lookup(context.Background(), contract, fails, []byte(`{"amount":1}`))
+	require.Equal(t, target.FailedFinal, failed.Settlement, failed.Summary)
+
+	// An answer's own status: each value of the contract, and one it does not list.
+	answering := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"ch_x","status":` + string(body) + `}`))
+	}))
+	t.Cleanup(answering.Close)
+	direct := *contract
+	direct.Endpoint.URL = answering.URL
+	for status, want := range map[string]struct {
+		outcome target.Outcome
+		class   string
+	}{
+		`"succeeded"`:  {target.Succeeded, target.ClassVerifiedSuccess},
+		`"processing"`: {target.Unknown, target.ClassPending},
+		`"failed"`:     {target.Rejected, target.ClassDocumentedFailure},
+		`"on_hold"`:    {target.Unknown, target.ClassNotConfirmed},
+		`null`:         {target.Unknown, target.ClassNotConfirmed},
+	} {
+		res := c.Send(context.Background(), target.Request{Contract: &direct, Payload: []byte(status),
+			ContentType: "application/json", RemoteKey: uuid.New(), Fence: 1})
+		require.Equal(t, want.outcome, res.Outcome, "%s: %s", status, res.Summary)
+		require.Equal(t, want.class, res.Class, status)
+	}
 }

@@ -33,6 +33,7 @@ type Contract struct {
 	Lookup         *Lookup       `yaml:"lookup"`
 	Conditional    *Conditional  `yaml:"conditional_mutation"`
 	Responses      Responses     `yaml:"responses"`
+	Completion     *Completion   `yaml:"completion"`
 	Concurrency    int           `yaml:"concurrency"`
 
 	// Auth, TLS and Headers apply to every request to the target, sends and lookups.
@@ -129,6 +130,55 @@ type Lookup struct {
 type FieldMatch struct {
 	Remote  string `yaml:"remote"`
 	Payload string `yaml:"payload"`
+}
+
+// Completion describes a target whose objects finish after the answer: the success
+// answer and the lookup's found object carry a status, and only the values listed as
+// succeeded confirm the effect. A pending object is never SUCCEEDED: the operation stays
+// UNKNOWN and is looked up again until it settles. A failed one is FAILED_TERMINAL only
+// because Documented quotes the vendor saying those values are final and had no effect;
+// a value in no list is taken as not settled.
+type Completion struct {
+	// Field is the JSON pointer of the status in the object, e.g. /status.
+	Field      string   `yaml:"field"`
+	Succeeded  []string `yaml:"succeeded"`
+	Pending    []string `yaml:"pending"`
+	Failed     []string `yaml:"failed"`
+	Documented string   `yaml:"documented"` // required with failed
+}
+
+// Settlement is what an object's status says of the effect.
+type Settlement int
+
+const (
+	// Settled: the effect is confirmed (or the target has no completion to wait for).
+	Settled Settlement = iota
+	// Pending: accepted, not finished; it may still succeed or fail.
+	Pending
+	// FailedFinal: the target documents the status as final and without effect.
+	FailedFinal
+	// Unsettled: a status the contract does not list, or none: not confirmed.
+	Unsettled
+)
+
+// Of reads an object's status and says what it means, with the status read ("" when
+// there is none). A nil Completion settles every object.
+func (c *Completion) Of(object []byte) (Settlement, string) {
+	if c == nil {
+		return Settled, ""
+	}
+	status, ok := jsonPointerString(object, c.Field)
+	switch {
+	case !ok:
+		return Unsettled, ""
+	case slices.Contains(c.Succeeded, status):
+		return Settled, status
+	case slices.Contains(c.Pending, status):
+		return Pending, status
+	case slices.Contains(c.Failed, status):
+		return FailedFinal, status
+	}
+	return Unsettled, status
 }
 
 // Conditional is the target's precondition mechanism (capability C).
@@ -360,6 +410,9 @@ func (f *File) validate(file string) error {
 		if c.Lookup != nil {
 			c.Lookup.validate(bad)
 		}
+		if c.Completion != nil {
+			c.Completion.validate(bad)
+		}
 		if c.Conditional != nil && !headerPattern.MatchString(c.Conditional.Header) {
 			bad("conditional_mutation.header", "must be an HTTP header name")
 		}
@@ -413,6 +466,27 @@ func (i *Idempotency) validate(bad func(field, format string, args ...any)) {
 	}
 	if i.Saves != "" && i.Saves != SavesEveryAnswer && i.Saves != SavesSuccessesOnly {
 		bad("idempotency.saves", "must be %s or %s", SavesEveryAnswer, SavesSuccessesOnly)
+	}
+}
+
+func (c *Completion) validate(bad func(field, format string, args ...any)) {
+	if !strings.HasPrefix(c.Field, "/") {
+		bad("completion.field", "must be the JSON pointer of the object's status, e.g. /status")
+	}
+	if len(c.Succeeded) == 0 {
+		bad("completion.succeeded", "at least one status value must confirm the effect")
+	}
+	seen := map[string]string{}
+	for _, list := range []struct {
+		name   string
+		values []string
+	}{{"succeeded", c.Succeeded}, {"pending", c.Pending}, {"failed", c.Failed}} {
+		for _, v := range list.values {
+			if other, dup := seen[v]; dup {
+				bad("completion."+list.name, "%q is also listed under %s", v, other)
+			}
+			seen[v] = list.name
+		}
 	}
 }
 

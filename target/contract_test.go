@@ -57,8 +57,11 @@ func TestLoadErrorsNameFileTargetAndField(t *testing.T) {
 		"key coverage unknown": {"saves: every_answer", "saves: errors", []string{`target "acme-payments": idempotency.saves: must be every_answer or successes_only`}},
 		"undocumented not executed": {`documented: "Rate limiters run before the idempotency layer (idempotent requests page)"`, `documented: ""`,
 			[]string{`go/no-go control 6 (unknown handling) fails: responses.not_executed[0] does not quote the documentation`}},
-		"2xx not executed":     {"- status: [429]", "- status: [202]", []string{`go/no-go control 6 (unknown handling) fails: 202 is listed as not executed`}},
-		"credential elsewhere": {"- status: [402]\n", "- status: [402]\n          credential: true\n", []string{`target "acme-payments": responses.rejection[0].credential: only a not_executed class`}},
+		"2xx not executed":       {"- status: [429]", "- status: [202]", []string{`go/no-go control 6 (unknown handling) fails: 202 is listed as not executed`}},
+		"failed undocumented":    {`documented: "A canceled payment is final and moved no money (payment statuses page)"`, `documented: ""`, []string{`go/no-go control 8 (terminal failure rule) fails: completion.failed lists statuses`}},
+		"completion not pointer": {"field: /status", "field: status", []string{`target "acme-payments": completion.field: must be the JSON pointer`}},
+		"status in two lists 2":  {"pending: [processing]", "pending: [succeeded]", []string{`completion.pending: "succeeded" is also listed under succeeded`}},
+		"credential elsewhere":   {"- status: [402]\n", "- status: [402]\n          credential: true\n", []string{`target "acme-payments": responses.rejection[0].credential: only a not_executed class`}},
 	} {
 		mutated := strings.Replace(string(good), tc.from, tc.to, 1)
 		require.NotEqual(t, string(good), mutated, "%s: the mutation must apply", name)

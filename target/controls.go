@@ -151,6 +151,9 @@ func (c *Contract) acknowledgmentProblems() []string {
 
 func (c *Contract) rejectionProblems() []string {
 	var p []string
+	if c.Completion != nil && len(c.Completion.Failed) > 0 && strings.TrimSpace(c.Completion.Documented) == "" {
+		p = append(p, "completion.failed lists statuses but completion.documented does not quote the documentation that says they are final and had no effect")
+	}
 	for i, class := range c.Responses.Rejection {
 		if strings.TrimSpace(class.Documented) == "" {
 			p = append(p, fmt.Sprintf("responses.rejection[%d] does not quote the documentation that says it has no side effect", i))

@@ -1,0 +1,49 @@
+package reconciler_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/clocktest"
+	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
+)
+
+// TestPendingIsNeverSucceeded: a charge the target accepts but has not finished
+// ("processing") is never SUCCEEDED: the operation stays UNKNOWN, is looked up again,
+// and is SUCCEEDED only once the target says the charge succeeded. One that ends
+// "failed", which the contract documents as final and without effect, is
+// FAILED_TERMINAL. Neither is ever sent again.
+func TestPendingIsNeverSucceeded(t *testing.T) {
+	t.Parallel()
+	simClock := clocktest.New(0) // the target's clock: charges finish when the test says
+	b := setup(t, simtarget.Config{Completion: time.Hour, Now: simClock.Now})
+	succeeds := b.prepare(t, simtarget.DemoCharge, "pays", `{"amount":100}`)
+	fails := b.prepare(t, simtarget.DemoCharge, "declined-later", `{"amount":100,"sim":{"completes":"failed"}}`)
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	for _, op := range []store.Operation{succeeds, fails} {
+		got := b.waitState(t, op, store.StateUnknown)
+		require.Equal(t, "PENDING", got.LastObservation.Outcome, "accepted, visible as pending")
+		require.NotEmpty(t, got.RemoteRef, "the target's reference is kept")
+	}
+
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	require.Eventually(t, func() bool {
+		a, f := b.get(t, succeeds), b.get(t, fails)
+		return a.Checks >= 1 && f.Checks >= 1
+	}, 30*time.Second, 10*time.Millisecond, "looked up while processing")
+	for _, op := range []store.Operation{succeeds, fails} {
+		got := b.get(t, op)
+		require.Equal(t, store.StateUnknown, got.State, "processing is not SUCCEEDED")
+		require.Equal(t, "FOUND_PENDING", got.LastObservation.Outcome)
+	}
+
+	simClock.Advance(2 * time.Hour) // the target finishes both charges
+	b.waitState(t, succeeds, store.StateSucceeded)
+	b.waitState(t, fails, store.StateFailedTerminal)
+	require.Equal(t, 1, b.truth(t, succeeds).Attempts, "never sent again")
+	require.Equal(t, 1, b.truth(t, fails).Attempts)
+	require.Equal(t, 1, b.truth(t, fails).Failed, "the target moved no money")
+}
