@@ -9,6 +9,7 @@ import (
 	"github.com/opbroker/opbroker/clocktest"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
 )
 
 // TestPendingIsNeverSucceeded: a charge the target accepts but has not finished
@@ -46,4 +47,23 @@ func TestPendingIsNeverSucceeded(t *testing.T) {
 	require.Equal(t, 1, b.truth(t, succeeds).Attempts, "never sent again")
 	require.Equal(t, 1, b.truth(t, fails).Attempts)
 	require.Equal(t, 1, b.truth(t, fails).Failed, "the target moved no money")
+}
+
+// TestKeyInUseIsReplayedAfterBackoff: a 409 "a request with this key is in progress"
+// from a target whose key saves every answer, and that offers no lookup, is replayed
+// with the same key once the earlier request had time to finish, instead of being
+// escalated for good.
+func TestKeyInUseIsReplayedAfterBackoff(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Fault: simtarget.FaultInProgress}, func(c *target.Contract) { c.Lookup = nil })
+	op := b.prepare(t, simtarget.DemoCharge, "busy-key", `{"amount":100}`)
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	got := b.waitState(t, op, store.StateUnknown)
+	require.Equal(t, target.ClassInProgress, got.LastObservation.Outcome)
+
+	b.sim.Heal() // the earlier request is done
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	b.waitState(t, op, store.StateSucceeded)
+	require.Equal(t, 1, b.truth(t, op).Effects)
+	require.Equal(t, 2, b.truth(t, op).Attempts, "one 409, one replay with the same key")
 }

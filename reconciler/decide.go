@@ -26,6 +26,10 @@ const (
 	// FoundFailed: a lookup found the object, matching, with a status the contract
 	// documents as final and without effect (a canceled payment).
 	FoundFailed
+	// KeyInUse: the last answer said an earlier request with this key was still
+	// executing (409), at a target whose key saves every answer: a later same-key
+	// replay returns that request's answer instead of executing again.
+	KeyInUse
 )
 
 // Evidence is one observation, checked before it reaches Decide.
@@ -159,6 +163,20 @@ func Decide(in Input) Decision {
 	budgetSpent := in.ResolutionLeft <= 0 || (in.MaxLooks > 0 && in.Looks >= in.MaxLooks)
 
 	switch ev.Kind {
+	case KeyInUse:
+		replayable, whyNot := in.replayable(false)
+		if !replayable || !in.KeyCoversEveryAttempt {
+			return in.waitOrEscalate(budgetSpent, 0, "an earlier request with this key was still executing; no replay: "+whyNot)
+		}
+		if budgetSpent {
+			return Decision{Action: Escalate, Reason: "an earlier request with this key was still executing, and the budget for waiting is spent"}
+		}
+		// Give the earlier request time to finish: the wait doubles with each replay.
+		if wait := in.backoff(in.Replays, 0); in.SinceLastSend < wait {
+			return Decision{Action: Wait, After: min(wait-in.SinceLastSend, in.ResolutionLeft),
+				Reason: "an earlier request with this key is still executing; replay with the same key once it has had time to finish"}
+		}
+		return Decision{Action: Replay, Reason: "an earlier request with this key was still executing; the key saves every answer, so a same-key replay returns its answer"}
 	case InProgress:
 		return in.waitOrEscalate(budgetSpent, 0, "the target accepted the request and has not finished it; no replay, keep looking")
 	case NotFound:
@@ -235,13 +253,18 @@ func (in Input) waitOrEscalate(budgetSpent bool, atLeast time.Duration, reason s
 	if budgetSpent {
 		return Decision{Action: Escalate, Reason: reason + "; the budget for looking is spent"}
 	}
-	wait := minWait << min(max(in.Looks, 0), 10)
-	wait = min(wait, maxWait)
-	// Jitter: +-20%, so that operations that went UNKNOWN together do not look together.
-	wait = time.Duration(float64(wait) * (0.8 + 0.4*in.Jitter))
-	wait = max(wait, atLeast, minWait)
+	wait := in.backoff(in.Looks, atLeast)
 	if in.ResolutionLeft > 0 {
 		wait = min(wait, in.ResolutionLeft)
 	}
 	return Decision{Action: Wait, After: wait, Reason: reason}
+}
+
+// backoff is the wait after n earlier tries: minWait doubling up to maxWait, with
+// +-20% jitter so that operations that went UNKNOWN together do not act together, and
+// at least atLeast.
+func (in Input) backoff(n int, atLeast time.Duration) time.Duration {
+	wait := min(minWait<<min(max(n, 0), 10), maxWait)
+	wait = time.Duration(float64(wait) * (0.8 + 0.4*in.Jitter))
+	return max(wait, atLeast, minWait)
 }

@@ -80,10 +80,24 @@ func TestDecideTable(t *testing.T) {
 			in.AbsenceFinalAfter = time.Hour
 			in.SinceFirstSend, in.SinceLastSend = 2*time.Hour, 30*time.Minute
 		}), Wait},
-		"not found, budget spent":   {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replay = false; in.Looks = 20 }), Escalate},
-		"not found, deadline spent": {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replay = false; in.ResolutionLeft = 0 }), Escalate},
-		"in progress":               {with(func(in *Input) { in.Evidence.Kind = InProgress }), Wait},
-		"in progress, no lookup":    {with(func(in *Input) { in.Evidence.Kind = InProgress; in.Lookup = false }), Escalate},
+		"not found, budget spent":       {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replay = false; in.Looks = 20 }), Escalate},
+		"not found, deadline spent":     {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replay = false; in.ResolutionLeft = 0 }), Escalate},
+		"in progress":                   {with(func(in *Input) { in.Evidence.Kind = InProgress }), Wait},
+		"in progress, no lookup":        {with(func(in *Input) { in.Evidence.Kind = InProgress; in.Lookup = false }), Escalate},
+		"key in use, no lookup, waited": {with(func(in *Input) { in.Evidence.Kind = KeyInUse; in.Lookup = false }), Replay},
+		"key in use, just answered": {with(func(in *Input) {
+			in.Evidence.Kind, in.Lookup, in.Replays, in.SinceLastSend = KeyInUse, false, 2, time.Second
+		}), Wait},
+		"key in use, replay budget spent": {with(func(in *Input) { in.Evidence.Kind, in.Lookup, in.Replays = KeyInUse, false, 3 }), Escalate},
+		"key in use, key saves only successes": {with(func(in *Input) {
+			in.Evidence.Kind, in.Lookup, in.KeyCoversEveryAttempt = KeyInUse, false, false
+		}), Escalate},
+		"key in use, after the window": {with(func(in *Input) {
+			in.Evidence.Kind, in.Lookup, in.SinceFirstSend = KeyInUse, false, 25*time.Hour
+		}), Escalate},
+		"found, pending":             {with(func(in *Input) { in.Evidence = Evidence{Kind: InProgress} }), Wait},
+		"found failed, documented":   {with(func(in *Input) { in.Evidence = Evidence{Kind: FoundFailed, Matches: true} }), RecordFailure},
+		"found failed, not matching": {with(func(in *Input) { in.Evidence = Evidence{Kind: FoundFailed} }), Escalate},
 		"accepted earlier, not found": {with(func(in *Input) {
 			in.Evidence.Kind = NotFound
 			in.AcceptedBefore = true
@@ -168,7 +182,7 @@ func FuzzDecide(f *testing.F) {
 			jitter = 0.5
 		}
 		in := Input{
-			Evidence: Evidence{Kind: EvidenceKind(kind % 6), RemoteRef: ref, Matches: matches},
+			Evidence: Evidence{Kind: EvidenceKind(kind % 7), RemoteRef: ref, Matches: matches},
 			Replay:   replay, Lookup: lookup, KeyCoversEveryAttempt: keyCovers,
 			Retention: time.Duration(retention), VisibilityDelay: time.Duration(visibility),
 			AbsenceFinalAfter: time.Duration(absenceFinal), MayHaveExecuted: mayHaveExecuted,
@@ -204,7 +218,7 @@ func FuzzDecide(f *testing.F) {
 			replayable, _ := in.replayable(true)
 			require.False(t, replayable)
 		case Wait:
-			require.True(t, in.Lookup, "waiting needs a way to look again")
+			require.True(t, in.Lookup || in.Evidence.Kind == KeyInUse, "waiting needs a way to look again, or a replay to come")
 			require.Greater(t, in.ResolutionLeft, time.Duration(0), "waiting ends at the resolution deadline")
 			require.True(t, in.MaxLooks <= 0 || in.Looks < in.MaxLooks, "waiting ends when the look budget is spent")
 			require.Greater(t, d.After, time.Duration(0))

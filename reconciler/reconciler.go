@@ -337,6 +337,10 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 		obs.Outcome = "STALE_VERIFIED_SUCCESS"
 		return Evidence{Kind: Found, RemoteRef: ref, Matches: true}, obs
 	}
+	if last := op.LastObservation; last != nil && last.Outcome == target.ClassInProgress && contract.Idempotency.CoversEveryAttempt() {
+		obs.Outcome = "KEY_IN_USE"
+		return Evidence{Kind: KeyInUse}, obs
+	}
 	if last := op.LastObservation; last != nil && slices.Contains(acceptedClasses, last.Outcome) {
 		obs.Outcome = "ACCEPTED_UNFINISHED"
 		return Evidence{Kind: InProgress}, obs

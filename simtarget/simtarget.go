@@ -370,6 +370,13 @@ func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "rate limited", "note": "the request was not executed"})
 		return
 	}
+	if fault == FaultInProgress {
+		// As when another request with this key is still executing: this one is refused
+		// by the key's lock, executes nothing and is not saved.
+		t.mu.Unlock()
+		writeJSON(w, http.StatusConflict, map[string]string{"error": "a request with this key is in progress"})
+		return
+	}
 	if key != "" {
 		if s, ok := t.keys[key]; ok && t.cfg.Retention > 0 && now.Sub(s.firstUsed) > t.cfg.Retention {
 			delete(t.keys, key) // the provider forgot the key
@@ -447,8 +454,6 @@ func (t *Target) execute(w http.ResponseWriter, fault Fault, key string, body []
 	case Fault5xxAfterCommit:
 		t.commit(key, body, now, 0)
 		return answer(w, http.StatusInternalServerError, map[string]string{"error": "internal"})
-	case FaultInProgress:
-		return answer(w, http.StatusConflict, map[string]string{"error": "a request with this key is in progress"})
 	case FaultRedirect:
 		w.Header().Set("Location", "http://127.0.0.2:1/v1/charges")
 		return answer(w, http.StatusTemporaryRedirect, map[string]string{"error": "moved"})
