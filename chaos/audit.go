@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/target"
 )
 
 // ledgerOp is an operation as the audit reads it from the ledger.
@@ -119,9 +121,84 @@ func (c *cluster) truth() map[string]*simtarget.KeyTruth {
 
 var terminal = []string{"SUCCEEDED", "FAILED_TERMINAL", "CANCELLED"}
 
-// audit checks invariants I1–I11 (docs/testing.md#the-chaos-run) and fills the report's
-// counts.
-func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyTruth, h *history) {
+// credentialLeaks returns I12's violations: the log lines of the replicas that held one
+// of the run's secrets (checkLog), and the rows of the run's schema that do, every table
+// searched with each row as text. A remote key the ledger holds is searched for with
+// the secrets, as a control that the search finds what is there.
+func (c *cluster) credentialLeaks(ctx context.Context, ops map[string]*ledgerOp) ([]string, error) {
+	c.mu.Lock()
+	secrets := slices.Clone(c.secrets)
+	out := slices.Clone(c.logViolations)
+	lines := c.logLines
+	c.mu.Unlock()
+	if lines == 0 {
+		out = append(out, "no replica log line was read, so none was checked")
+	}
+	values := make([]string, 0, len(secrets)+1)
+	for _, s := range secrets {
+		values = append(values, s.value)
+	}
+	var control string
+	for _, name := range slices.Sorted(maps.Keys(ops)) {
+		if control = ops[name].RemoteKey; control != "" {
+			values = append(values, control)
+			break
+		}
+	}
+	rows, _ := c.admin.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = @schema ORDER BY tablename`,
+		pgx.NamedArgs{"schema": c.schema})
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing the ledger's tables: %w", err)
+	}
+	controlFound := false
+	for _, table := range tables {
+		// The lateral subquery turns each row into text once, not once per secret.
+		rows, _ := c.admin.Query(ctx, `SELECT d.doc FROM `+pgx.Identifier{c.schema, table}.Sanitize()+` AS ledger_row
+			CROSS JOIN LATERAL (SELECT ledger_row::text AS doc OFFSET 0) AS d
+			WHERE EXISTS (SELECT FROM unnest(@values::text[]) AS v WHERE strpos(d.doc, v) > 0)`,
+			pgx.NamedArgs{"values": values})
+		docs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("searching %s for the run's secrets: %w", table, err)
+		}
+		for _, doc := range docs {
+			controlFound = controlFound || control != "" && strings.Contains(doc, control)
+			if held, redacted := redact(doc, secrets); len(held) > 0 {
+				out = append(out, fmt.Sprintf("a row of %s holds %s: %s", table, strings.Join(held, " and "), redacted))
+			}
+		}
+	}
+	if control != "" && !controlFound {
+		out = append(out, fmt.Sprintf("the search of the ledger did not find remote key %s, which it holds: it checked nothing", control))
+	}
+	return out, nil
+}
+
+// redact returns the names of the secrets text holds and, when it holds any, up to 300
+// bytes of text around the first, every secret replaced by its name (replaced before
+// the cut, so that no part of one is left at an edge).
+func redact(text string, secrets []secret) (held []string, excerpt string) {
+	for _, s := range secrets {
+		if strings.Contains(text, s.value) {
+			held = append(held, s.name)
+			text = strings.ReplaceAll(text, s.value, "<"+s.name+">")
+		}
+	}
+	if len(held) == 0 {
+		return nil, ""
+	}
+	first := len(text)
+	for _, name := range held {
+		first = min(first, strings.Index(text, "<"+name+">"))
+	}
+	from := max(0, first-100)
+	return held, strings.ToValidUTF8(text[from:min(len(text), from+300)], "")
+}
+
+// audit checks invariants I1–I12 (docs/testing.md#the-chaos-run) and fills the report's
+// counts; leaks are I12's violations (credentialLeaks).
+func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyTruth, h *history, leaks []string) {
 	inv := map[string][]string{}
 	fail := func(id, format string, args ...any) { inv[id] = append(inv[id], fmt.Sprintf(format, args...)) }
 	keys := map[string]string{} // remote key → operation
@@ -207,13 +284,16 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 	for _, v := range h.violations {
 		fail("I8", "%s", v)
 	}
+	for _, v := range leaks {
+		fail("I12", "%s", v)
+	}
 
 	slices.Sort(resolutions)
 	if n := len(resolutions); n > 0 {
 		r.UnknownToResolution = Durations{Median: resolutions[n/2].Round(time.Millisecond), Worst: resolutions[n-1].Round(time.Millisecond)}
 	}
 	r.AmendmentsWaited = h.amendmentsWaited
-	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "I11"} {
+	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "I11", "I12"} {
 		res := Invariant{ID: id, Name: invariantNames[id], Held: len(inv[id]) == 0}
 		res.Violations = inv[id][:min(len(inv[id]), 20)]
 		r.Invariants = append(r.Invariants, res)
@@ -280,10 +360,14 @@ func auditAmendment(op, original *ledgerOp, truth map[string]*simtarget.KeyTruth
 	found, _, _ := strings.Cut(strings.TrimPrefix(op.Events[0].Reason, "SUPERSEDES_"), " ")
 	switch {
 	case found == "PREPARED":
-		kt := truth[original.RemoteKey]
-		if original.State != "CANCELLED" || len(original.Attempts) > 0 || (kt != nil && kt.Attempts > 0) {
-			fail("I11", "%s: amended %s while PREPARED, but the original is %s with %d attempts\n%s",
-				op.Name, original.Name, original.State, len(original.Attempts), strings.Join(original.trail(orEmpty(kt)), "\n"))
+		// PREPARED: never sent, or only answered with answers documented as not executed.
+		kt := orEmpty(truth[original.RemoteKey])
+		executable := slices.ContainsFunc(original.Attempts, func(a ledgerAttempt) bool {
+			return a.Outcome != target.ClassNotExecuted && a.Outcome != target.ClassCredentialRefused
+		})
+		if original.State != "CANCELLED" || executable || kt.Effects > 0 {
+			fail("I11", "%s: amended %s while PREPARED, but the original is %s with %d attempts and %d effects\n%s",
+				op.Name, original.Name, original.State, len(original.Attempts), kt.Effects, strings.Join(original.trail(kt), "\n"))
 		}
 	case slices.Contains(terminal, found):
 	default:
@@ -328,4 +412,5 @@ var invariantNames = map[string]string{
 	"I9":  "after healing, every operation is terminal, or ESCALATED/UNKNOWN with an owner",
 	"I10": "only allowed transitions in the event log, and the counts add up",
 	"I11": "an amendment is recorded only beside a settled original, or one it cancelled before any send",
+	"I12": "no credential appears in the ledger or the replicas' logs",
 }

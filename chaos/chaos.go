@@ -1,13 +1,14 @@
 // Package chaos runs the broker the way production will hurt it, and audits the promise
 // afterwards: several replicas as separate processes, one PostgreSQL, simulated targets
-// with a mix of provider profiles and every fault they know, the broker's crash points,
-// kill -9 and SIGSTOP of replicas, PostgreSQL restarted in immediate mode and its
-// connections terminated, while clients prepare, retry, duplicate, amend and probe other
-// tenants. Then everything heals, the run waits for the work to settle, and the audit
-// checks invariants I1–I11 (docs/testing.md#the-chaos-run) against the targets' ground
-// truth, the ledger and the clients' history. A run is reproducible from its seed as far
-// as the workload, the fault schedule and the targets' faults go; processes and the
-// network add their own timing.
+// with a mix of provider profiles and every fault they know, that require credentials
+// (one rotated mid-run), the broker's crash points, kill -9 and SIGSTOP of replicas,
+// PostgreSQL restarted in immediate mode and its connections terminated, while clients
+// prepare, retry, duplicate, amend and probe other tenants. Then everything heals, the
+// run waits for the work to settle, and the audit checks invariants I1–I12
+// (docs/testing.md#the-chaos-run) against the targets' ground truth, the ledger, the
+// clients' history and the replicas' logs. A run is reproducible from its seed as far as
+// the workload, the fault schedule and the targets' faults go; processes and the network
+// add their own timing (the credentials are random in every run).
 package chaos
 
 import (
@@ -193,6 +194,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chaos: audit: %w", err)
 	}
+	leaks, err := c.credentialLeaks(ctx, ops)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: audit: %w", err)
+	}
 	truth := c.truth()
 	r := &Report{Seed: cfg.Seed, Intents: len(h.intents), Tenants: cfg.Tenants, Replicas: cfg.Replicas,
 		Faults: maps.Clone(c.faults), Crashes: c.crashes, Probes: h.probes, GaveUp: h.gaveUp,
@@ -204,7 +209,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}
 	}
-	audit(r, ops, truth, h)
+	audit(r, ops, truth, h, leaks)
 	r.Elapsed = time.Since(start).Round(time.Second).String()
 	return r, nil
 }

@@ -38,8 +38,8 @@ func TestMain(m *testing.M) {
 
 // TestShortChaosRun is the short, fixed-seed chaos run: three replicas as processes,
 // every fault of the targets, crash points, kill -9, SIGSTOP past the lease,
-// pg_terminate_backend and (on the embedded PostgreSQL) an immediate restart, then the
-// audit of I1–I11.
+// pg_terminate_backend, a rotation of a target's credential and (on the embedded
+// PostgreSQL) an immediate restart, then the audit of I1–I12.
 func TestShortChaosRun(t *testing.T) {
 	var log bytes.Buffer
 	report, err := chaos.Run(context.Background(), chaos.Config{
@@ -56,7 +56,7 @@ func TestShortChaosRun(t *testing.T) {
 	require.Zero(t, report.Lost+report.Duplicated+report.Unconfirmed+report.FalseFailed)
 	require.True(t, report.Settled, "the work settles after healing")
 	for _, kind := range []string{"kill -9 of a replica", "SIGSTOP of a replica past its lease",
-		"pg_terminate_backend of the replicas' connections"} {
+		"pg_terminate_backend of the replicas' connections", "credential rotation"} {
 		require.Positive(t, report.Faults[kind], "%s never happened", kind)
 	}
 	if os.Getenv(storetest.EnvDatabaseURL) == "" {

@@ -3,12 +3,15 @@ package chaos
 import (
 	"bufio"
 	"context"
+	crand "crypto/rand"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -37,6 +40,10 @@ const (
 // provisionRetention is how long the provision target keeps a key; its contract says so.
 const provisionRetention = 60 * time.Second
 
+// provisionKeyEnv is the environment variable the replicas read the provision target's
+// API key from.
+const provisionKeyEnv = "OPCHAOS_PROVISION_API_KEY"
+
 // cluster is everything the run starts: PostgreSQL, the simulated targets and the
 // broker replicas, with the files they read.
 type cluster struct {
@@ -48,9 +55,15 @@ type cluster struct {
 	appURL   string        // the broker's ordinary role
 	admin    *pgxpool.Pool // on adminURL
 	sims     []*simtarget.Server
+	charge   *simtarget.Server // of sims: serves chaos.charge and chaos.notify
 	tokens   map[string]string // bearer token by tenant
 	targets  string            // the targets file
 	auth     string            // the principals file
+	// chargeToken is the file the replicas read the charge target's bearer token from,
+	// replaced by a rename at each rotation; provisionKey is the provision target's API
+	// key, set in the replicas' environment.
+	chargeToken  string
+	provisionKey string
 
 	mu       sync.Mutex
 	replicas []*replica
@@ -59,7 +72,16 @@ type cluster struct {
 	healing  bool
 	crashes  int
 	faults   map[string]int // process and crash-point faults by kind
+	// secrets is every credential the run made, in the order it made them; a secret is
+	// added before anything can read it, so every log line is checked against every
+	// secret that could be in it (I12).
+	secrets       []secret
+	logLines      int      // replica log lines checked
+	logViolations []string // I12: log lines that held a secret (quoted without it), or could not be checked
 }
+
+// secret is a credential of the run, with a name the report may print instead of it.
+type secret struct{ name, value string }
 
 // replica is one broker process.
 type replica struct {
@@ -125,8 +147,20 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 
 // startTargets starts the two simulated providers with the run's fault mix and writes
 // the contracts that describe them (simtarget.Contracts: what each key saves and how
-// long it keeps it, as the simulator does).
+// long it keeps it, as the simulator does). Each requires a credential made for the run:
+// the charge provider a bearer token the replicas read from a file (rotated as a fault),
+// the provision provider an X-Api-Key they read from their environment.
 func (c *cluster) startTargets() error {
+	token := c.newSecret("the charge target's bearer token")
+	c.chargeToken = filepath.Join(c.dir, "charge-token")
+	install, err := stageSecretFile(c.chargeToken, token)
+	if err != nil {
+		return err
+	}
+	if err := install(); err != nil {
+		return err
+	}
+	c.provisionKey = c.newSecret("the provision target's API key")
 	rates := map[simtarget.Fault]float64{}
 	for _, f := range simtarget.Faults {
 		rates[f] = c.cfg.FaultRate / float64(len(simtarget.Faults))
@@ -134,19 +168,22 @@ func (c *cluster) startTargets() error {
 	// Lookups fail as often as a create gets any one fault: a failed lookup must never
 	// let a replay through that the key does not cover.
 	lookupFailures := c.cfg.FaultRate / float64(len(simtarget.Faults))
-	stripeCfg := simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed, LookupFailures: lookupFailures, SlowDelay: 4 * time.Second}
+	stripeCfg := simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed, LookupFailures: lookupFailures, SlowDelay: 4 * time.Second,
+		Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: c.chargeToken}}, Credential: token}
 	stripe, err := simtarget.Start(stripeCfg)
 	if err != nil {
 		return err
 	}
 	forgetfulCfg := simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed + 1, SaveOnlySuccesses: true,
-		Retention: provisionRetention, LookupFailures: lookupFailures, SlowDelay: 4 * time.Second}
+		Retention: provisionRetention, LookupFailures: lookupFailures, SlowDelay: 4 * time.Second,
+		Auth:       &target.Auth{Scheme: target.AuthHeader, Header: "X-Api-Key", Secret: target.Secret{Env: provisionKeyEnv}},
+		Credential: c.provisionKey}
 	forgetful, err := simtarget.Start(forgetfulCfg)
 	if err != nil {
 		stripe.Close()
 		return err
 	}
-	c.sims = []*simtarget.Server{stripe, forgetful}
+	c.sims, c.charge = []*simtarget.Server{stripe, forgetful}, stripe
 
 	demo := simtarget.Contracts(stripe.URL, stripeCfg)
 	charge, notify := demo[0], demo[1]
@@ -160,6 +197,26 @@ func (c *cluster) startTargets() error {
 	}
 	c.targets = filepath.Join(c.dir, "targets.yaml")
 	return os.WriteFile(c.targets, data, 0o600)
+}
+
+// newSecret returns a random credential, recorded under name for the leak check before
+// anyone is given it.
+func (c *cluster) newSecret(name string) string {
+	value := crand.Text()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.secrets = append(c.secrets, secret{name: name, value: value})
+	return value
+}
+
+// stageSecretFile writes value to a file beside path, readable by its owner only, and
+// returns what renames it over path: a reader of path never sees half a secret.
+func stageSecretFile(path, value string) (install func() error, err error) {
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(value+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	return func() error { return os.Rename(tmp, path) }, nil
 }
 
 // writePrincipals makes one client principal per tenant.
@@ -220,32 +277,47 @@ func (c *cluster) start(i int) error {
 		"--auth-config", c.auth, "--plaintext", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--log-format", "text", "--dispatch-lease", c.cfg.Lease.String(), "--reconcile-lease", c.cfg.Lease.String(), "--shutdown-grace", "2s",
 		"--tenant-rate", "100000", "--tenant-burst", "100000", "--reconcile-deadline", c.cfg.ResolutionDeadline.String())
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), provisionKeyEnv+"="+c.provisionKey)
 	if crash != "" {
 		cmd.Env = append(cmd.Env, crashpoint.EnvVar+"="+crash)
 	}
 	if skew != 0 {
 		cmd.Env = append(cmd.Env, crashpoint.ClockOffsetEnvVar+"="+skew.String())
 	}
-	stderr, err := cmd.StderrPipe()
+	// Its standard output and error, the two streams a log collector would keep, are
+	// read as one.
+	output, w, err := os.Pipe()
 	if err != nil {
 		return err
 	}
-	if err := cmd.Start(); err != nil {
+	cmd.Stdout, cmd.Stderr = w, w
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		output.Close()
 		return err
 	}
 	r := &replica{id: i, cmd: cmd, exited: make(chan struct{}), crash: crash}
 	ready := make(chan string, 1)
 	go func() {
-		sc := bufio.NewScanner(stderr)
+		defer output.Close()
+		sc := bufio.NewScanner(output)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			if m := servingLine.FindStringSubmatch(sc.Text()); m != nil {
+			line := sc.Text()
+			if m := servingLine.FindStringSubmatch(line); m != nil {
 				ready <- m[1]
 			}
+			c.checkLog(i, line)
 			if c.cfg.ReplicaLogs != nil {
-				fmt.Fprintf(c.cfg.ReplicaLogs, "[replica %d] %s\n", i, sc.Text())
+				fmt.Fprintf(c.cfg.ReplicaLogs, "[replica %d] %s\n", i, line)
 			}
+		}
+		if err := sc.Err(); err != nil {
+			c.mu.Lock()
+			c.logViolations = append(c.logViolations, fmt.Sprintf("replica %d: its log could not be checked past a line: %v", i, err))
+			c.mu.Unlock()
+			_, _ = io.Copy(io.Discard, output) // the replica must not block on a full pipe
 		}
 		_ = cmd.Wait()
 		close(r.exited)
@@ -273,6 +345,20 @@ func (c *cluster) start(i int) error {
 		c.faults["clock off the database's"]++
 	}
 	return nil
+}
+
+// checkLog checks one of replica i's log lines for the run's secrets (I12). A violation
+// quotes the line with every secret replaced by its name.
+func (c *cluster) checkLog(i int, line string) {
+	c.mu.Lock()
+	secrets := c.secrets[:len(c.secrets):len(c.secrets)]
+	c.logLines++
+	c.mu.Unlock()
+	if held, redacted := redact(line, secrets); len(held) > 0 {
+		c.mu.Lock()
+		c.logViolations = append(c.logViolations, fmt.Sprintf("replica %d's log holds %s: %s", i, strings.Join(held, " and "), redacted))
+		c.mu.Unlock()
+	}
 }
 
 // supervise restarts replicas that died (killed, or by a crash point) until ctx ends.
