@@ -251,15 +251,16 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			continue
 		}
 		asOf := d.cfg.Clock()
-		ops, claimErr := d.cfg.Store.AllTenants().Claim(ctx, store.ClaimParams{Target: contract.Name, FairClaim: store.FairClaim{
-			OperationTypes: contract.OperationTypes,
-			Worker:         d.cfg.Worker,
-			Lease:          d.cfg.Lease,
-			Limit:          free,
-			PerTenant:      min(d.cfg.PerTenant, free),
-			MaxTenants:     d.cfg.MaxTenantsPerClaim,
-			AfterTenant:    d.cursors[contract.Name],
-		}})
+		ops, claimErr := d.cfg.Store.AllTenants().Claim(ctx, store.ClaimParams{Target: contract.Name,
+			KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: store.FairClaim{
+				OperationTypes: contract.OperationTypes,
+				Worker:         d.cfg.Worker,
+				Lease:          d.cfg.Lease,
+				Limit:          free,
+				PerTenant:      min(d.cfg.PerTenant, free),
+				MaxTenants:     d.cfg.MaxTenantsPerClaim,
+				AfterTenant:    d.cursors[contract.Name],
+			}})
 		d.limiter.Release(contract.Name, free-len(ops))
 		if claimErr != nil {
 			err = errors.Join(err, claimErr)
@@ -395,15 +396,24 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		log.Warn("the lease is over or nearly before the send; not sending (the sweeper makes it UNKNOWN)")
 		return
 	}
-	// A replay is safe only while the target still knows the key: the reconciler decided
-	// inside the window, but the send happens now, and a target that has forgotten the
-	// key executes it again.
-	if mayHaveExecuted(op) && contract.Idempotency != nil &&
-		op.SinceFirstSend+d.cfg.Clock().Sub(asOf) > contract.Idempotency.Retention.D()-margin {
-		log.Warn("the key's retention window closed before the replay was sent; not sending")
-		d.record(log, contract, op, target.Result{Outcome: target.Unknown, Class: "REPLAY_WINDOW_CLOSED",
-			Summary: "the key's retention window closed before the replay was sent; nothing was sent"})
-		return
+	// A replay is safe only while the target still knows the key, and the key still
+	// means what it meant when it was first sent: the reconciler decided inside the
+	// window, but the send happens now, and a target that has forgotten the key executes
+	// it again. The window and the scope are the ones the ledger fixed at the first send,
+	// not what the contract says now.
+	if mayHaveExecuted(op) && contract.Idempotency != nil {
+		switch {
+		case op.KeyWindowLeft == nil || asOf.Add(*op.KeyWindowLeft).Sub(d.cfg.Clock()) < margin:
+			log.Warn("the key's retention window closed before the replay was sent; not sending")
+			d.record(log, contract, op, target.Result{Outcome: target.Unknown, Class: "REPLAY_WINDOW_CLOSED",
+				Summary: "the key's retention window, fixed when it was first sent, closed before the replay was sent; nothing was sent"})
+			return
+		case op.KeyScope != contract.KeyScope():
+			log.Warn("the contract changed since the key was first sent; not sending the replay")
+			d.record(log, contract, op, target.Result{Outcome: target.Unknown, Class: "KEY_SCOPE_CHANGED",
+				Summary: "the contract changed since the key was first sent (endpoint, headers, key scope or credential); nothing was sent"})
+			return
+		}
 	}
 	credential := d.cfg.Connector.CredentialVersion(contract)
 	sendCtx, _ := d.calls()

@@ -258,8 +258,8 @@ func TestExpiredLeaseBecomesUnknownAndStaleOutcomeIsEvidence(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "stalled", `{"amount":1}`)
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: "stalled-worker", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "stalled-worker", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 
@@ -351,8 +351,8 @@ func TestNoSendOnAnExpiredLease(t *testing.T) {
 		clock := clocktest.New(skew)
 		op := b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprint("late-send", skew), `{"amount":1}`)
 		asOf := clock.Now()
-		claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
-			OperationTypes: []string{simtarget.DemoCharge}, Worker: "slow", Lease: time.Second, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+		claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+			OperationTypes: []string{simtarget.DemoCharge}, Worker: "slow", Lease: time.Second, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 		require.NoError(t, err)
 		require.Len(t, claimed, 1)
 
@@ -425,8 +425,8 @@ func (b *testBundle) replayClaim(t *testing.T, op store.Operation) (store.Claime
 	// claim until op is taken.
 	var fence int64
 	require.Eventually(t, func() bool {
-		claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
-			OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+		claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+			OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 		require.NoError(t, err)
 		if len(claimed) == 0 {
 			return false

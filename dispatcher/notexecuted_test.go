@@ -105,3 +105,22 @@ func TestNotExecutedReplayStaysUnknown(t *testing.T) {
 	require.EqualValues(t, 1, got.NotExecuted)
 	require.Contains(t, got.LastObservation.Summary, "an earlier attempt may have executed")
 }
+
+// TestReplayChecksTheKeysScopeAtTheSend: a replay decided under one contract is not
+// sent under an edited one: the scope the key was first sent in is checked at the
+// moment of the send.
+func TestReplayChecksTheKeysScopeAtTheSend(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "edited", `{"amount":5}`)
+	replay, asOf := b.replayClaim(t, op)
+	contract, ok := b.targets.ForType(simtarget.DemoCharge)
+	require.True(t, ok)
+	edited := *contract
+	edited.Endpoint.URL += "?api=v2"
+	b.dispatcher(t, dispatcher.Config{}).Deliver(&edited, replay, asOf)
+	got := b.get(t, op)
+	require.Equal(t, store.StateUnknown, got.State)
+	require.Equal(t, "KEY_SCOPE_CHANGED", got.LastObservation.Outcome)
+	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "nothing was sent")
+}

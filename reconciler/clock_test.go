@@ -14,6 +14,7 @@ import (
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/targettest"
 )
 
 // skewedReconciler returns a reconciler whose clock, and its dispatcher's, is skew off
@@ -37,8 +38,8 @@ func (b *testBundle) skewedReconciler(t *testing.T, skew time.Duration) *reconci
 // same-key replay can complete it.
 func (b *testBundle) unknownNeverSent(t *testing.T, op store.Operation) {
 	t.Helper()
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	require.Equal(t, op.ID, claimed[0].ID)

@@ -1,7 +1,6 @@
 package reconciler
 
 import (
-	"fmt"
 	"time"
 )
 
@@ -55,8 +54,12 @@ type Input struct {
 	// Without it the target saves only successes, and a replay after an attempt that
 	// may have executed would execute it again.
 	KeyCoversEveryAttempt bool
-	// Retention is the target's key retention window, counted from the first send.
-	Retention time.Duration
+	// KeyWindowLeft is what is left of the key's retention window as the ledger fixed it
+	// at the first send (zero or less: closed, or never recorded). KeyScopeChanged: the
+	// contract's key scope (endpoint, static headers, key scope, credential identity)
+	// is not the one the key was first sent in, so the key may not mean the same there.
+	KeyWindowLeft   time.Duration
+	KeyScopeChanged bool
 	// VisibilityDelay is how long a write may take to become visible to lookups.
 	VisibilityDelay time.Duration
 	// AbsenceFinalAfter, if set, is how long after a send the target documents that the
@@ -66,11 +69,10 @@ type Input struct {
 	// MayHaveExecuted: some earlier attempt may have reached the target (anything but a
 	// send that provably never left).
 	MayHaveExecuted bool
-	// SinceFirstSend is the time since the operation was first sent; SinceLastSend the
-	// time since the broker stopped waiting for its last send. A lookup's "not found"
-	// says nothing of that send's write until VisibilityDelay has passed since then.
-	SinceFirstSend time.Duration
-	SinceLastSend  time.Duration
+	// SinceLastSend is the time since the broker stopped waiting for the operation's
+	// last send. A lookup's "not found" says nothing of that send's write until
+	// VisibilityDelay has passed since then.
+	SinceLastSend time.Duration
 	// BusinessDeadlinePassed: the business no longer wants the effect created (the
 	// dispatch deadline passed), so nothing may be sent that could create it.
 	BusinessDeadlinePassed bool
@@ -216,8 +218,10 @@ func (in Input) replayable(absenceProven bool) (bool, string) {
 	switch {
 	case !in.Replay:
 		return false, "the target has no idempotency key to replay with"
-	case in.SinceFirstSend >= in.Retention:
-		return false, fmt.Sprintf("the key's retention window (%s) has passed", in.Retention)
+	case in.KeyScopeChanged:
+		return false, "the contract changed since the key was first sent (endpoint, headers, key scope or credential), so the key may not mean the same at the target"
+	case in.KeyWindowLeft <= 0:
+		return false, "the key's retention window, fixed when it was first sent, has closed"
 	case in.BusinessDeadlinePassed:
 		return false, "the business deadline passed: nothing that could create the effect may be sent"
 	case in.AcceptedBefore:

@@ -12,8 +12,8 @@ import (
 // minute ago, and that send may have executed.
 func stripeLike() Input {
 	return Input{
-		Replay: true, Lookup: true, KeyCoversEveryAttempt: true, Retention: 24 * time.Hour, VisibilityDelay: 5 * time.Second,
-		MayHaveExecuted: true, SinceFirstSend: time.Minute, SinceLastSend: time.Minute,
+		Replay: true, Lookup: true, KeyCoversEveryAttempt: true, KeyWindowLeft: 24*time.Hour - time.Minute,
+		VisibilityDelay: 5 * time.Second, MayHaveExecuted: true, SinceLastSend: time.Minute,
 		ResolutionLeft: 48 * time.Hour, MaxReplays: 3, MaxLooks: 20, Jitter: 0.5,
 	}
 }
@@ -48,10 +48,10 @@ func TestDecideTable(t *testing.T) {
 		"not found before visible": {with(func(in *Input) { in.Evidence.Kind = NotFound; in.SinceLastSend = time.Second }), Wait},
 		"not found before a replay's write is visible": {with(func(in *Input) {
 			in.Evidence.Kind = NotFound
-			in.SinceFirstSend, in.SinceLastSend = time.Hour, time.Second
+			in.KeyWindowLeft, in.SinceLastSend = 24*time.Hour-time.Hour, time.Second
 		}), Wait},
 		"not found inside the window": {with(func(in *Input) { in.Evidence.Kind = NotFound }), Replay},
-		"not found after the window":  {with(func(in *Input) { in.Evidence.Kind = NotFound; in.SinceFirstSend = 25 * time.Hour }), Wait},
+		"not found after the window":  {with(func(in *Input) { in.Evidence.Kind = NotFound; in.KeyWindowLeft = -time.Hour }), Wait},
 		"not found after the business deadline": {with(func(in *Input) {
 			in.Evidence.Kind = NotFound
 			in.BusinessDeadlinePassed = true
@@ -61,24 +61,24 @@ func TestDecideTable(t *testing.T) {
 			in.Evidence.Kind = NotFound
 			in.Replay = false
 			in.AbsenceFinalAfter = time.Hour
-			in.SinceFirstSend, in.SinceLastSend = 2*time.Hour, 2*time.Hour
+			in.KeyWindowLeft, in.SinceLastSend = 24*time.Hour-2*time.Hour, 2*time.Hour
 		}), RecordFailure},
 		"not found, absence final but replay still possible": {with(func(in *Input) {
 			in.Evidence.Kind = NotFound
 			in.AbsenceFinalAfter = time.Hour
-			in.SinceFirstSend, in.SinceLastSend = 2*time.Hour, 2*time.Hour
+			in.KeyWindowLeft, in.SinceLastSend = 24*time.Hour-2*time.Hour, 2*time.Hour
 		}), Replay},
 		"not found, absence not yet final": {with(func(in *Input) {
 			in.Evidence.Kind = NotFound
 			in.Replay = false
 			in.AbsenceFinalAfter = 3 * time.Hour
-			in.SinceFirstSend, in.SinceLastSend = 2*time.Hour, 2*time.Hour
+			in.KeyWindowLeft, in.SinceLastSend = 24*time.Hour-2*time.Hour, 2*time.Hour
 		}), Wait},
 		"not found, absence final counts from the last send": {with(func(in *Input) {
 			in.Evidence.Kind = NotFound
 			in.Replay = false
 			in.AbsenceFinalAfter = time.Hour
-			in.SinceFirstSend, in.SinceLastSend = 2*time.Hour, 30*time.Minute
+			in.KeyWindowLeft, in.SinceLastSend = 24*time.Hour-2*time.Hour, 30*time.Minute
 		}), Wait},
 		"not found, budget spent":       {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replay = false; in.Looks = 20 }), Escalate},
 		"not found, deadline spent":     {with(func(in *Input) { in.Evidence.Kind = NotFound; in.Replay = false; in.ResolutionLeft = 0 }), Escalate},
@@ -92,8 +92,10 @@ func TestDecideTable(t *testing.T) {
 		"key in use, key saves only successes": {with(func(in *Input) {
 			in.Evidence.Kind, in.Lookup, in.KeyCoversEveryAttempt = KeyInUse, false, false
 		}), Escalate},
+		"scope changed":         {with(func(in *Input) { in.Lookup = false; in.KeyScopeChanged = true }), Escalate},
+		"scope changed, lookup": {with(func(in *Input) { in.Evidence.Kind = NotFound; in.KeyScopeChanged = true }), Wait},
 		"key in use, after the window": {with(func(in *Input) {
-			in.Evidence.Kind, in.Lookup, in.SinceFirstSend = KeyInUse, false, 25*time.Hour
+			in.Evidence.Kind, in.Lookup, in.KeyWindowLeft = KeyInUse, false, -time.Hour
 		}), Escalate},
 		"found, pending":             {with(func(in *Input) { in.Evidence = Evidence{Kind: InProgress} }), Wait},
 		"found failed, documented":   {with(func(in *Input) { in.Evidence = Evidence{Kind: FoundFailed, Matches: true} }), RecordFailure},
@@ -108,7 +110,7 @@ func TestDecideTable(t *testing.T) {
 		"nothing yet, only replay":      {with(func(in *Input) { in.Lookup = false }), Replay},
 		"nothing yet, only replay, after window": {with(func(in *Input) {
 			in.Lookup = false
-			in.SinceFirstSend = 25 * time.Hour
+			in.KeyWindowLeft = -time.Hour
 		}), Escalate},
 		"capability D": {Input{ResolutionLeft: time.Hour}, Escalate},
 
@@ -184,9 +186,11 @@ func FuzzDecide(f *testing.F) {
 		in := Input{
 			Evidence: Evidence{Kind: EvidenceKind(kind % 7), RemoteRef: ref, Matches: matches},
 			Replay:   replay, Lookup: lookup, KeyCoversEveryAttempt: keyCovers,
-			Retention: time.Duration(retention), VisibilityDelay: time.Duration(visibility),
-			AbsenceFinalAfter: time.Duration(absenceFinal), MayHaveExecuted: mayHaveExecuted,
-			SinceFirstSend: time.Duration(since), SinceLastSend: time.Duration(sinceLast),
+			// retention and since (from the first send) make the key's window; kind's top
+			// bit says the contract's key scope changed since.
+			KeyWindowLeft: time.Duration(retention) - time.Duration(since), KeyScopeChanged: kind&0x80 != 0,
+			VisibilityDelay: time.Duration(visibility), AbsenceFinalAfter: time.Duration(absenceFinal),
+			MayHaveExecuted: mayHaveExecuted, SinceLastSend: time.Duration(sinceLast),
 			BusinessDeadlinePassed: deadlinePassed, ResolutionLeft: time.Duration(resolutionLeft),
 			Replays: replays, MaxReplays: maxReplays, Looks: looks, MaxLooks: maxLooks, AcceptedBefore: accepted, Jitter: jitter,
 		}
@@ -198,7 +202,8 @@ func FuzzDecide(f *testing.F) {
 		switch d.Action {
 		case Replay:
 			require.True(t, in.Replay, "never replay without a key")
-			require.Less(t, in.SinceFirstSend, in.Retention, "never replay outside the window")
+			require.Positive(t, in.KeyWindowLeft, "never replay outside the window the key was first sent with")
+			require.False(t, in.KeyScopeChanged, "never replay a key whose contract changed since it was sent")
 			require.False(t, in.BusinessDeadlinePassed, "never replay after the business deadline")
 			require.False(t, in.AcceptedBefore, "never replay after the target accepted the request")
 			require.True(t, in.MaxReplays <= 0 || in.Replays < in.MaxReplays, "never beyond the replay budget")

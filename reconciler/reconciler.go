@@ -223,9 +223,6 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress,
 		Jitter:                rand.Float64(),
 	}
-	if contract.Idempotency != nil {
-		in.Retention = contract.Idempotency.Retention.D()
-	}
 	if contract.Lookup != nil {
 		in.VisibilityDelay = contract.Lookup.VisibilityDelay.D()
 		in.AbsenceFinalAfter = contract.Lookup.AbsenceFinalAfter.D()
@@ -235,9 +232,14 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 	// time. (SinceLastSend is not advanced: it must not overstate how long a lookup
 	// waited.)
 	sinceClaim := r.cfg.Clock().Sub(asOf)
-	in.SinceFirstSend = op.SinceFirstSend + sinceClaim
-	in.ResolutionLeft = r.cfg.ResolutionDeadline - in.SinceFirstSend
+	in.ResolutionLeft = r.cfg.ResolutionDeadline - (op.SinceFirstSend + sinceClaim)
 	in.BusinessDeadlinePassed = op.DeadlineLeft != nil && *op.DeadlineLeft <= sinceClaim
+	// The key's window and scope are the ones fixed at its first send, not what the
+	// contract says now.
+	if op.KeyWindowLeft != nil {
+		in.KeyWindowLeft = *op.KeyWindowLeft - sinceClaim
+	}
+	in.KeyScopeChanged = op.KeyScope != contract.KeyScope()
 
 	d := Decide(in)
 	r.actions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", d.Action.String())))

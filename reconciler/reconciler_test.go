@@ -156,8 +156,8 @@ func TestReplayInsideTheWindow(t *testing.T) {
 	// The first send is recorded as one that never left (CONNECT_FAILED): no attempt can
 	// have executed, so a replay is safe on the key alone.
 	op := b.prepare(t, simtarget.DemoCharge, "order-2", `{"amount":100}`)
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
 		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "test"})

@@ -29,6 +29,12 @@ type Claimed struct {
 	LeaseLeft      time.Duration
 	SinceFirstSend time.Duration
 	DeadlineLeft   *time.Duration
+	// KeyWindowLeft is what was left of the idempotency key's retention window, fixed
+	// when the key was first sent (nil when none was: a target without a key, or an
+	// operation first sent before the window was recorded). KeyScope is the fingerprint
+	// of the scope the key was first sent in (target.Contract.KeyScope), or "".
+	KeyWindowLeft *time.Duration
+	KeyScope      string
 }
 
 // FairClaim selects what one claim takes, fairly across tenants: up to Limit operations
@@ -51,6 +57,11 @@ type FairClaim struct {
 type ClaimParams struct {
 	FairClaim
 	Target string
+	// KeyRetention and KeyScope, for a target with an idempotency key, fix what the key
+	// means when an operation is first sent: its window ends KeyRetention later by the
+	// database's clock, and its scope's fingerprint is KeyScope. Later claims keep them.
+	KeyRetention time.Duration
+	KeyScope     string
 }
 
 // NewWorkerName returns a name for a claimer of this process, as leases and attempts
@@ -116,7 +127,7 @@ func fairPick(state, due, order string) string {
 // payload and key, and the durations of Claimed, in microseconds.
 var claimedColumns = operationColumns + `, payload, remote_key, ` +
 	micros("lease_expires_at - now()") + `, coalesce(` + micros("now() - first_sent_at") + `, 0), ` +
-	micros("dispatch_deadline - now()")
+	micros("dispatch_deadline - now()") + `, ` + micros("key_window_end - now()") + `, coalesce(key_scope, '')`
 
 // micros returns the SQL of an interval expression in whole microseconds (NULL stays
 // NULL); interval is a constant of this package, never input.
@@ -127,6 +138,15 @@ func micros(interval string) string {
 // duration converts microseconds from micros.
 func duration(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
 
+// durationOrNil converts microseconds from micros that may be NULL.
+func durationOrNil(us *int64) *time.Duration {
+	if us == nil {
+		return nil
+	}
+	d := duration(*us)
+	return &d
+}
+
 func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
 	var c Claimed
 	return c, scanClaimedInto(row, &c)
@@ -135,16 +155,14 @@ func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
 // scanClaimedInto scans claimedColumns, then extra destinations, into c.
 func scanClaimedInto(row pgx.CollectableRow, c *Claimed, extra ...any) error {
 	var leaseLeft, sinceFirst int64
-	var deadlineLeft *int64
-	dest := append(operationDest(&c.Operation), &c.Payload, &c.RemoteKey, &leaseLeft, &sinceFirst, &deadlineLeft)
+	var deadlineLeft, windowLeft *int64
+	dest := append(operationDest(&c.Operation), &c.Payload, &c.RemoteKey, &leaseLeft, &sinceFirst, &deadlineLeft,
+		&windowLeft, &c.KeyScope)
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return err
 	}
 	c.LeaseLeft, c.SinceFirstSend = duration(leaseLeft), duration(sinceFirst)
-	if deadlineLeft != nil {
-		left := duration(*deadlineLeft)
-		c.DeadlineLeft = &left
-	}
+	c.DeadlineLeft, c.KeyWindowLeft = durationOrNil(deadlineLeft), durationOrNil(windowLeft)
 	return nil
 }
 
@@ -167,7 +185,8 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 			UPDATE operations o SET
 				state = 'IN_FLIGHT', revision = o.revision + 1, fence_token = o.fence_token + 1,
 				attempt_count = o.attempt_count + 1, lease_owner = $6, lease_expires_at = now() + $7::interval,
-				first_sent_at = coalesce(o.first_sent_at, now()), next_check_at = NULL, updated_at = now()
+				first_sent_at = coalesce(o.first_sent_at, now()), next_check_at = NULL, updated_at = now(),
+				key_window_end = coalesce(o.key_window_end, now() + $9::interval), key_scope = coalesce(o.key_scope, $10)
 			FROM picked
 			WHERE o.tenant_id = picked.tenant_id AND o.operation_id = picked.operation_id AND o.state = 'PREPARED'
 			RETURNING o.*
@@ -176,7 +195,8 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 			SELECT tenant_id, operation_id, fence_token, $8, $6, updated_at FROM claimed
 		)
 		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
-		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease, p.Target)
+		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease, p.Target,
+		nullIfZeroDuration(p.KeyRetention), nullIfEmpty(p.KeyScope))
 	claimed, err := pgx.CollectRows(rows, scanClaimed)
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", translate(err))
@@ -315,6 +335,20 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Oper
 		q.s.events.signal()
 	}
 	return ops, nil
+}
+
+func nullIfZeroDuration(d time.Duration) *time.Duration {
+	if d == 0 {
+		return nil
+	}
+	return &d
+}
+
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 func nullIfZero(n int) *int {

@@ -72,7 +72,9 @@ BEGIN
      OR NEW.supersedes_id IS DISTINCT FROM OLD.supersedes_id
      OR NEW.dispatch_deadline IS DISTINCT FROM OLD.dispatch_deadline
      OR NEW.labels <> OLD.labels
-     OR NEW.first_sent_at IS DISTINCT FROM OLD.first_sent_at AND OLD.first_sent_at IS NOT NULL THEN
+     OR NEW.first_sent_at IS DISTINCT FROM OLD.first_sent_at AND OLD.first_sent_at IS NOT NULL
+     OR NEW.key_window_end IS DISTINCT FROM OLD.key_window_end AND OLD.key_window_end IS NOT NULL
+     OR NEW.key_scope IS DISTINCT FROM OLD.key_scope AND OLD.key_scope IS NOT NULL THEN
     RAISE EXCEPTION 'operation %: immutable column changed', OLD.operation_id
       USING ERRCODE = 'integrity_constraint_violation';
   END IF;
@@ -214,6 +216,8 @@ CREATE TABLE opbroker.operations (
     accepted_unfinished boolean DEFAULT false NOT NULL,
     escalation jsonb,
     not_executed integer DEFAULT 0 NOT NULL,
+    key_window_end timestamp with time zone,
+    key_scope text,
     CONSTRAINT operations_counters CHECK (((revision >= 1) AND (fence_token >= 0) AND (attempt_count >= 0))),
     CONSTRAINT operations_escalated_has_owner CHECK (((state <> 'ESCALATED'::opbroker.operation_state) OR COALESCE(((escalation ? 'owner'::text) AND (escalation ? 'reason'::text)), false))),
     CONSTRAINT operations_in_flight_leased CHECK (((state <> 'IN_FLIGHT'::opbroker.operation_state) OR ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),

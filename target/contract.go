@@ -1,8 +1,11 @@
 package target
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -104,6 +107,40 @@ const (
 // CoversEveryAttempt reports whether a repeat of the key can never execute an attempt
 // that already began executing: the target saves and returns every answer.
 func (i *Idempotency) CoversEveryAttempt() bool { return i != nil && i.Saves == SavesEveryAnswer }
+
+// KeyRetention is how long the target keeps an idempotency key, from its first use (0
+// for a target without one).
+func (c *Contract) KeyRetention() time.Duration {
+	if c.Idempotency == nil {
+		return 0
+	}
+	return c.Idempotency.Retention.D()
+}
+
+// KeyScope fingerprints what an idempotency key sent to this target means there: the
+// target, its endpoint, its static headers (an API version), the key's header and
+// scope, and the credential's identity (its scheme, user, header and where its secret
+// is read, and the client certificate's file; never a secret). The ledger keeps the
+// fingerprint of an operation's first send; a replay is allowed only while the contract
+// still has it. "" for a target without a key.
+func (c *Contract) KeyScope() string {
+	if c.Idempotency == nil {
+		return ""
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "target %q\nendpoint %q %q\nkey %q %q\n", c.Name, c.Endpoint.Method, c.Endpoint.URL,
+		c.Idempotency.Header, c.Idempotency.Scope)
+	for _, name := range slices.Sorted(maps.Keys(c.Headers)) {
+		fmt.Fprintf(h, "header %q %q\n", name, c.Headers[name])
+	}
+	if a := c.Auth; a != nil {
+		fmt.Fprintf(h, "auth %q %q %q %q %q %q\n", a.Scheme, a.User, a.Header, a.Prefix, a.Secret.Env, a.Secret.File)
+	}
+	if t := c.TLS; t != nil {
+		fmt.Fprintf(h, "tls %q\n", t.ClientCertificate)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
 
 // Lookup finds an effect by the operation's remote key (capability B).
 type Lookup struct {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
 )
 
@@ -34,4 +35,13 @@ func Demo(t testing.TB, cfg simtarget.Config, adjust ...func(*target.Contract)) 
 	targets, err := target.New(contracts...)
 	require.NoError(t, err)
 	return sim, targets
+}
+
+// Claim returns the parameters of a claim for the named target's operations, as the
+// dispatcher asks for them: with the key's retention and scope fixed at the first send.
+func Claim(t testing.TB, targets *target.Targets, name string, fair store.FairClaim) store.ClaimParams {
+	t.Helper()
+	contract, ok := targets.ByName(name)
+	require.True(t, ok, "no target %q", name)
+	return store.ClaimParams{Target: name, KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: fair}
 }
