@@ -122,9 +122,10 @@ type Dispatcher struct {
 	sends metric.Int64Counter
 
 	// refused holds, per target whose credential it refused, the credential's version
-	// then: the target's operations wait until it changes.
+	// then and when: the target's operations wait until it changes, or the vendor may
+	// have fixed its side (credentialRecheck).
 	refusedMu sync.Mutex
-	refused   map[string]string
+	refused   map[string]refusal
 
 	startstop.Base // the claim loop
 
@@ -146,7 +147,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		held:    make(chan struct{}, cfg.Unrecorded),
 		limiter: target.NewLimiter(cfg.Targets, cfg.PoolSize),
 		cursors: map[string]string{},
-		refused: map[string]string{},
+		refused: map[string]refusal{},
 		freed:   make(chan struct{}, 1),
 	}
 	var err error
@@ -298,20 +299,36 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 	return claimed, full, err
 }
 
+// refusal is a target's refusal of the broker's credential.
+type refusal struct {
+	version string    // the credential's version it refused (Sender.CredentialVersion)
+	at      time.Time // by the dispatcher's clock
+}
+
+// credentialRecheck is how long a target that refused a credential waits for it to
+// change before its operations are tried again anyway: the vendor may have fixed its
+// side (a key re-enabled, a permission granted).
+const credentialRecheck = 5 * time.Minute
+
 // awaitingCredential reports whether the target refused the credential it still has:
-// its operations wait, rather than hammer it, until the credential changes.
+// its operations wait, rather than hammer it, until the credential changes or
+// credentialRecheck passes.
 func (d *Dispatcher) awaitingCredential(contract *target.Contract) bool {
 	d.refusedMu.Lock()
 	defer d.refusedMu.Unlock()
-	version, ok := d.refused[contract.Name]
+	r, ok := d.refused[contract.Name]
 	if !ok {
 		return false
 	}
-	if d.cfg.Connector.CredentialVersion(contract) == version {
+	switch {
+	case d.cfg.Connector.CredentialVersion(contract) != r.version:
+		d.log.Info("the target's credential changed; sending to it again", "target", contract.Name)
+	case d.cfg.Clock().Sub(r.at) >= credentialRecheck:
+		d.log.Info("the target refused this credential a while ago; trying it again", "target", contract.Name)
+	default:
 		return true
 	}
 	delete(d.refused, contract.Name)
-	d.log.Info("the target's credential changed; sending to it again", "target", contract.Name)
 	return false
 }
 
@@ -324,7 +341,7 @@ func (d *Dispatcher) credentialRefused(contract *target.Contract, version string
 		d.log.Error("the target refused the broker's credential; its sends wait until the credential changes",
 			"target", contract.Name)
 	}
-	d.refused[contract.Name] = version
+	d.refused[contract.Name] = refusal{version: version, at: d.cfg.Clock()}
 }
 
 func (d *Dispatcher) signalFreed() {

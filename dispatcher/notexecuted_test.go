@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/opbroker/opbroker/clocktest"
 	"github.com/opbroker/opbroker/dispatcher"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
@@ -66,7 +67,8 @@ func TestRefusedCredentialWaitsForANewOne(t *testing.T) {
 	b := setup(t, simtarget.Config{Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: secret}},
 		Credential: "rotated-token"})
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "refused", `{"amount":5}`)
-	d := b.dispatcher(t, dispatcher.Config{})
+	clock := clocktest.New(0)
+	d := b.dispatcher(t, dispatcher.Config{Clock: clock.Now})
 	_, _, err := d.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return b.get(t, op).NotExecuted == 1 }, 10*time.Second, 10*time.Millisecond)
@@ -77,6 +79,19 @@ func TestRefusedCredentialWaitsForANewOne(t *testing.T) {
 	claimed, _, err := d.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Zero(t, claimed, "due, but the target refused the credential it still has")
+
+	// Five minutes on, the same credential is tried again (the vendor may have fixed
+	// its side), and refused again.
+	clock.Advance(6 * time.Minute)
+	claimed, _, err = d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, claimed, "tried again after a while")
+	require.Eventually(t, func() bool { return b.get(t, op).NotExecuted == 2 }, 10*time.Second, 10*time.Millisecond)
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() WHERE operation_id = $1`, op.ID)
+	require.NoError(t, err)
+	claimed, _, err = d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, claimed, "and waits again")
 
 	require.NoError(t, os.WriteFile(secret, []byte("rotated-token"), 0o600))
 	require.Eventually(t, func() bool {
