@@ -418,9 +418,10 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	// window, but the send happens now, and a target that has forgotten the key executes
 	// it again. The window and the scope are the ones the ledger fixed at the first send,
 	// not what the contract says now.
-	if mayHaveExecuted(op) && contract.Idempotency != nil {
+	// A conditional target's precondition protects a resend whatever the key's window.
+	if mayHaveExecuted(op) && (contract.Idempotency != nil || contract.Conditional != nil) {
 		switch {
-		case op.KeyWindowLeft == nil || asOf.Add(*op.KeyWindowLeft).Sub(d.cfg.Clock()) < margin:
+		case contract.Conditional == nil && (op.KeyWindowLeft == nil || asOf.Add(*op.KeyWindowLeft).Sub(d.cfg.Clock()) < margin):
 			log.Warn("the key's retention window closed before the replay was sent; not sending")
 			d.record(log, contract, op, target.Result{Outcome: target.Unknown, Class: "REPLAY_WINDOW_CLOSED",
 				Summary: "the key's retention window, fixed when it was first sent, closed before the replay was sent; nothing was sent"})

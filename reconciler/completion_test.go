@@ -67,3 +67,39 @@ func TestKeyInUseIsReplayedAfterBackoff(t *testing.T) {
 	require.Equal(t, 1, b.truth(t, op).Effects)
 	require.Equal(t, 2, b.truth(t, op).Attempts, "one 409, one replay with the same key")
 }
+
+// TestConditionalResend: at a target with a precondition (capability C) and no
+// idempotency key, an UNKNOWN operation is sent again under the precondition. If the
+// first send made the effect, the target refuses the resend (412) and nothing is
+// doubled; without a lookup to confirm the effect, it goes to a person. If the first
+// made nothing, the resend makes the one effect.
+func TestConditionalResend(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		fault simtarget.Fault
+		want  store.State
+	}{
+		"the first send made the effect": {simtarget.FaultCommitThenReset, store.StateEscalated},
+		"the first send made nothing":    {simtarget.FaultResetBeforeCommit, store.StateSucceeded},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, simtarget.Config{Fault: tc.fault}, func(c *target.Contract) {
+				if c.Conditional != nil {
+					c.Lookup = nil // capability C alone
+				}
+			})
+			op := b.prepare(t, simtarget.DemoObject, "object", `{"amount":7}`)
+			require.NoError(t, b.dispatcher.Start(b.ctx))
+			b.waitState(t, op, store.StateUnknown)
+			b.sim.Heal()
+			require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+			got := b.waitState(t, op, tc.want)
+			require.Equal(t, 1, b.truth(t, op).Effects, "never a second object")
+			require.Equal(t, int32(1), got.Replays, "sent again once, under the precondition")
+			if tc.want == store.StateEscalated {
+				require.Contains(t, got.Escalation.Reason, "precondition failed")
+			}
+		})
+	}
+}

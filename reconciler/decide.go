@@ -29,6 +29,9 @@ const (
 	// executing (409), at a target whose key saves every answer: a later same-key
 	// replay returns that request's answer instead of executing again.
 	KeyInUse
+	// Exists: a conditional target refused a send because its precondition failed: an
+	// earlier send made the effect. Not yet confirmed to match the approved payload.
+	Exists
 )
 
 // Evidence is one observation, checked before it reaches Decide.
@@ -46,9 +49,11 @@ type Input struct {
 	Evidence Evidence
 
 	// Capabilities of the target: Replay is A (same-key replay), Lookup is B (lookup by
-	// reference).
-	Replay bool
-	Lookup bool
+	// reference), Conditional is C (every send carries a precondition under which the
+	// target creates the effect only if it does not exist yet).
+	Replay      bool
+	Lookup      bool
+	Conditional bool
 	// KeyCoversEveryAttempt: the target saves every answer under the key, errors
 	// included, so a repeat of the key never executes an attempt that already began.
 	// Without it the target saves only successes, and a replay after an attempt that
@@ -137,9 +142,10 @@ const (
 //     ended; it becomes a failure only when absence is provably final (the visibility
 //     delay waited out, the target documents that the request can no longer take
 //     effect, and no same-key replay is possible);
-//   - a replay happens only with capability A, inside the retention window, before the
-//     business deadline, within its budget, and never after the target accepted the
-//     request without finishing it;
+//   - a replay happens only with capability A, inside the retention window fixed at the
+//     first send and in the scope the key was sent in, or with capability C under its
+//     precondition; before the business deadline, within its budget, and never after
+//     the target accepted the request without finishing it;
 //   - a replay never follows an attempt that may have executed unless the key covers
 //     that attempt (the target saves every answer) or a lookup proved its absence:
 //     never after a failed lookup, never without a lookup, for a target whose key
@@ -165,6 +171,8 @@ func Decide(in Input) Decision {
 	budgetSpent := in.ResolutionLeft <= 0 || (in.MaxLooks > 0 && in.Looks >= in.MaxLooks)
 
 	switch ev.Kind {
+	case Exists:
+		return in.waitOrEscalate(budgetSpent, 0, "the target refused a send because its precondition failed: an earlier send made the effect; look it up to confirm it matches")
 	case KeyInUse:
 		replayable, whyNot := in.replayable(false)
 		if !replayable || !in.KeyCoversEveryAttempt {
@@ -214,20 +222,26 @@ func Decide(in Input) Decision {
 
 // replayable reports whether a same-key replay is allowed now, and if not, why.
 // absenceProven says that a lookup has shown that no earlier attempt took effect.
+//
+// A conditional target (C) is sent again under its precondition, which the target
+// refuses if an earlier send made the effect: neither the key's window nor what the key
+// covers matters then, only that the contract still names the same object.
 func (in Input) replayable(absenceProven bool) (bool, string) {
 	switch {
-	case !in.Replay:
-		return false, "the target has no idempotency key to replay with"
+	case !in.Replay && !in.Conditional:
+		return false, "the target has neither an idempotency key nor a precondition to send again with"
 	case in.KeyScopeChanged:
-		return false, "the contract changed since the key was first sent (endpoint, headers, key scope or credential), so the key may not mean the same at the target"
-	case in.KeyWindowLeft <= 0:
-		return false, "the key's retention window, fixed when it was first sent, has closed"
+		return false, "the contract changed since the key was first sent (endpoint, headers, key scope, precondition or credential), so the key may not mean the same at the target"
 	case in.BusinessDeadlinePassed:
 		return false, "the business deadline passed: nothing that could create the effect may be sent"
 	case in.AcceptedBefore:
 		return false, "the target accepted the request earlier without finishing it"
 	case in.MaxReplays > 0 && in.Replays >= in.MaxReplays:
 		return false, "the replay budget is spent"
+	case in.Conditional:
+		return true, ""
+	case in.KeyWindowLeft <= 0:
+		return false, "the key's retention window, fixed when it was first sent, has closed"
 	case !absenceProven && in.mayExecuteAgain():
 		return false, "an earlier attempt may have executed, and the target's key saves only successes, so a replay would execute it again; only a lookup that proves absence allows one"
 	}

@@ -92,8 +92,16 @@ func TestDecideTable(t *testing.T) {
 		"key in use, key saves only successes": {with(func(in *Input) {
 			in.Evidence.Kind, in.Lookup, in.KeyCoversEveryAttempt = KeyInUse, false, false
 		}), Escalate},
-		"scope changed":         {with(func(in *Input) { in.Lookup = false; in.KeyScopeChanged = true }), Escalate},
-		"scope changed, lookup": {with(func(in *Input) { in.Evidence.Kind = NotFound; in.KeyScopeChanged = true }), Wait},
+		"scope changed":                 {with(func(in *Input) { in.Lookup = false; in.KeyScopeChanged = true }), Escalate},
+		"scope changed, lookup":         {with(func(in *Input) { in.Evidence.Kind = NotFound; in.KeyScopeChanged = true }), Wait},
+		"conditional only, nothing yet": {Input{Conditional: true, MayHaveExecuted: true, ResolutionLeft: time.Hour, MaxReplays: 3, Jitter: 0.5}, Replay},
+		"conditional, after a key's window": {with(func(in *Input) {
+			in.Lookup, in.Conditional, in.KeyCoversEveryAttempt, in.KeyWindowLeft = false, true, false, -time.Hour
+		}), Replay},
+		"conditional, scope changed": {Input{Conditional: true, KeyScopeChanged: true, ResolutionLeft: time.Hour, MaxReplays: 3}, Escalate},
+		"conditional, budget spent":  {Input{Conditional: true, Replays: 3, MaxReplays: 3, ResolutionLeft: time.Hour}, Escalate},
+		"exists, lookup":             {with(func(in *Input) { in.Evidence.Kind = Exists }), Wait},
+		"exists, no lookup":          {Input{Conditional: true, Evidence: Evidence{Kind: Exists}, ResolutionLeft: time.Hour, MaxReplays: 3}, Escalate},
 		"key in use, after the window": {with(func(in *Input) {
 			in.Evidence.Kind, in.Lookup, in.KeyWindowLeft = KeyInUse, false, -time.Hour
 		}), Escalate},
@@ -184,11 +192,13 @@ func FuzzDecide(f *testing.F) {
 			jitter = 0.5
 		}
 		in := Input{
-			Evidence: Evidence{Kind: EvidenceKind(kind % 7), RemoteRef: ref, Matches: matches},
+			Evidence: Evidence{Kind: EvidenceKind(kind % 8), RemoteRef: ref, Matches: matches},
 			Replay:   replay, Lookup: lookup, KeyCoversEveryAttempt: keyCovers,
 			// retention and since (from the first send) make the key's window; kind's top
-			// bit says the contract's key scope changed since.
+			// bit says the contract's key scope changed since, the next that the target is
+			// conditional (C).
 			KeyWindowLeft: time.Duration(retention) - time.Duration(since), KeyScopeChanged: kind&0x80 != 0,
+			Conditional:     kind&0x40 != 0,
 			VisibilityDelay: time.Duration(visibility), AbsenceFinalAfter: time.Duration(absenceFinal),
 			MayHaveExecuted: mayHaveExecuted, SinceLastSend: time.Duration(sinceLast),
 			BusinessDeadlinePassed: deadlinePassed, ResolutionLeft: time.Duration(resolutionLeft),
@@ -201,13 +211,14 @@ func FuzzDecide(f *testing.F) {
 		require.NotEmpty(t, d.Reason)
 		switch d.Action {
 		case Replay:
-			require.True(t, in.Replay, "never replay without a key")
-			require.Positive(t, in.KeyWindowLeft, "never replay outside the window the key was first sent with")
+			require.True(t, in.Replay || in.Conditional, "never replay without a key or a precondition")
+			require.True(t, in.Conditional || in.KeyWindowLeft > 0, "never replay outside the window the key was first sent with")
+			require.NotEqual(t, Exists, in.Evidence.Kind, "never send again what the target says exists")
 			require.False(t, in.KeyScopeChanged, "never replay a key whose contract changed since it was sent")
 			require.False(t, in.BusinessDeadlinePassed, "never replay after the business deadline")
 			require.False(t, in.AcceptedBefore, "never replay after the target accepted the request")
 			require.True(t, in.MaxReplays <= 0 || in.Replays < in.MaxReplays, "never beyond the replay budget")
-			require.True(t, in.KeyCoversEveryAttempt || !in.MayHaveExecuted || absenceProven,
+			require.True(t, in.Conditional || in.KeyCoversEveryAttempt || !in.MayHaveExecuted || absenceProven,
 				"a replay never follows an attempt that may have executed unless the key covers it or a lookup proved absence")
 		case RecordSuccess:
 			require.Equal(t, Found, in.Evidence.Kind)

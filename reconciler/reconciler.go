@@ -213,6 +213,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		Evidence:              evidence,
 		Replay:                caps.Replay,
 		Lookup:                caps.Lookup,
+		Conditional:           caps.Conditional,
 		KeyCoversEveryAttempt: contract.Idempotency.CoversEveryAttempt(),
 		MayHaveExecuted:       op.MayHaveExecuted,
 		SinceLastSend:         op.SinceLastSend,
@@ -338,6 +339,10 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 		// reference, that arrived after the sender lost its fence.
 		obs.Outcome = "STALE_VERIFIED_SUCCESS"
 		return Evidence{Kind: Found, RemoteRef: ref, Matches: true}, obs
+	}
+	if last := op.LastObservation; last != nil && last.Outcome == target.ClassPreconditionFailed {
+		obs.Outcome = "EFFECT_EXISTS"
+		return Evidence{Kind: Exists}, obs
 	}
 	if last := op.LastObservation; last != nil && last.Outcome == target.ClassInProgress && contract.Idempotency.CoversEveryAttempt() {
 		obs.Outcome = "KEY_IN_USE"

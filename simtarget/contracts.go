@@ -10,6 +10,7 @@ import (
 const (
 	DemoCharge = "demo.charge" // capabilities A and B: idempotency key, lookup by reference
 	DemoNotify = "demo.notify" // capability D: no idempotency, no lookup
+	DemoObject = "demo.object" // capabilities B and C: a conditional write, lookup by name
 )
 
 // DemoContracts returns the recorded contracts of a simulated target at baseURL with
@@ -61,6 +62,20 @@ func Contracts(baseURL string, cfg Config) []*target.Contract {
 			Endpoint: target.Endpoint{Method: "POST", URL: baseURL + "/v1/notifications", Timeout: target.Duration(3 * time.Second),
 				RequestIDHeader: "X-Request-Id"},
 			Responses: target.Responses{Success: []target.ResponseClass{{Status: []int{200}, RemoteRef: "/id"}},
+				NotExecuted: notExecuted},
+		},
+		{
+			Name: "demo-objects", Documentation: docs, Owner: owner, Data: data,
+			OperationTypes: []string{DemoObject},
+			Endpoint:       target.Endpoint{Method: "PUT", URL: baseURL + "/v1/objects/{remote_key}", Timeout: target.Duration(3 * time.Second)},
+			Conditional: &target.Conditional{Header: "If-None-Match", Value: "*", PreconditionFailed: []int{412},
+				Documented: "simtarget: a write with If-None-Match: * is refused with 412, writing nothing, when the object exists"},
+			Lookup: &target.Lookup{Method: "GET", URL: baseURL + "/v1/objects/{remote_key}",
+				VisibilityDelay: target.Duration(2 * time.Second),
+				Found:           target.ResponseClass{Status: []int{200}, RemoteRef: "/id", Reference: "/reference"},
+				NotFound:        []int{404},
+				Match:           []target.FieldMatch{{Remote: "/request/amount", Payload: "/amount"}}},
+			Responses: target.Responses{Success: []target.ResponseClass{{Status: []int{200, 201}, RemoteRef: "/id"}},
 				NotExecuted: notExecuted},
 		},
 	}

@@ -162,6 +162,8 @@ type Truth struct {
 	Requests int                  `json:"requests"`
 	// MaxConcurrent is the most requests (creates and lookups) ever in progress at once.
 	MaxConcurrent int `json:"max_concurrent"`
+	// PreconditionFailed counts conditional writes refused because the object existed.
+	PreconditionFailed int `json:"precondition_failed,omitempty"`
 }
 
 // saved is a response saved for an idempotency key.
@@ -183,10 +185,13 @@ type Target struct {
 	byKey map[string][]*Effect
 	truth Truth
 	seq   int
-	busy  int           // requests in progress
-	hang  chan struct{} // closed by Close: releases hanging requests
-	once  sync.Once
-	mux   *http.ServeMux
+	busy  int // requests in progress
+	// writing holds the objects being written by a conditional create: a second one
+	// meanwhile fails its precondition, as a storage API's atomic create does.
+	writing map[string]bool
+	hang    chan struct{} // closed by Close: releases hanging requests
+	once    sync.Once
+	mux     *http.ServeMux
 }
 
 // New returns a target with cfg.
@@ -198,18 +203,21 @@ func New(cfg Config) *Target {
 		cfg.SlowDelay = 2 * time.Second
 	}
 	t := &Target{
-		cfg:   cfg,
-		rng:   rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		keys:  map[string]*saved{},
-		eff:   map[string]*Effect{},
-		byKey: map[string][]*Effect{},
-		truth: Truth{Keys: map[string]*KeyTruth{}, Faults: map[Fault]int{}},
-		hang:  make(chan struct{}),
-		mux:   http.NewServeMux(),
+		cfg:     cfg,
+		rng:     rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		keys:    map[string]*saved{},
+		eff:     map[string]*Effect{},
+		byKey:   map[string][]*Effect{},
+		writing: map[string]bool{},
+		truth:   Truth{Keys: map[string]*KeyTruth{}, Faults: map[Fault]int{}},
+		hang:    make(chan struct{}),
+		mux:     http.NewServeMux(),
 	}
 	t.mux.HandleFunc("POST /v1/charges", t.authorized(t.createCharge))
 	t.mux.HandleFunc("GET /v1/charges", t.authorized(t.lookupCharge))
 	t.mux.HandleFunc("POST /v1/notifications", t.authorized(t.createNotification))
+	t.mux.HandleFunc("PUT /v1/objects/{name}", t.authorized(t.writeObject))
+	t.mux.HandleFunc("GET /v1/objects/{name}", t.authorized(t.lookupObject))
 	t.mux.HandleFunc("GET /sim/truth", t.serveTruth)
 	return t
 }
@@ -227,7 +235,7 @@ func (t *Target) Snapshot() Truth {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := Truth{Keys: map[string]*KeyTruth{}, Faults: map[Fault]int{}, Unkeyed: t.truth.Unkeyed, Requests: t.truth.Requests,
-		MaxConcurrent: t.truth.MaxConcurrent}
+		MaxConcurrent: t.truth.MaxConcurrent, PreconditionFailed: t.truth.PreconditionFailed}
 	for k, v := range t.truth.Keys {
 		c := *v
 		c.PayloadSHA256 = append([]string(nil), v.PayloadSHA256...)
@@ -563,8 +571,52 @@ func (t *Target) keyTruth(key string) *KeyTruth {
 
 // lookupCharge finds the charge created with a key, once it is visible.
 func (t *Target) lookupCharge(w http.ResponseWriter, r *http.Request) {
+	t.lookup(w, r.URL.Query().Get("reference"))
+}
+
+// lookupObject finds an object by its name, once it is visible.
+func (t *Target) lookupObject(w http.ResponseWriter, r *http.Request) {
+	t.lookup(w, r.PathValue("name"))
+}
+
+// writeObject writes the object named in the path, as a storage API does: without a
+// precondition every write is an effect (the object is written again); with
+// If-None-Match: * the write is refused, 412 with nothing written, when the object
+// exists or is being written. The ground truth keys it by its name.
+func (t *Target) writeObject(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(r)
+	if err != nil {
+		http.Error(w, "bad body", http.StatusBadRequest)
+		return
+	}
 	defer t.delay()()
-	key := r.URL.Query().Get("reference")
+	name, hash, fault, now := r.PathValue("name"), hashOf(body), t.chooseFault(body), t.cfg.Now()
+	ifAbsent := r.Header.Get("If-None-Match") == "*"
+	t.mu.Lock()
+	t.countArrival(fault, name, hash)
+	if fault == FaultThrottle {
+		t.mu.Unlock()
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "rate limited", "note": "the request was not executed"})
+		return
+	}
+	if ifAbsent && (t.committed(name) || t.writing[name]) {
+		t.truth.PreconditionFailed++
+		t.mu.Unlock()
+		writeJSON(w, http.StatusPreconditionFailed, map[string]string{"error": "precondition failed: the object exists"})
+		return
+	}
+	t.writing[name] = true
+	t.mu.Unlock()
+	t.execute(w, fault, name, body, now)
+	t.mu.Lock()
+	delete(t.writing, name)
+	t.mu.Unlock()
+}
+
+// lookup answers a lookup of the effect made under key, once it is visible.
+func (t *Target) lookup(w http.ResponseWriter, key string) {
+	defer t.delay()()
 	now := t.cfg.Now()
 	t.mu.Lock()
 	if t.cfg.LookupFailures > 0 && t.rng.Float64() < t.cfg.LookupFailures {

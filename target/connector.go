@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"reflect"
 	"slices"
 	"strconv"
@@ -45,6 +46,7 @@ const (
 	ClassPending             = "PENDING"
 	ClassDocumentedFailure   = "DOCUMENTED_FAILURE"
 	ClassNotConfirmed        = "STATUS_NOT_CONFIRMED"
+	ClassPreconditionFailed  = "PRECONDITION_FAILED"
 	ClassNotExecuted         = "NOT_EXECUTED"
 	ClassCredentialRefused   = "CREDENTIAL_REFUSED"
 	ClassSuccessWithoutRef   = "SUCCESS_WITHOUT_REFERENCE"
@@ -223,6 +225,24 @@ func (c *Connector) route(contract *Contract) *route {
 	return r
 }
 
+// sendURL is the endpoint's URL for the operation with remoteKey: {remote_key} names the
+// operation's object, and a conditional target's parameter carries its precondition.
+func (c *Contract) sendURL(remoteKey uuid.UUID) string {
+	raw := strings.ReplaceAll(c.Endpoint.URL, "{remote_key}", remoteKey.String())
+	p := c.Conditional
+	if p == nil || p.Parameter == "" {
+		return raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw // validated when loaded; NewRequest reports it
+	}
+	q := u.Query()
+	q.Set(p.Parameter, p.Value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 // CredentialVersion returns a token that changes whenever the credential the connector
 // presents to the target changes: its secret, or its client certificate. It is a
 // SHA-256 over what they hold now, kept in memory by its caller to notice a rotation,
@@ -322,7 +342,7 @@ func (c *Connector) Send(ctx context.Context, req Request) Result {
 		ctx = withSentHook(ctx, req.OnSent)
 	}
 
-	httpReq, err := http.NewRequestWithContext(ctx, ep.Method, ep.URL, bytes.NewReader(req.Payload))
+	httpReq, err := http.NewRequestWithContext(ctx, ep.Method, req.Contract.sendURL(req.RemoteKey), bytes.NewReader(req.Payload))
 	if err != nil {
 		return Result{Class: ClassConnectFailed, Summary: "the request could not be built: " + err.Error()}
 	}
@@ -334,6 +354,9 @@ func (c *Connector) Send(ctx context.Context, req Request) Result {
 	httpReq.Header.Set("Content-Type", req.ContentType)
 	if idem := req.Contract.Idempotency; idem != nil {
 		httpReq.Header.Set(idem.Header, req.RemoteKey.String())
+	}
+	if p := req.Contract.Conditional; p != nil && p.Header != "" {
+		httpReq.Header.Set(p.Header, p.Value)
 	}
 	if ep.RequestIDHeader != "" {
 		httpReq.Header.Set(ep.RequestIDHeader, req.RemoteKey.String())
@@ -358,7 +381,7 @@ func (c *Connector) Send(ctx context.Context, req Request) Result {
 		r.Summary = fmt.Sprintf("status %d, then the body could not be read: %s", resp.StatusCode, r.Summary)
 		return r
 	}
-	return req.Contract.Responses.classify(resp, body, req.Contract.Completion)
+	return req.Contract.Responses.classify(resp, body, req.Contract.Completion, req.Contract.Conditional)
 }
 
 // transportResult classifies a failure with no complete answer.
@@ -380,7 +403,7 @@ func transportResult(ctx context.Context, err error) Result {
 // classify maps a complete answer to an outcome. Only a listed success with the
 // target's reference is a success, only a listed (documented) rejection is a rejection;
 // everything else is unknown.
-func (r *Responses) classify(resp *http.Response, body []byte, completion *Completion) Result {
+func (r *Responses) classify(resp *http.Response, body []byte, completion *Completion, conditional *Conditional) Result {
 	status := resp.StatusCode
 	res := Result{HTTPStatus: status, Sent: true}
 	for _, class := range r.Success {
@@ -414,6 +437,11 @@ func (r *Responses) classify(resp *http.Response, body []byte, completion *Compl
 			res.Summary = fmt.Sprintf("status %d: documented as having no side effect", status)
 			return res
 		}
+	}
+	if conditional != nil && slices.Contains(conditional.PreconditionFailed, status) {
+		res.Class = ClassPreconditionFailed
+		res.Summary = fmt.Sprintf("status %d: the precondition failed, so the target did not create it again: an earlier send made the effect", status)
+		return res
 	}
 	for _, class := range r.NotExecuted {
 		if slices.Contains(class.Status, status) {

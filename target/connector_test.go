@@ -253,3 +253,38 @@ func TestCompletion(t *testing.T) {
 		require.Equal(t, want.class, res.Class, status)
 	}
 }
+
+// TestConditionalSend: every send to a conditional target carries its precondition, on
+// the object the operation's remote key names, so a second send of the same operation
+// is refused (PRECONDITION_FAILED) and makes no second effect; a precondition given as a
+// query parameter is added to the URL.
+func TestConditionalSend(t *testing.T) {
+	t.Parallel()
+	sim, targets := demo(t, simtarget.Config{})
+	c := target.NewConnector()
+	key := uuid.New()
+	first := send(t, c, targets, simtarget.DemoObject, key, `{"amount":1}`)
+	require.Equal(t, target.Succeeded, first.Outcome, first.Summary)
+	again := send(t, c, targets, simtarget.DemoObject, key, `{"amount":1}`)
+	require.Equal(t, target.Unknown, again.Outcome)
+	require.Equal(t, target.ClassPreconditionFailed, again.Class, again.Summary)
+	require.Equal(t, 1, sim.Snapshot().Keys[key.String()].Effects, "the precondition held")
+	require.Equal(t, 1, sim.Snapshot().PreconditionFailed)
+
+	var got *http.Request
+	capture := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r
+		_, _ = w.Write([]byte(`{"id":"obj"}`))
+	}))
+	t.Cleanup(capture.Close)
+	contract, _ := targets.ForType(simtarget.DemoObject)
+	byParameter := *contract
+	byParameter.Endpoint.URL = capture.URL + "/o?uploadType=media&name={remote_key}"
+	byParameter.Conditional = &target.Conditional{Parameter: "ifGenerationMatch", Value: "0", PreconditionFailed: []int{412}}
+	res := c.Send(context.Background(), target.Request{Contract: &byParameter, Payload: []byte(`{}`),
+		ContentType: "application/json", RemoteKey: key, Fence: 1})
+	require.Equal(t, target.Succeeded, res.Outcome, res.Summary)
+	require.Equal(t, "0", got.URL.Query().Get("ifGenerationMatch"))
+	require.Equal(t, key.String(), got.URL.Query().Get("name"))
+	require.Equal(t, "media", got.URL.Query().Get("uploadType"))
+}

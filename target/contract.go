@@ -122,14 +122,19 @@ func (c *Contract) KeyRetention() time.Duration {
 // scope, and the credential's identity (its scheme, user, header and where its secret
 // is read, and the client certificate's file; never a secret). The ledger keeps the
 // fingerprint of an operation's first send; a replay is allowed only while the contract
-// still has it. "" for a target without a key.
+// still has it. "" for a target without a key or a precondition.
 func (c *Contract) KeyScope() string {
-	if c.Idempotency == nil {
+	if c.Idempotency == nil && c.Conditional == nil {
 		return ""
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "target %q\nendpoint %q %q\nkey %q %q\n", c.Name, c.Endpoint.Method, c.Endpoint.URL,
-		c.Idempotency.Header, c.Idempotency.Scope)
+	fmt.Fprintf(h, "target %q\nendpoint %q %q\n", c.Name, c.Endpoint.Method, c.Endpoint.URL)
+	if i := c.Idempotency; i != nil {
+		fmt.Fprintf(h, "key %q %q\n", i.Header, i.Scope)
+	}
+	if p := c.Conditional; p != nil {
+		fmt.Fprintf(h, "precondition %q %q %q\n", p.Header, p.Parameter, p.Value)
+	}
 	for _, name := range slices.Sorted(maps.Keys(c.Headers)) {
 		fmt.Fprintf(h, "header %q %q\n", name, c.Headers[name])
 	}
@@ -218,9 +223,21 @@ func (c *Completion) Of(object []byte) (Settlement, string) {
 	return Unsettled, status
 }
 
-// Conditional is the target's precondition mechanism (capability C).
+// Conditional is the target's precondition mechanism (capability C): every send carries
+// a precondition under which the target creates the effect only if it does not exist
+// yet (S3's If-None-Match: *, Cloud Storage's ifGenerationMatch=0), on an object named by
+// the operation's remote key (the endpoint URL holds {remote_key}). A resend therefore
+// either creates the effect, the earlier sends having made nothing, or is refused with
+// a PreconditionFailed answer: it can never make a second one.
 type Conditional struct {
-	Header string `yaml:"header"`
+	// Header or Parameter (a query parameter), exactly one, carries Value.
+	Header    string `yaml:"header,omitempty"`
+	Parameter string `yaml:"parameter,omitempty"`
+	Value     string `yaml:"value"`
+	// PreconditionFailed are the statuses of a refusal: the effect already exists.
+	PreconditionFailed []int `yaml:"precondition_failed"`
+	// Documented quotes the vendor's statement of the precondition's guarantee.
+	Documented string `yaml:"documented"`
 }
 
 // Responses classify the target's answers to a send.
@@ -450,8 +467,11 @@ func (f *File) validate(file string) error {
 		if c.Completion != nil {
 			c.Completion.validate(bad)
 		}
-		if c.Conditional != nil && !headerPattern.MatchString(c.Conditional.Header) {
-			bad("conditional_mutation.header", "must be an HTTP header name")
+		if c.Conditional != nil {
+			c.Conditional.validate(bad)
+			if !strings.Contains(c.Endpoint.URL, "{remote_key}") {
+				bad("endpoint.url", "must name the object by {remote_key} for conditional_mutation: the precondition must hold for this operation's object")
+			}
 		}
 		if c.Documentation.Checked != "" {
 			if _, err := time.Parse(time.DateOnly, c.Documentation.Checked); err != nil {
@@ -476,7 +496,7 @@ func (e *Endpoint) validate(bad func(field, format string, args ...any)) {
 	if !slices.Contains([]string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}, e.Method) {
 		bad("endpoint.method", "must be POST, PUT, PATCH or DELETE")
 	}
-	validateURL(bad, "endpoint.url", e.URL)
+	validateURL(bad, "endpoint.url", strings.ReplaceAll(e.URL, "{remote_key}", "x"))
 	if e.Timeout <= 0 {
 		bad("endpoint.timeout", "must be a positive duration, e.g. 10s")
 	}
@@ -504,6 +524,24 @@ func (i *Idempotency) validate(bad func(field, format string, args ...any)) {
 	if i.Saves != "" && i.Saves != SavesEveryAnswer && i.Saves != SavesSuccessesOnly {
 		bad("idempotency.saves", "must be %s or %s", SavesEveryAnswer, SavesSuccessesOnly)
 	}
+}
+
+func (c *Conditional) validate(bad func(field, format string, args ...any)) {
+	switch {
+	case (c.Header == "") == (c.Parameter == ""):
+		bad("conditional_mutation", "needs exactly one of header and parameter")
+	case c.Header != "" && !headerPattern.MatchString(c.Header):
+		bad("conditional_mutation.header", "must be an HTTP header name, e.g. If-None-Match")
+	case c.Parameter != "" && !headerPattern.MatchString(c.Parameter):
+		bad("conditional_mutation.parameter", "must be a query parameter name, e.g. ifGenerationMatch")
+	}
+	if c.Value == "" {
+		bad("conditional_mutation.value", "must be the precondition's value, e.g. * or 0")
+	}
+	if len(c.PreconditionFailed) == 0 {
+		bad("conditional_mutation.precondition_failed", "must list the statuses of a failed precondition, e.g. [412]")
+	}
+	validateStatuses(bad, "conditional_mutation.precondition_failed", c.PreconditionFailed)
 }
 
 func (c *Completion) validate(bad func(field, format string, args ...any)) {

@@ -69,6 +69,9 @@ func (c *Contract) contractProblems(credentials []Credential) []string {
 	if c.Idempotency != nil && c.Idempotency.ParameterMismatch == "undocumented" && c.Lookup == nil {
 		p = append(p, "the key's parameter-mismatch behaviour is undocumented and there is no lookup to check a replay against")
 	}
+	if c.Conditional != nil && strings.TrimSpace(c.Conditional.Documented) == "" {
+		p = append(p, "conditional_mutation.documented is missing: quote the documentation that says the target refuses the request when the precondition fails")
+	}
 	if c.Idempotency != nil && c.Idempotency.Saves == "" {
 		p = append(p, fmt.Sprintf("idempotency.saves is missing: say whether a repeat of the key returns the first answer, errors included (%s), or executes again after anything but a success (%s; the reading to take when the documentation is unclear)",
 			SavesEveryAnswer, SavesSuccessesOnly))
@@ -92,13 +95,17 @@ func credentialSummary(credentials []Credential) string {
 
 // keySummary says, for control 1, what a repeat of the target's key does.
 func (c *Contract) keySummary() string {
+	precondition := ""
+	if c.Conditional != nil {
+		precondition = "; every send carries a precondition under which the target creates the effect only if it does not exist: a resend can never make a second one"
+	}
 	switch {
 	case c.Idempotency == nil:
-		return ""
+		return precondition
 	case c.Idempotency.CoversEveryAttempt():
-		return "; the key saves every answer: a replay never executes an earlier attempt again"
+		return "; the key saves every answer: a replay never executes an earlier attempt again" + precondition
 	default:
-		return "; the key saves only successes: after an answer that may have executed, a replay needs a lookup that proves absence"
+		return "; the key saves only successes: after an answer that may have executed, a replay needs a lookup that proves absence" + precondition
 	}
 }
 
