@@ -215,13 +215,16 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 			r.Duplicated++
 			fail("I1", "%s: %d effects at the target\n%s", op.Name, kt.Effects, strings.Join(op.trail(kt), "\n"))
 		}
-		// I3: SUCCEEDED has a real effect, and the reference recorded is that effect's.
-		if op.State == "SUCCEEDED" && (kt.Effects == 0 || !slices.Contains(kt.IDs, op.RemoteRef)) {
+		// I3: SUCCEEDED has a real effect, and the reference recorded is that effect's;
+		// one the target still processes, or failed, is not a success.
+		if op.State == "SUCCEEDED" && (kt.Effects-kt.Processing-kt.Failed == 0 || !slices.Contains(kt.IDs, op.RemoteRef)) {
 			r.Unconfirmed++
-			fail("I3", "%s: SUCCEEDED with reference %q, the target has %v", op.Name, op.RemoteRef, kt.IDs)
+			fail("I3", "%s: SUCCEEDED with reference %q, the target has %v (%d processing, %d failed)\n%s",
+				op.Name, op.RemoteRef, kt.IDs, kt.Processing, kt.Failed, strings.Join(op.trail(kt), "\n"))
 		}
-		// I4: FAILED_TERMINAL has no effect.
-		if op.State == "FAILED_TERMINAL" && kt.Effects > 0 {
+		// I4: FAILED_TERMINAL has no effect (an effect that failed at the target, final
+		// and without effect as documented, is none).
+		if op.State == "FAILED_TERMINAL" && kt.Effects-kt.Failed > 0 {
 			r.FalseFailed++
 			fail("I4", "%s: FAILED_TERMINAL but the target has %d effects\n%s", op.Name, kt.Effects, strings.Join(op.trail(kt), "\n"))
 		}
@@ -230,6 +233,12 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 			fail("I6", "%s: the target saw %d different payloads under its key", op.Name, len(kt.PayloadSHA256))
 		}
 		auditEvents(op, fail)
+		if slices.ContainsFunc(op.Events, func(e ledgerEvent) bool { return strings.Contains(e.Reason, target.ClassPending) }) {
+			r.Pending++
+		}
+		if slices.ContainsFunc(op.Events, func(e ledgerEvent) bool { return e.From != nil && *e.From == "IN_FLIGHT" && e.To == "PREPARED" }) {
+			r.Resent++
+		}
 		if op.Supersedes != "" {
 			r.Amendments++
 			auditAmendment(op, ops[op.Supersedes], truth, fail)

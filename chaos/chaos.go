@@ -108,6 +108,13 @@ type Report struct {
 	// them while their original was unsettled.
 	Amendments       int `json:"amendments"`
 	AmendmentsWaited int `json:"amendments_waited"`
+	// Pending counts operations a provider answered as accepted but still processing;
+	// Resent, those sent again after an answer documented as not executed;
+	// PreconditionRefusals, conditional resends the target refused because the object
+	// existed.
+	Pending              int `json:"pending"`
+	Resent               int `json:"resent_after_not_executed"`
+	PreconditionRefusals int `json:"precondition_refusals"`
 	// The four that must be zero.
 	Lost        int `json:"lost"`
 	Duplicated  int `json:"duplicated"`
@@ -203,6 +210,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Faults: maps.Clone(c.faults), Crashes: c.crashes, Probes: h.probes, GaveUp: h.gaveUp,
 		ByState: map[string]int{}, Settled: settled}
 	for _, s := range c.sims {
+		r.PreconditionRefusals += s.Snapshot().PreconditionFailed
 		for f, n := range s.Snapshot().Faults {
 			if f != "" {
 				r.Faults["target: "+string(f)] += n
@@ -244,6 +252,8 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\n  replica crashes %d, cross-tenant probes %d, amendments %d (%d sent again once their original settled)\n",
 		r.Crashes, r.Probes, r.Amendments, r.AmendmentsWaited)
+	fmt.Fprintf(w, "  answered pending %d, sent again after an answer documented as not executed %d, conditional resends refused %d\n",
+		r.Pending, r.Resent, r.PreconditionRefusals)
 	fmt.Fprintf(w, "  lost %d, duplicated %d, unconfirmed %d, false-failed %d\n", r.Lost, r.Duplicated, r.Unconfirmed, r.FalseFailed)
 	fmt.Fprintf(w, "  recovered from UNKNOWN %d, escalated %d, still UNKNOWN %d (settled: %v)\n", r.Recovered, r.Escalated, r.Unresolved, r.Settled)
 	for _, u := range r.UnresolvedSamples {

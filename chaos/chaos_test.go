@@ -66,4 +66,6 @@ func TestShortChaosRun(t *testing.T) {
 	require.Positive(t, report.Recovered, "some operations went through UNKNOWN and were resolved")
 	require.Positive(t, report.Probes)
 	require.Positive(t, report.Amendments, "some amendments were recorded")
+	require.Positive(t, report.Pending, "some answers were pending")
+	require.Positive(t, report.Resent, "some operations were sent again after an answer documented as not executed")
 }

@@ -35,6 +35,7 @@ const (
 	typeCharge    = "chaos.charge"    // replays saved responses, 5xx included (Stripe v1 style)
 	typeProvision = "chaos.provision" // saves only successes; forgets keys after a retention
 	typeNotify    = "chaos.notify"    // no idempotency at all: an unclear outcome is escalated
+	typeObject    = "chaos.object"    // no key: a conditional create (If-None-Match: *), found by name
 )
 
 // provisionRetention is how long the provision target keeps a key; its contract says so.
@@ -150,6 +151,9 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 // long it keeps it, as the simulator does). Each requires a credential made for the run:
 // the charge provider a bearer token the replicas read from a file (rotated as a fault),
 // the provision provider an X-Api-Key they read from their environment.
+// chargeCompletion is how long the charge provider's charges process.
+const chargeCompletion = 300 * time.Millisecond
+
 func (c *cluster) startTargets() error {
 	token := c.newSecret("the charge target's bearer token")
 	c.chargeToken = filepath.Join(c.dir, "charge-token")
@@ -168,8 +172,11 @@ func (c *cluster) startTargets() error {
 	// Lookups fail as often as a create gets any one fault: a failed lookup must never
 	// let a replay through that the key does not cover.
 	lookupFailures := c.cfg.FaultRate / float64(len(simtarget.Faults))
+	// Charges (and objects) process for a moment before they succeed, or fail when
+	// the payload asks: nothing may be SUCCEEDED while the target says processing.
 	stripeCfg := simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed, LookupFailures: lookupFailures, SlowDelay: 4 * time.Second,
-		Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: c.chargeToken}}, Credential: token}
+		Completion: chargeCompletion,
+		Auth:       &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: c.chargeToken}}, Credential: token}
 	stripe, err := simtarget.Start(stripeCfg)
 	if err != nil {
 		return err
@@ -186,12 +193,13 @@ func (c *cluster) startTargets() error {
 	c.sims, c.charge = []*simtarget.Server{stripe, forgetful}, stripe
 
 	demo := simtarget.Contracts(stripe.URL, stripeCfg)
-	charge, notify := demo[0], demo[1]
+	charge, notify, object := demo[0], demo[1], demo[2]
 	charge.Name, charge.OperationTypes = "chaos-payments", []string{typeCharge}
 	notify.Name, notify.OperationTypes = "chaos-notify", []string{typeNotify}
+	object.Name, object.OperationTypes = "chaos-objects", []string{typeObject}
 	provision := simtarget.Contracts(forgetful.URL, forgetfulCfg)[0]
 	provision.Name, provision.OperationTypes = "chaos-provisioning", []string{typeProvision}
-	data, err := target.Encode([]*target.Contract{charge, provision, notify})
+	data, err := target.Encode([]*target.Contract{charge, provision, notify, object})
 	if err != nil {
 		return err
 	}

@@ -89,10 +89,13 @@ func (c *cluster) drive(ctx context.Context, h *history, round int) {
 
 func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i int) {
 	tenant := fmt.Sprintf("tenant-%d", hotTenant(rng, c.cfg.Tenants))
-	typ := []string{typeCharge, typeCharge, typeCharge, typeProvision, typeProvision, typeNotify}[rng.IntN(6)]
+	typ := []string{typeCharge, typeCharge, typeCharge, typeProvision, typeProvision, typeNotify, typeObject, typeObject}[rng.IntN(8)]
+	payload := fmt.Appendf(nil, `{"amount":%d,"order":%d}`, 1+rng.IntN(10000), i)
+	if typ == typeCharge && rng.IntN(10) == 0 { // a charge the provider declines after processing
+		payload = fmt.Appendf(nil, `{"amount":%d,"order":%d,"sim":{"completes":"failed"}}`, 1+rng.IntN(10000), i)
+	}
 	in := &intent{req: &opbrokerv1.PrepareOperationRequest{Tenant: tenant, OperationType: typ,
-		IntentRef: fmt.Sprintf("intent-%d", i), ContentType: "application/json",
-		Payload: fmt.Appendf(nil, `{"amount":%d,"order":%d}`, 1+rng.IntN(10000), i)}}
+		IntentRef: fmt.Sprintf("intent-%d", i), ContentType: "application/json", Payload: payload}}
 	h.add(in)
 
 	if rng.IntN(5) == 0 { // a concurrent duplicate, as from a client that timed out and retried at once
