@@ -40,10 +40,12 @@ chaos: build-chaos
 	go run ./cmd/opchaos --broker bin/opbroker-chaos --seed $(SEED) --duration $(DURATION) --json bin/chaos-report.json
 
 # Measures and prints; asserts nothing. Uses DATABASE_URL when set, else an embedded
-# PostgreSQL.
+# PostgreSQL. compare-river builds bench/river (River's engine, a module of its own)
+# into a temporary directory.
 bench:
 	go run ./cmd/opbench prepare
 	go run ./cmd/opbench dispatch --ops 20000
+	go run ./cmd/opbench compare-river --ops 20000 --rounds 5
 	go run ./cmd/opbench watch --watchers 10000
 	go run ./cmd/opbench reconcile --ops 5000
 	go run ./cmd/opbench ledger --operations 1000000

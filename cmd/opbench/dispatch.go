@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -101,6 +102,7 @@ type dispatchRun struct {
 	sim     *simtarget.Server
 	targets *target.Targets
 	d       *dispatcher.Dispatcher
+	noop    *noopSender // the dispatcher's sender, when the target is noop
 	tenants int
 	body    []byte
 	seq     atomic.Int64
@@ -144,8 +146,10 @@ func newDispatchRun(ctx context.Context, url string, rc runConfig) (*dispatchRun
 		return nil, err
 	}
 	var sender dispatcher.Sender = target.NewConnector()
+	var noopTarget *noopSender
 	if rc.target == "noop" {
-		sender = &noopSender{}
+		noopTarget = &noopSender{}
+		sender = noopTarget
 	}
 	st := store.New(pool)
 	d, err := dispatcher.New(dispatcher.Config{
@@ -161,7 +165,7 @@ func newDispatchRun(ctx context.Context, url string, rc runConfig) (*dispatchRun
 	if body == nil {
 		body = benchBody
 	}
-	return &dispatchRun{pool: pool, reader: reader, st: st, sim: sim, targets: targets, d: d, tenants: max(1, rc.tenants), body: body,
+	return &dispatchRun{pool: pool, reader: reader, st: st, sim: sim, targets: targets, d: d, noop: noopTarget, tenants: max(1, rc.tenants), body: body,
 		close: func() { d.Stop(); closeAll() }}, nil
 }
 
@@ -207,6 +211,67 @@ func (r *dispatchRun) burnDown(ctx context.Context, n int) (string, error) {
 	}
 	elapsed := end.Sub(start)
 	return fmt.Sprintf("%6.0f operations/s  (%d in %s)", float64(n)/elapsed.Seconds(), n, elapsed.Round(time.Millisecond)), nil
+}
+
+// burnDownSignalled prepares a backlog of n for the noop target, then times the
+// dispatcher's work through it by the broker's own completion signal rather than by
+// polling: the store's events wake-up, which fires after each commit that moved
+// operations. Until the noop sender has answered all n, outcomes are still to come and
+// a wake-up needs no look; after, each wake-up is checked with one count of the
+// operations not yet finished, and the burn-down ends at the wake-up of the commit
+// that left none. It returns the time from Dispatcher.Start to that wake-up.
+func (r *dispatchRun) burnDownSignalled(ctx context.Context, n int, limit time.Duration) (time.Duration, error) {
+	if r.noop == nil {
+		return 0, fmt.Errorf("burn-down by completion signal: needs the noop target")
+	}
+	if err := r.backlog(ctx, n); err != nil {
+		return 0, err
+	}
+	events, unsubscribe := r.st.SubscribeEvents() // after the backlog: its wake-ups are not the dispatcher's
+	defer unsubscribe()
+	timeout := time.NewTimer(limit)
+	defer timeout.Stop()
+	start := time.Now()
+	if err := r.d.Start(ctx); err != nil {
+		return 0, err
+	}
+	for {
+		var woke time.Time
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-timeout.C:
+			counts, err := r.countByState(ctx)
+			return 0, errors.Join(fmt.Errorf("not finished after %s: %d sent, %v", limit, r.noop.n.Load(), counts), err)
+		case <-events:
+			woke = time.Now()
+		}
+		if r.noop.n.Load() < int64(n) {
+			continue
+		}
+		var unfinished int
+		if err := r.reader.QueryRow(ctx, `SELECT count(*) FROM operations WHERE state IN ('PREPARED', 'IN_FLIGHT')`).Scan(&unfinished); err != nil {
+			return 0, err
+		}
+		if unfinished > 0 {
+			continue
+		}
+		select {
+		case <-events: // the last commit's wake-up came during the count
+			woke = time.Now()
+		default:
+		}
+		elapsed := woke.Sub(start)
+		// Not timed: every operation finished as SUCCEEDED, not in another final state.
+		counts, err := r.countByState(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if int(counts[store.StateSucceeded]) != n {
+			return 0, fmt.Errorf("%d of %d SUCCEEDED (%v)", counts[store.StateSucceeded], n, counts)
+		}
+		return elapsed, nil
+	}
 }
 
 // backlog prepares n intents, 16 at a time.

@@ -2,6 +2,7 @@
 //
 //	opbench prepare                       # PrepareOperation next to a plain INSERT
 //	opbench dispatch --ops 20000          # burn-down and steady stream, no-op and HTTP target
+//	opbench compare-river --ops 20000     # the no-op burn-down side by side with River's
 //	opbench watch                         # memory per idle watcher, commit-to-watcher latency
 //	opbench reconcile                     # UNKNOWN operations resolved per second by lookup
 //	opbench ledger --operations 1000000   # claim and Prepare latency as the ledger grows
@@ -59,6 +60,21 @@ func newApp() *cli.Command {
 				&cli.BoolFlag{Name: "rls", Value: true, Usage: "run as an ordinary role bound by row-level security, as the broker does (--rls=false: as the administrator, to measure its cost)"},
 			},
 			Action: benchDispatch,
+		}, {
+			Name:  "compare-river",
+			Usage: "the no-op burn-down side by side with River's (its engine, built from bench/river) on the same PostgreSQL, alternating, several rounds: both rates and their ratio",
+			Flags: []cli.Flag{
+				databaseURLFlag(),
+				&cli.IntFlag{Name: "ops", Value: 20000, Usage: "operations, and jobs, in each backlog"},
+				&cli.IntFlag{Name: "rounds", Value: 5, Usage: "rounds, each a River and an opbroker burn-down"},
+				&cli.IntFlag{Name: "tenants", Value: 8},
+				&cli.IntFlag{Name: "pool-size", Value: 32, Usage: "the dispatcher's concurrent sends"},
+				&cli.IntFlag{Name: "claim-batch", Value: 64, Usage: "operations per claim statement"},
+				&cli.IntFlag{Name: "river-workers", Value: 2000, Usage: "River's MaxWorkers (2,000: River's own benchmark's)"},
+				&cli.StringFlag{Name: "river-bench", Usage: "a built bench/river program (default: build ./bench/river into a temporary directory)"},
+				&cli.DurationFlag{Name: "limit", Value: 10 * time.Minute, Usage: "give up on a burn-down that takes longer"},
+			},
+			Action: benchCompareRiver,
 		}, {
 			Name:  "reconcile",
 			Usage: "UNKNOWN operations resolved per second by lookup at the target",

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -34,6 +35,44 @@ func TestDispatchBenchRuns(t *testing.T) {
 		require.Regexp(t, line, out.String())
 	}
 	require.Error(t, newApp().Run(context.Background(), []string{"opbench", "dispatch", "--targets", "nope"}), "an unknown target is refused")
+}
+
+// TestCompareRiverRuns runs the comparison with a stand-in for the bench/river program
+// (building River here would fetch its modules): the broker's side, the rounds and the
+// protocol between the two programs.
+func TestCompareRiverRuns(t *testing.T) {
+	t.Parallel()
+	fake := filepath.Join(t.TempDir(), "river")
+	require.NoError(t, os.WriteFile(fake, []byte(`#!/bin/sh
+echo '{"jobs":50,"seconds":0.01,"river":"v0.0.0-fake","workers":2000,"fetch_cooldown":"2ms","fetch_poll_interval":"20ms","max_conns":4}'
+`), 0o755))
+	url := storetest.URL(t)
+	var out bytes.Buffer
+	app := newApp()
+	app.Writer, app.ErrWriter = &out, &bytes.Buffer{}
+	require.NoError(t, app.Run(context.Background(), []string{"opbench", "compare-river", "--database-url", url,
+		"--ops", "50", "--rounds", "2", "--river-bench", fake}))
+	require.Regexp(t, `(?m)^1 +River +\S+ +5000 +\d+ +\d+\.\d{3}$`, out.String())
+	require.Regexp(t, `(?m)^2 +opbroker +\S+ +5000 +\d+ +\d+\.\d{3}$`, out.String())
+	require.Regexp(t, `(?m)^median +5000 +\d+ +\d+\.\d{3}$`, out.String())
+	require.Contains(t, out.String(), "River v0.0.0-fake: its library and pgx driver (bench/river), MaxWorkers 2000")
+	require.Contains(t, out.String(), "the PostgreSQL of --database-url: autovacuum ")
+
+	app = newApp()
+	app.Writer, app.ErrWriter = &bytes.Buffer{}, &bytes.Buffer{}
+	err := app.Run(context.Background(), []string{"opbench", "compare-river", "--database-url", url,
+		"--ops", "40", "--rounds", "1", "--river-bench", fake})
+	require.ErrorContains(t, err, "50 jobs in 0.01s, asked for 40", "a burn-down of another size is refused")
+}
+
+// TestSummarize checks the comparison's arithmetic: the median of an even number of
+// rounds is the mean of the middle two.
+func TestSummarize(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, spread{median: 2, min: 1, max: 9}, summarize([]float64{9, 1, 2}))
+	require.Equal(t, spread{median: 2.5, min: 1, max: 9}, summarize([]float64{3, 9, 1, 2}))
+	require.Equal(t, spread{median: 4, min: 4, max: 4}, summarize([]float64{4}))
+	require.Equal(t, "1.000-9.000", summarize([]float64{1, 9}).format("%.3f"))
 }
 
 func TestWatchBenchRuns(t *testing.T) {

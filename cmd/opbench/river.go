@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/urfave/cli/v3"
+)
+
+// benchCompareRiver burns down the same number of no-op jobs with River's engine (the
+// program in bench/river, a module of its own) and no-op operations with the broker's
+// dispatcher, on the same PostgreSQL, alternating which goes first, each on a fresh
+// schema; and prints both rates per round and the median and range of both rates and of
+// their ratio. Each side is timed by its own completion signal, not by polling.
+func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
+	n, rounds := cmd.Int("ops"), cmd.Int("rounds")
+	if n <= 0 || rounds <= 0 {
+		return fmt.Errorf("--ops and --rounds must be positive")
+	}
+	out, errOut := cmd.Root().Writer, cmd.Root().ErrWriter
+	bin, removeBin, err := riverProgram(ctx, cmd.String("river-bench"), errOut)
+	if err != nil {
+		return err
+	}
+	defer removeBin()
+	url, stopCluster, err := cluster(ctx, cmd.String("database-url"))
+	if err != nil {
+		return err
+	}
+	defer stopCluster()
+	rc := runConfig{target: "noop", rls: true, tenants: cmd.Int("tenants"), poolSize: cmd.Int("pool-size"), claimBatch: cmd.Int("claim-batch")}
+	limit := cmd.Duration("limit")
+
+	fmt.Fprintf(out, "burn-down of %d no-op jobs (River) and %d no-op operations (opbroker) on the same PostgreSQL, alternating which goes first, each on a fresh schema; rounds: %d\n",
+		n, n, rounds)
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s\n", "round", "first", "load", "River jobs/s", "opbroker ops/s", "opbroker/River")
+	var riverRates, opRates, ratios []float64
+	var riverRun riverResult
+	var where, settings string
+	for round := 1; round <= rounds; round++ {
+		load := loadAverage()
+		var riverSecs, opSecs float64
+		side := func(river bool) error {
+			if river {
+				res, err := runRiver(ctx, bin, url, n, cmd.Int("river-workers"), limit, errOut)
+				riverRun, riverSecs = res, res.Seconds
+				return err
+			}
+			run, err := newDispatchRun(ctx, url, rc)
+			if err != nil {
+				return err
+			}
+			defer run.close()
+			elapsed, err := run.burnDownSignalled(ctx, n, limit)
+			opSecs = elapsed.Seconds()
+			if where == "" {
+				where, settings = machine(ctx, run.pool), pgSettings(ctx, run.pool, cmd.String("database-url") == "")
+			}
+			return err
+		}
+		riverFirst := round%2 == 1
+		name := map[bool]string{true: "River", false: "opbroker"}
+		for _, river := range []bool{riverFirst, !riverFirst} {
+			if err := side(river); err != nil {
+				return fmt.Errorf("round %d, %s: %w", round, name[river], err)
+			}
+		}
+		riverRate, opRate := float64(n)/riverSecs, float64(n)/opSecs
+		riverRates, opRates, ratios = append(riverRates, riverRate), append(opRates, opRate), append(ratios, opRate/riverRate)
+		fmt.Fprintf(out, "%-5d  %-8s  %-8s  %14.0f  %14.0f  %14.3f\n", round, name[riverFirst], load, riverRate, opRate, opRate/riverRate)
+	}
+	r, o, q := summarize(riverRates), summarize(opRates), summarize(ratios)
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14.0f  %14.0f  %14.3f\n", "median", "", "", r.median, o.median, q.median)
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s\n", "range", "", "", r.format("%.0f"), o.format("%.0f"), q.format("%.3f"))
+	fmt.Fprintf(out, "  River %s: its library and pgx driver (bench/river), MaxWorkers %d, FetchCooldown %s, FetchPollInterval %s, pool of %d connections;\n",
+		riverRun.River, riverRun.Workers, riverRun.FetchCooldown, riverRun.FetchPollInterval, riverRun.MaxConns)
+	fmt.Fprintf(out, "    jobs inserted with InsertMany, timed from Client.Start to the last job-completed event (sent after the completion's commit)\n")
+	fmt.Fprintf(out, "  opbroker: the dispatcher with a no-op sender in process, pool size %d, claim batch %d, %d tenants, row-level security on;\n",
+		rc.poolSize, rc.claimBatch, rc.tenants)
+	fmt.Fprintf(out, "    operations prepared through the store, timed from Dispatcher.Start to the events wake-up of the commit that left none unfinished\n")
+	fmt.Fprintf(out, "  load: the 1-minute load average as the round began\n")
+	fmt.Fprintf(out, "  %s\n  %s\n", where, settings)
+	return nil
+}
+
+// spread is the median and range of a measurement over the rounds.
+type spread struct{ median, min, max float64 }
+
+func summarize(xs []float64) spread {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s) == 0 {
+		return spread{}
+	}
+	m := len(s) / 2
+	median := s[m]
+	if len(s)%2 == 0 {
+		median = (s[m-1] + s[m]) / 2
+	}
+	return spread{median: median, min: s[0], max: s[len(s)-1]}
+}
+
+func (s spread) format(verb string) string {
+	return fmt.Sprintf(verb+"-"+verb, s.min, s.max)
+}
+
+// riverResult is what the bench/river program prints: one line of JSON.
+type riverResult struct {
+	Jobs              int     `json:"jobs"`
+	Seconds           float64 `json:"seconds"`
+	River             string  `json:"river"`
+	Workers           int     `json:"workers"`
+	FetchCooldown     string  `json:"fetch_cooldown"`
+	FetchPollInterval string  `json:"fetch_poll_interval"`
+	MaxConns          int32   `json:"max_conns"`
+}
+
+// runRiver runs one River burn-down of n jobs on the PostgreSQL at url.
+func runRiver(ctx context.Context, bin, url string, n, workers int, limit time.Duration, errOut io.Writer) (riverResult, error) {
+	var stdout bytes.Buffer
+	c := exec.CommandContext(ctx, bin, "--database-url", url, "--jobs", strconv.Itoa(n),
+		"--workers", strconv.Itoa(workers), "--limit", limit.String())
+	c.Stdout, c.Stderr = &stdout, errOut
+	// Interrupted, the program stops its client and drops its schema before it exits.
+	c.Cancel = func() error { return c.Process.Signal(os.Interrupt) }
+	c.WaitDelay = 30 * time.Second
+	if err := c.Run(); err != nil {
+		return riverResult{}, fmt.Errorf("%s: %w", bin, err)
+	}
+	var res riverResult
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		return riverResult{}, fmt.Errorf("%s printed %q: %w", bin, stdout.String(), err)
+	}
+	if res.Jobs != n || res.Seconds <= 0 {
+		return riverResult{}, fmt.Errorf("%s: %d jobs in %gs, asked for %d", bin, res.Jobs, res.Seconds, n)
+	}
+	return res, nil
+}
+
+// riverProgram returns the River burn-down program: path when given, else one built
+// from ./bench/river (the working directory is the repository's root, as in make bench)
+// into a temporary directory, with a function that removes it.
+func riverProgram(ctx context.Context, path string, errOut io.Writer) (string, func(), error) {
+	if path != "" {
+		return path, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "opbench-river-")
+	if err != nil {
+		return "", nil, err
+	}
+	bin := filepath.Join(dir, "river")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	build.Dir = filepath.Join("bench", "river")
+	build.Stdout, build.Stderr = errOut, errOut
+	if err := build.Run(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("building ./bench/river (run from the repository's root, or pass --river-bench): %w", err)
+	}
+	return bin, func() { os.RemoveAll(dir) }, nil
+}
+
+// pgSettings describes the server and the settings that change a burn-down, beyond
+// machine's.
+func pgSettings(ctx context.Context, pool *pgxpool.Pool, embedded bool) string {
+	var autovacuum, maxWAL, maxConns string
+	_ = pool.QueryRow(ctx, `SELECT current_setting('autovacuum'), current_setting('max_wal_size'), current_setting('max_connections')`).
+		Scan(&autovacuum, &maxWAL, &maxConns)
+	server := "the PostgreSQL of --database-url"
+	if embedded {
+		server = "an embedded PostgreSQL started for the run"
+	}
+	s := fmt.Sprintf("%s: autovacuum %s, max_wal_size %s, max_connections %s", server, autovacuum, maxWAL, maxConns)
+	if autovacuum == "off" {
+		s += "; with autovacuum off nothing removes the dead row versions a burn-down leaves within its round (the next round starts on a fresh schema)"
+	}
+	return s
+}
+
+// loadAverage is the 1-minute load average, or "-" where /proc does not give it.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "-"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "-"
+}
