@@ -10,6 +10,27 @@ GO_FILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
 all: lint test
 
+# What a bare `make` does: list the targets. CONTRIBUTING.md says when to run each.
+.DEFAULT_GOAL := help
+.PHONY: help
+help:
+	@printf 'make TARGET, where TARGET is one of\n\n'
+	@printf '  %-16s %s\n' \
+		lint 'gofmt, go vet, staticcheck, buf format and buf lint' \
+		test 'every test, then the unit tests of the crash points' \
+		test-race 'every test with the race detector' \
+		all 'lint, then test' \
+		fuzz '30 seconds of each fuzz target' \
+		chaos 'a chaos run and its audit (SEED=1 DURATION=10m by default); fails if an invariant broke' \
+		bench 'every benchmark: prints numbers, asserts nothing' \
+		generate 'buf format -w and buf generate: proto/ to gen/' \
+		check-generated 'fails when gen/ does not match proto/' \
+		build 'every command, static, into bin/' \
+		build-chaos 'bin/opbroker-chaos: the broker with its crash points' \
+		dev 'opbroker dev: the broker on an embedded PostgreSQL' \
+		schema 'rewrite store/schema.sql from a freshly migrated database' \
+		help 'this list'
+
 # Every command, into bin/ (ignored by git). The broker built here, like the Docker
 # image, has no crash points.
 build:
