@@ -381,7 +381,9 @@ func (r *Reconciler) escalate(ctx context.Context, log *slog.Logger, op store.Un
 		log.Error("escalation not recorded; it is decided again when the lease expires", "error", err)
 		return
 	}
-	log.Warn("escalated", "owner", owner, "reason", reason)
+	// Once, with what the owner needs to find it: the operation's name, and the reason
+	// under a key of its own (the decision's logger may carry "reason" already).
+	log.Warn("escalated", "name", "tenants/"+op.TenantID+"/operations/"+op.ID.String(), "owner", owner, "escalated_because", reason)
 }
 
 func (r *Reconciler) actor() string { return "reconciler:" + r.cfg.Worker }

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -18,9 +21,9 @@ import (
 // a stable API: a (domain, reason) pair is never reused for another error.
 const ErrorDomain = "opbroker.dev"
 
-// Reasons of ErrorInfo, stable UPPER_SNAKE identifiers.
+// Reasons of ErrorInfo, stable UPPER_SNAKE identifiers. docs/api.md's error table lists
+// every reason a client can receive (TestEveryDocumentedReason keeps the two in step).
 const (
-	ReasonInvalidArgument             = "INVALID_ARGUMENT"
 	ReasonOperationNotFound           = "OPERATION_NOT_FOUND"
 	ReasonSupersededOperationNotFound = "SUPERSEDED_OPERATION_NOT_FOUND"
 	ReasonSupersededUnresolved        = "SUPERSEDED_OPERATION_UNRESOLVED"
@@ -40,29 +43,77 @@ const (
 	ReasonTenantHasOpenOperations     = "TENANT_HAS_OPEN_OPERATIONS"
 )
 
+// Reasons of invalid input (INVALID_ARGUMENT). Each field violation of a BadRequest has
+// one; the ErrorInfo has the violations' reason when they all have the same, and
+// ReasonInvalidArgument when they differ (invalidArgumentError.reason).
+const (
+	// ReasonInvalidArgument: the violations have different reasons; see the BadRequest.
+	ReasonInvalidArgument = "INVALID_ARGUMENT"
+	// ReasonFieldRequired: a required field is missing (empty).
+	ReasonFieldRequired = "FIELD_REQUIRED"
+	// ReasonFieldInvalid: a field breaks its rule in the proto; the violation says the
+	// rule in words.
+	ReasonFieldInvalid          = "FIELD_INVALID"
+	ReasonUnknownOperationType  = "UNKNOWN_OPERATION_TYPE"
+	ReasonPayloadTooLarge       = "PAYLOAD_TOO_LARGE"
+	ReasonPayloadInvalid        = "PAYLOAD_INVALID"
+	ReasonSupersedesOtherTenant = "SUPERSEDES_OTHER_TENANT"
+	ReasonDeadlinePassed        = "DEADLINE_PASSED"
+	ReasonPageTokenInvalid      = "PAGE_TOKEN_INVALID"
+	ReasonPageTokenMismatch     = "PAGE_TOKEN_MISMATCH"
+	ReasonResumeTokenInvalid    = "RESUME_TOKEN_INVALID"
+	ReasonResumeTokenMismatch   = "RESUME_TOKEN_MISMATCH"
+)
+
 // invalidArgumentError carries field violations until toStatus renders them.
 type invalidArgumentError struct {
 	violations []*errdetails.BadRequest_FieldViolation
 }
 
+// Error is every violation as "field: description", separated by semicolons.
 func (e *invalidArgumentError) Error() string {
-	msg := "invalid request"
+	parts := make([]string, len(e.violations))
 	for i, v := range e.violations {
-		sep := ", "
-		if i == 0 {
-			sep = ": "
-		}
-		msg += sep + v.GetField() + " " + v.GetDescription()
+		parts[i] = v.GetField() + ": " + v.GetDescription()
 	}
-	return msg
+	return strings.Join(parts, "; ")
 }
 
+// reason is the violations' reason when they all have the same, otherwise
+// ReasonInvalidArgument: a client that switches on the ErrorInfo's reason can act on it
+// whenever there is one thing to act on.
+func (e *invalidArgumentError) reason() string {
+	if len(e.violations) == 0 {
+		return ReasonInvalidArgument
+	}
+	reason := e.violations[0].GetReason()
+	for _, v := range e.violations[1:] {
+		if v.GetReason() != reason {
+			return ReasonInvalidArgument
+		}
+	}
+	return reason
+}
+
+// violation is a field violation. The message shows description after "field: ", so it
+// says what the field must be ("is required", "must be …") without naming the field
+// again; reason is one of the INVALID_ARGUMENT reasons.
 func violation(field, description, reason string) *errdetails.BadRequest_FieldViolation {
 	return &errdetails.BadRequest_FieldViolation{Field: field, Description: description, Reason: reason}
 }
 
+// invalidArgument is the error of invalid input. A violation that repeats an earlier one
+// (one field breaking two rules stated in the same words) is dropped.
 func invalidArgument(violations ...*errdetails.BadRequest_FieldViolation) error {
-	return &invalidArgumentError{violations: violations}
+	kept := make([]*errdetails.BadRequest_FieldViolation, 0, len(violations))
+	for _, v := range violations {
+		if !slices.ContainsFunc(kept, func(k *errdetails.BadRequest_FieldViolation) bool {
+			return k.GetField() == v.GetField() && k.GetDescription() == v.GetDescription() && k.GetReason() == v.GetReason()
+		}) {
+			kept = append(kept, v)
+		}
+	}
+	return &invalidArgumentError{violations: kept}
 }
 
 // tenantError is the error of a call on a whole tenant, naming the tenant for toStatus
@@ -93,7 +144,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	)
 	switch {
 	case errors.As(err, &invalid):
-		return newStatus(codes.InvalidArgument, invalid.Error(), ReasonInvalidArgument, nil,
+		return newStatus(codes.InvalidArgument, invalid.Error(), invalid.reason(), nil,
 			&errdetails.BadRequest{FieldViolations: invalid.violations})
 	case errors.As(err, &mismatch):
 		name := operationName(mismatch.Existing.TenantID, mismatch.Existing.ID)
@@ -131,8 +182,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, store.ErrNotFound):
 		return newStatus(codes.NotFound, "operation not found", ReasonOperationNotFound, nil,
 			&errdetails.ResourceInfo{ResourceType: "opbroker.dev/Operation"})
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, context.Canceled) && !deadlinePassed(ctx):
 		return newStatus(codes.Canceled, "the call was cancelled", ReasonCancelled, nil)
+	case errors.Is(err, context.Canceled):
+		// gRPC ends a call whose deadline passes by cancelling its context, which races
+		// with the context's own deadline: the deadline is what happened.
+		return newStatus(codes.DeadlineExceeded, "the call's deadline passed", ReasonDeadlineExceeded, nil)
 	case errors.Is(err, context.DeadlineExceeded):
 		return newStatus(codes.DeadlineExceeded, "the call's deadline passed", ReasonDeadlineExceeded, nil)
 	case errors.Is(err, store.ErrUnavailable):
@@ -142,6 +197,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		log.ErrorContext(ctx, "internal error", "error", err)
 		return newStatus(codes.Internal, "internal error", ReasonInternal, nil)
 	}
+}
+
+// deadlinePassed reports whether the call in ctx has a deadline that has passed.
+func deadlinePassed(ctx context.Context) bool {
+	deadline, ok := ctx.Deadline()
+	return ok && !time.Now().Before(deadline)
 }
 
 func newStatus(code codes.Code, msg, reason string, metadata map[string]string, details ...protoadapt.MessageV1) error {

@@ -66,8 +66,7 @@ func (s *operationService) PrepareOperation(ctx context.Context, req *opbrokerv1
 
 func (s *operationService) prepare(ctx context.Context, req *opbrokerv1.PrepareOperationRequest) (store.Operation, bool, error) {
 	if _, ok := s.targets.ForType(req.GetOperationType()); !ok {
-		return store.Operation{}, false, invalidArgument(violation("operation_type",
-			"no target serves this operation type; targets are configured with a recorded contract", "UNKNOWN_OPERATION_TYPE"))
+		return store.Operation{}, false, unknownOperationType(s.targets)
 	}
 	if len(req.GetPayload()) > s.maxPayload {
 		return store.Operation{}, false, invalidArgument(violation("payload",
@@ -75,7 +74,7 @@ func (s *operationService) prepare(ctx context.Context, req *opbrokerv1.PrepareO
 	}
 	digest, err := payload.Hash(req.GetContentType(), req.GetPayload())
 	if err != nil {
-		return store.Operation{}, false, invalidArgument(violation("payload", err.Error(), "PAYLOAD_INVALID"))
+		return store.Operation{}, false, invalidPayload(err)
 	}
 	params := store.PrepareParams{
 		TenantID:      req.GetTenant(),

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
 	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -21,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 
 	"github.com/opbroker/opbroker/auth"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
@@ -95,12 +97,14 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("server: metrics: %w", err)
 	}
 
-	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		log.Log(ctx, slog.Level(lvl), msg, fields...)
-	})
-	// Only the end of each call is logged: method, code, duration. Requests and
+	// Only the end of each call is logged, in one line (callLogger). Requests and
 	// responses are never logged, so payloads and intent references stay out of logs.
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithErrorFields(reasonField),
+		logging.WithDurationField(func(d time.Duration) logging.Fields { return logging.Fields{"duration", d} }),
+	}
+	logger := callLogger(log)
 	onPanic := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return newStatus(codes.Internal, "internal error", ReasonInternal, nil)
@@ -152,6 +156,67 @@ func New(opts Options) (*Server, error) {
 		reflection.Register(grpcServer)
 	}
 	return &Server{GRPC: grpcServer, Health: hs, closing: closing}, nil
+}
+
+// callLogger writes the line that ends each call: its method, code, reason (for an
+// error with an ErrorInfo) and duration, at the code's level (info for OK and the
+// client's mistakes, warn or error otherwise); health checks and reflection (grpcurl
+// opens a reflection stream for every command) at debug. With debug on, the line also
+// has the peer's address and the error's message. The middleware's other fields (start
+// time, method type, component) are dropped.
+func callLogger(log *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		var service, method string
+		var code, reason, duration, peer, message any
+		for it := logging.Fields(fields).Iterator(); it.Next(); {
+			switch k, v := it.At(); k {
+			case "grpc.service":
+				service, _ = v.(string)
+			case "grpc.method":
+				method, _ = v.(string)
+			case "grpc.code":
+				code = v
+			case "reason":
+				reason = v
+			case "duration":
+				duration = v
+			case "peer.address":
+				peer = v
+			case "grpc.error":
+				message = v
+			}
+		}
+		level := slog.Level(lvl)
+		fullMethod := "/" + service + "/" + method
+		if public(fullMethod) {
+			level = slog.LevelDebug
+		}
+		if !log.Enabled(ctx, level) {
+			return
+		}
+		attrs := []any{"method", fullMethod, "code", code}
+		if reason != nil {
+			attrs = append(attrs, "reason", reason)
+		}
+		attrs = append(attrs, "duration", duration)
+		if log.Enabled(ctx, slog.LevelDebug) {
+			attrs = append(attrs, "peer", peer)
+			if message != nil {
+				attrs = append(attrs, "error", message)
+			}
+		}
+		log.Log(ctx, level, msg, attrs...)
+	})
+}
+
+// reasonField is the ErrorInfo reason of a call's error, for its log line.
+func reasonField(err error) logging.Fields {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return logging.Fields{"reason", info.GetReason()}
+		}
+	}
+	return nil
 }
 
 // SetServing marks every service SERVING.

@@ -334,7 +334,7 @@ func TestPrepareWithPastDeadline(t *testing.T) {
 	late := prepareRequest("acme", "order-late", `{"amount":1}`)
 	late.DispatchDeadline = timestamppb.New(clock.Now().Add(-time.Minute))
 	_, err = b.client.PrepareOperation(b.ctx, late)
-	st := requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
+	st := requireStatus(t, err, codes.InvalidArgument, server.ReasonDeadlinePassed)
 	require.Equal(t, "DEADLINE_PASSED", fieldViolations(st)["dispatch_deadline"])
 }
 
@@ -353,64 +353,68 @@ func TestValidationErrors(t *testing.T) {
 		return r
 	}
 	for name, tc := range map[string]struct {
-		req   *opbrokerv1.PrepareOperationRequest
-		field string
+		req    *opbrokerv1.PrepareOperationRequest
+		field  string
+		reason string
 	}{
-		"missing tenant":      {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Tenant = "" }), "tenant"},
-		"bad tenant":          {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Tenant = "Acme Corp" }), "tenant"},
-		"bad operation type":  {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.OperationType = "Charge!" }), "operation_type"},
-		"missing intent":      {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.IntentRef = "" }), "intent_ref"},
-		"intent control char": {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.IntentRef = "a\nb" }), "intent_ref"},
-		"intent too long":     {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.IntentRef = strings.Repeat("x", 257) }), "intent_ref"},
-		"empty payload":       {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Payload = nil }), "payload"},
+		"missing tenant":      {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Tenant = "" }), "tenant", server.ReasonFieldRequired},
+		"bad tenant":          {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Tenant = "Acme Corp" }), "tenant", server.ReasonFieldInvalid},
+		"bad operation type":  {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.OperationType = "Charge!" }), "operation_type", server.ReasonFieldInvalid},
+		"missing intent":      {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.IntentRef = "" }), "intent_ref", server.ReasonFieldRequired},
+		"intent control char": {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.IntentRef = "a\nb" }), "intent_ref", server.ReasonFieldInvalid},
+		"intent too long":     {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.IntentRef = strings.Repeat("x", 257) }), "intent_ref", server.ReasonFieldInvalid},
+		"empty payload":       {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Payload = nil }), "payload", server.ReasonFieldRequired},
 		"payload over cap": {mutate(func(r *opbrokerv1.PrepareOperationRequest) {
 			r.Payload = []byte(`"` + strings.Repeat("x", testMaxPayload) + `"`)
-		}), "payload"},
-		"payload not json":     {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Payload = []byte(`{"amount":`) }), "payload"},
-		"missing content type": {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.ContentType = "" }), "content_type"},
-		"bad content type":     {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.ContentType = "json" }), "content_type"},
-		"too many labels":      {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Labels = manyLabels }), "labels"},
-		"bad label key":        {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Labels = map[string]string{"Bad Key": "v"} }), `labels["Bad Key"]`},
+		}), "payload", server.ReasonPayloadTooLarge},
+		"payload not json":     {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Payload = []byte(`{"amount":`) }), "payload", server.ReasonPayloadInvalid},
+		"missing content type": {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.ContentType = "" }), "content_type", server.ReasonFieldRequired},
+		"bad content type":     {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.ContentType = "json" }), "content_type", server.ReasonFieldInvalid},
+		"too many labels":      {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Labels = manyLabels }), "labels", server.ReasonFieldInvalid},
+		"bad label key":        {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Labels = map[string]string{"Bad Key": "v"} }), `labels["Bad Key"]`, server.ReasonFieldInvalid},
 		"label value too long": {mutate(func(r *opbrokerv1.PrepareOperationRequest) {
 			r.Labels = map[string]string{"k": strings.Repeat("v", 257)}
-		}), `labels["k"]`},
-		"malformed supersedes":    {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Supersedes = "operations/1" }), "supersedes"},
-		"supersedes other tenant": {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Supersedes = other.GetOperation().GetName() }), "supersedes"},
+		}), `labels["k"]`, server.ReasonFieldInvalid},
+		"malformed supersedes":    {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Supersedes = "operations/1" }), "supersedes", server.ReasonFieldInvalid},
+		"supersedes other tenant": {mutate(func(r *opbrokerv1.PrepareOperationRequest) { r.Supersedes = other.GetOperation().GetName() }), "supersedes", server.ReasonSupersedesOtherTenant},
 	} {
 		_, err := b.client.PrepareOperation(b.ctx, tc.req)
-		st := requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
-		require.Contains(t, fieldViolations(st), tc.field, "%s: %v", name, st.Details())
+		st := requireStatus(t, err, codes.InvalidArgument, tc.reason)
+		require.Equal(t, map[string]string{tc.field: tc.reason}, fieldViolations(st), "%s: %v", name, st.Details())
 	}
 
-	for name, call := range map[string]func() error{
-		"get malformed name": func() error {
+	for name, tc := range map[string]struct {
+		call   func() error
+		reason string
+	}{
+		"get malformed name": {func() error {
 			_, err := b.client.GetOperation(b.ctx, &opbrokerv1.GetOperationRequest{Name: "tenants/acme/operations/42"})
 			return err
-		},
-		"cancel empty name": func() error {
+		}, server.ReasonFieldInvalid},
+		"cancel empty name": {func() error {
 			_, err := b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{})
 			return err
-		},
-		"list negative page size": func() error {
+		}, server.ReasonFieldRequired},
+		"list negative page size": {func() error {
 			_, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", PageSize: -1})
 			return err
-		},
-		"list garbage page token": func() error {
+		}, server.ReasonFieldInvalid},
+		"list garbage page token": {func() error {
 			_, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", PageToken: "!!not-a-token"})
 			return err
-		},
-		"list unspecified state": func() error {
+		}, server.ReasonPageTokenInvalid},
+		"list unspecified state": {func() error {
 			_, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", States: []opbrokerv1.Operation_State{0}})
 			return err
-		},
-		"watch malformed name": func() error {
+		}, server.ReasonFieldInvalid},
+		"watch malformed name": {func() error {
 			stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: "x"})
 			require.NoError(t, err)
 			_, err = stream.Recv()
 			return err
-		},
+		}, server.ReasonFieldInvalid},
 	} {
-		st := requireStatus(t, call(), codes.InvalidArgument, server.ReasonInvalidArgument)
+		st := requireStatus(t, tc.call(), codes.InvalidArgument, tc.reason)
 		require.NotEmpty(t, fieldViolations(st), name)
 	}
 	var n int
@@ -495,11 +499,11 @@ func TestListPagination(t *testing.T) {
 		}
 		// A token is bound to its tenant and filter.
 		_, err = b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "globex", PageSize: 2, PageToken: token})
-		st := requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
+		st := requireStatus(t, err, codes.InvalidArgument, server.ReasonPageTokenMismatch)
 		require.Equal(t, "PAGE_TOKEN_MISMATCH", fieldViolations(st)["page_token"])
 		_, err = b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", PageSize: 2, PageToken: token,
 			States: []opbrokerv1.Operation_State{opbrokerv1.Operation_STATE_PREPARED}})
-		requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
+		requireStatus(t, err, codes.InvalidArgument, server.ReasonPageTokenMismatch)
 	}
 	require.Equal(t, []string{names[4], names[3], names[2], names[1], names[0]}, seen)
 

@@ -21,6 +21,9 @@ const eventsPerRead = 500
 // ReasonRevisionTooOld: the history after the requested revision is gone.
 const ReasonRevisionTooOld = "REVISION_TOO_OLD"
 
+// ReasonRevisionNotReached: the requested revision is past the operation's current one.
+const ReasonRevisionNotReached = "REVISION_NOT_REACHED"
+
 // ReasonShuttingDown: the server is stopping; resume elsewhere.
 const ReasonShuttingDown = "SHUTTING_DOWN"
 
@@ -112,7 +115,9 @@ type operationFollower struct {
 // start sends the operation as it is, or its changes after the requested revision, or,
 // when that is the current revision, a heartbeat with it: a client that resumes never
 // receives again what it saw. The subscription was taken before this read, so no change
-// falls between the two.
+// falls between the two. A revision past the current one is refused: the operation
+// never had it, so the client is not resuming this operation's history (one database
+// holds every revision, so no replica can be behind another).
 func (f *operationFollower) start() (bool, error) {
 	ctx := f.stream.Context()
 	var err error
@@ -122,9 +127,14 @@ func (f *operationFollower) start() (bool, error) {
 	}
 	f.state = f.op.State
 	switch {
+	case f.last > f.op.Revision:
+		return false, newStatus(codes.OutOfRange,
+			fmt.Sprintf("the operation is at revision %d and has not reached revision %d; watch from its current revision, or from 0 for its current state",
+				f.op.Revision, f.last),
+			ReasonRevisionNotReached, map[string]string{"revision": fmt.Sprint(f.last), "currentRevision": fmt.Sprint(f.op.Revision)})
 	case f.last == f.op.Revision:
 		err = f.heartbeat()
-	case f.last == 0 || f.last > f.op.Revision:
+	case f.last == 0:
 		err = f.stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Snapshot{Snapshot: operationToProto(f.op)}})
 		f.last = f.op.Revision
 	default:

@@ -228,7 +228,7 @@ func TestWatchOperationsErrors(t *testing.T) {
 			stream, err := b.client.WatchOperations(b.ctx, tc.req)
 			require.NoError(t, err)
 			_, err = stream.Recv()
-			st := requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
+			st := requireStatus(t, err, codes.InvalidArgument, tc.reason)
 			require.Equal(t, map[string]string{"resume_token": tc.reason}, fieldViolations(st))
 		})
 	}
@@ -236,7 +236,7 @@ func TestWatchOperationsErrors(t *testing.T) {
 	stream, err := b.client.WatchOperations(b.ctx, &opbrokerv1.WatchOperationsRequest{Tenant: "Not A Tenant"})
 	require.NoError(t, err)
 	_, err = stream.Recv()
-	requireStatus(t, err, codes.InvalidArgument, server.ReasonInvalidArgument)
+	requireStatus(t, err, codes.InvalidArgument, server.ReasonFieldInvalid)
 }
 
 func TestWatchOperationsEndsUnavailableOnShutdown(t *testing.T) {

@@ -215,3 +215,24 @@ func TestWatchEndsUnavailableOnShutdown(t *testing.T) {
 	st := requireStatus(t, err, codes.Unavailable, server.ReasonShuttingDown)
 	require.Contains(t, st.Message(), "start_after_revision 1")
 }
+
+// TestWatchPastTheCurrentRevision: a revision the operation has not reached is refused
+// with OUT_OF_RANGE naming the current revision, never answered with a snapshot.
+func TestWatchPastTheCurrentRevision(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resp, err := b.client.PrepareOperation(b.ctx, prepareRequest("acme", "w-7", `{}`))
+	require.NoError(t, err)
+	name := resp.GetOperation().GetName()
+	_, err = b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: name})
+	require.NoError(t, err) // revision 2
+
+	stream, err := b.client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: name, StartAfterRevision: 3})
+	require.NoError(t, err)
+	msgs, err := collect(t, stream)
+	require.Empty(t, msgs, "nothing is sent")
+	st := requireStatus(t, err, codes.OutOfRange, server.ReasonRevisionNotReached)
+	require.Equal(t, map[string]string{"revision": "3", "currentRevision": "2"}, errorInfo(st).GetMetadata())
+	require.Equal(t, "the operation is at revision 2 and has not reached revision 3; watch from its current revision, or from 0 for its current state",
+		st.Message())
+}

@@ -519,7 +519,9 @@ type WatchOperationRequest struct {
 	// 0 to start with a snapshot of the current state; otherwise the last revision the
 	// client saw, to resume after it: the stream never sends that revision or an earlier
 	// one again. When it is the current revision, the stream starts with a heartbeat
-	// carrying it, then sends live changes.
+	// carrying it, then sends live changes. A revision past the current one is
+	// OUT_OF_RANGE (reason REVISION_NOT_REACHED, ErrorInfo metadata currentRevision); so
+	// is one whose history is no longer kept (REVISION_TOO_OLD).
 	StartAfterRevision int64 `protobuf:"varint,2,opt,name=start_after_revision,json=startAfterRevision,proto3" json:"start_after_revision,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
@@ -653,8 +655,7 @@ type isWatchOperationResponse_Event interface {
 }
 
 type WatchOperationResponse_Snapshot struct {
-	// The full current state: the first message when starting at revision 0, or past
-	// the current revision.
+	// The full current state: the first message when starting at revision 0.
 	Snapshot *Operation `protobuf:"bytes,1,opt,name=snapshot,proto3,oneof"`
 }
 

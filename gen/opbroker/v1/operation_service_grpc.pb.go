@@ -51,9 +51,9 @@ type OperationServiceClient interface {
 	// Streams an operation's changes: a snapshot first when start_after_revision is 0,
 	// otherwise every change after that revision (a heartbeat with it when it is the
 	// current one), then live changes, with heartbeats while idle. The stream ends with OK
-	// after a terminal state. A revision whose history is no longer kept is OUT_OF_RANGE
-	// (re-read and watch from the current revision); a stopping server ends the stream with
-	// UNAVAILABLE.
+	// after a terminal state. A revision whose history is no longer kept, or one the
+	// operation has not reached, is OUT_OF_RANGE (re-read and watch from the current
+	// revision); a stopping server ends the stream with UNAVAILABLE.
 	WatchOperation(ctx context.Context, in *WatchOperationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchOperationResponse], error)
 	// Streams every change of a tenant's operations, each operation's changes in revision
 	// order, optionally only changes into some states. Every message carries the
@@ -174,9 +174,9 @@ type OperationServiceServer interface {
 	// Streams an operation's changes: a snapshot first when start_after_revision is 0,
 	// otherwise every change after that revision (a heartbeat with it when it is the
 	// current one), then live changes, with heartbeats while idle. The stream ends with OK
-	// after a terminal state. A revision whose history is no longer kept is OUT_OF_RANGE
-	// (re-read and watch from the current revision); a stopping server ends the stream with
-	// UNAVAILABLE.
+	// after a terminal state. A revision whose history is no longer kept, or one the
+	// operation has not reached, is OUT_OF_RANGE (re-read and watch from the current
+	// revision); a stopping server ends the stream with UNAVAILABLE.
 	WatchOperation(*WatchOperationRequest, grpc.ServerStreamingServer[WatchOperationResponse]) error
 	// Streams every change of a tenant's operations, each operation's changes in revision
 	// order, optionally only changes into some states. Every message carries the
