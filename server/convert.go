@@ -1,13 +1,16 @@
 package server
 
 import (
+	"context"
 	"encoding/hex"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/opbroker/opbroker/auth"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
 )
 
 func stateToProto(s store.State) opbrokerv1.Operation_State {
@@ -22,6 +25,21 @@ func statesFromProto(states []opbrokerv1.Operation_State) []store.State {
 	out := make([]store.State, len(states))
 	for i, st := range states {
 		out[i] = stateFromProto(st)
+	}
+	return out
+}
+
+// operationFor renders op for the caller in ctx. Operator and support-read principals,
+// who look into escalations, also see the key the operation is sent with and where the
+// target answers for it; a client does not need them, and the key identifies the
+// operation at the target.
+func operationFor(ctx context.Context, targets *target.Targets, op store.Operation) *opbrokerv1.Operation {
+	out := operationToProto(op)
+	if p := auth.FromContext(ctx); p != nil && p.Has(auth.RoleOperator, auth.RoleSupportRead) {
+		out.RemoteKey = op.RemoteKey.String()
+		if c, ok := targets.ForType(op.OperationType); ok {
+			out.LookupUrl = c.LookupURL(op.RemoteKey)
+		}
 	}
 	return out
 }
@@ -45,6 +63,7 @@ func operationToProto(op store.Operation) *opbrokerv1.Operation {
 		UpdateTime:       timestamppb.New(op.UpdatedAt),
 		FirstSendTime:    timestamp(op.FirstSentAt),
 		NextCheckTime:    timestamp(op.NextCheckAt),
+		NotBefore:        timestamp(op.NotBefore),
 	}
 	if e := op.Escalation; e != nil {
 		out.Escalation = &opbrokerv1.Operation_Escalation{Owner: e.Owner, Reason: e.Reason, EscalateTime: timestamppb.New(e.EscalatedAt)}

@@ -61,7 +61,7 @@ func (s *operationService) PrepareOperation(ctx context.Context, req *opbrokerv1
 		// The intent is durable; the client retries and finds it.
 		return nil, newStatus(codes.Unavailable, "injected failure after commit; retry", ReasonInjectedFailure, nil)
 	}
-	return &opbrokerv1.PrepareOperationResponse{Operation: operationToProto(op), Created: created}, nil
+	return &opbrokerv1.PrepareOperationResponse{Operation: operationFor(ctx, s.targets, op), Created: created}, nil
 }
 
 func (s *operationService) prepare(ctx context.Context, req *opbrokerv1.PrepareOperationRequest) (store.Operation, bool, error) {
@@ -96,6 +96,13 @@ func (s *operationService) prepare(ctx context.Context, req *opbrokerv1.PrepareO
 		}
 		params.SupersedesID = uuid.NullUUID{UUID: id, Valid: true}
 	}
+	if req.GetNotBefore() != nil {
+		notBefore := req.GetNotBefore().AsTime()
+		params.NotBefore = &notBefore
+		if d := req.GetDispatchDeadline(); d != nil && !d.AsTime().After(notBefore) {
+			return store.Operation{}, false, invalidArgument(violation("dispatch_deadline", "must be after not_before", ReasonFieldInvalid))
+		}
+	}
 	if req.GetDispatchDeadline() != nil {
 		deadline := req.GetDispatchDeadline().AsTime()
 		params.DispatchDeadline = &deadline
@@ -115,7 +122,7 @@ func (s *operationService) GetOperation(ctx context.Context, req *opbrokerv1.Get
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
-	return &opbrokerv1.GetOperationResponse{Operation: operationToProto(op)}, nil
+	return &opbrokerv1.GetOperationResponse{Operation: operationFor(ctx, s.targets, op)}, nil
 }
 
 func (s *operationService) ListOperations(ctx context.Context, req *opbrokerv1.ListOperationsRequest) (*opbrokerv1.ListOperationsResponse, error) {
@@ -137,7 +144,7 @@ func (s *operationService) ListOperations(ctx context.Context, req *opbrokerv1.L
 	}
 	resp := &opbrokerv1.ListOperationsResponse{Operations: make([]*opbrokerv1.Operation, len(ops))}
 	for i, op := range ops {
-		resp.Operations[i] = operationToProto(op)
+		resp.Operations[i] = operationFor(ctx, s.targets, op)
 	}
 	if more {
 		resp.NextPageToken = encodeToken(pageToken{tokenScope: newScope(req.GetTenant(), states), After: ops[len(ops)-1].ID})
@@ -154,5 +161,5 @@ func (s *operationService) CancelOperation(ctx context.Context, req *opbrokerv1.
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
-	return &opbrokerv1.CancelOperationResponse{Operation: operationToProto(op)}, nil
+	return &opbrokerv1.CancelOperationResponse{Operation: operationFor(ctx, s.targets, op)}, nil
 }

@@ -573,3 +573,32 @@ func TestDatabaseDownIsUnavailable(t *testing.T) {
 	_, err = client.PrepareOperation(context.Background(), prepareRequest("acme", "x", `{}`))
 	requireStatus(t, err, codes.Unavailable, server.ReasonDatabaseUnavailable)
 }
+
+// TestNotBefore: a scheduled operation waits, shows its time, can be cancelled until
+// then, and its time is part of the intent.
+func TestNotBefore(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	later := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	req := prepareRequest("acme", "scheduled", `{"amount":1}`)
+	req.NotBefore = timestamppb.New(later)
+	resp, err := b.client.PrepareOperation(b.ctx, req)
+	require.NoError(t, err)
+	op := resp.GetOperation()
+	require.True(t, op.GetNotBefore().AsTime().Equal(later))
+	require.True(t, op.GetNextCheckTime().AsTime().Equal(later), "sent at its time")
+
+	other := prepareRequest("acme", "scheduled", `{"amount":1}`)
+	other.NotBefore = timestamppb.New(later.Add(time.Minute))
+	_, err = b.client.PrepareOperation(b.ctx, other)
+	requireStatus(t, err, codes.AlreadyExists, server.ReasonIntentPayloadMismatch)
+
+	backwards := prepareRequest("acme", "backwards", `{"amount":1}`)
+	backwards.NotBefore, backwards.DispatchDeadline = timestamppb.New(later), timestamppb.New(later.Add(-time.Minute))
+	_, err = b.client.PrepareOperation(b.ctx, backwards)
+	requireStatus(t, err, codes.InvalidArgument, server.ReasonFieldInvalid)
+
+	cancelled, err := b.client.CancelOperation(b.ctx, &opbrokerv1.CancelOperationRequest{Name: op.GetName()})
+	require.NoError(t, err)
+	require.Equal(t, opbrokerv1.Operation_STATE_CANCELLED, cancelled.GetOperation().GetState())
+}

@@ -135,7 +135,7 @@ func (f *operationFollower) start() (bool, error) {
 	case f.last == f.op.Revision:
 		err = f.heartbeat()
 	case f.last == 0:
-		err = f.stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Snapshot{Snapshot: operationToProto(f.op)}})
+		err = f.stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Snapshot{Snapshot: operationFor(f.stream.Context(), f.s.targets, f.op)}})
 		f.last = f.op.Revision
 	default:
 		f.last, f.state, err = f.s.sendChanges(f.stream, f.op, f.last, f.state)
@@ -179,7 +179,7 @@ func (s *operationService) sendChanges(stream opbrokerv1.OperationService_WatchO
 				ReasonRevisionTooOld, map[string]string{"revision": fmt.Sprint(last)})
 		}
 		for _, e := range events {
-			if err := stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Change{Change: operationToProto(e.Apply(op))}}); err != nil {
+			if err := stream.Send(&opbrokerv1.WatchOperationResponse{Event: &opbrokerv1.WatchOperationResponse_Change{Change: operationFor(stream.Context(), s.targets, e.Apply(op))}}); err != nil {
 				return last, state, err
 			}
 			last, state = e.Revision, e.State
@@ -242,7 +242,7 @@ func (f *tenantFollower) catchUp() (bool, error) {
 		}
 		for _, e := range batch.Events {
 			if err := f.stream.Send(&opbrokerv1.WatchOperationsResponse{
-				Event:       &opbrokerv1.WatchOperationsResponse_Change{Change: operationToProto(e.Operation)},
+				Event:       &opbrokerv1.WatchOperationsResponse_Change{Change: operationFor(f.stream.Context(), f.s.targets, e.Operation)},
 				ResumeToken: encodeResumeToken(f.scope, e.Cursor)}); err != nil {
 				return false, err
 			}

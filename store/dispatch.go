@@ -15,8 +15,7 @@ import (
 // Claimed is an operation the caller now holds: it may send it once, with this fence.
 type Claimed struct {
 	Operation
-	Payload   []byte
-	RemoteKey uuid.UUID
+	Payload []byte
 
 	// Times the database measured, by its own clock, when the claim was taken. A caller
 	// turns them into deadlines on its own clock from a reading taken before it asked
@@ -125,7 +124,7 @@ func fairPick(state, due, order string) string {
 
 // claimedColumns is what a claim returns, read by scanClaimed: the operation, its
 // payload and key, and the durations of Claimed, in microseconds.
-var claimedColumns = operationColumns + `, payload, remote_key, ` +
+var claimedColumns = operationColumns + `, payload, ` +
 	micros("lease_expires_at - now()") + `, coalesce(` + micros("now() - first_sent_at") + `, 0), ` +
 	micros("dispatch_deadline - now()") + `, ` + micros("key_window_end - now()") + `, coalesce(key_scope, '')`
 
@@ -156,7 +155,7 @@ func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
 func scanClaimedInto(row pgx.CollectableRow, c *Claimed, extra ...any) error {
 	var leaseLeft, sinceFirst int64
 	var deadlineLeft, windowLeft *int64
-	dest := append(operationDest(&c.Operation), &c.Payload, &c.RemoteKey, &leaseLeft, &sinceFirst, &deadlineLeft,
+	dest := append(operationDest(&c.Operation), &c.Payload, &leaseLeft, &sinceFirst, &deadlineLeft,
 		&windowLeft, &c.KeyScope)
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return err

@@ -50,6 +50,9 @@ type Observation struct {
 	Outcome    string    `json:"outcome"`
 	HTTPStatus int       `json:"http_status,omitempty"`
 	Summary    string    `json:"summary,omitempty"`
+	// Evidence and EvidenceURL, for an operator's resolution: what was checked, and where.
+	Evidence    string `json:"evidence,omitempty"`
+	EvidenceURL string `json:"evidence_url,omitempty"`
 }
 
 // Operation is a ledger row without its payload bytes.
@@ -67,12 +70,16 @@ type Operation struct {
 	// NotExecuted counts the attempts the target answered with an answer its
 	// documentation says was not executed. While it equals AttemptCount, nothing sent
 	// has taken effect: such an operation may be PREPARED (or CANCELLED) again.
-	NotExecuted      int32
+	NotExecuted int32
+	// RemoteKey is the random key the operation is sent with (the idempotency key or
+	// request id): not customer data, it finds the operation at the target.
+	RemoteKey        uuid.UUID
 	RemoteRef        string
 	LastObservation  *Observation
 	SupersedesID     uuid.NullUUID
 	Labels           map[string]string
 	DispatchDeadline *time.Time
+	NotBefore        *time.Time // scheduled: not sent earlier
 	FirstSentAt      *time.Time
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
@@ -96,8 +103,8 @@ type Escalation struct {
 
 // operationColumns is the select list that scanOperation reads, in order.
 const operationColumns = `tenant_id, operation_id, operation_type, intent_ref, content_type,
-	payload_sha256, state, revision, fence_token, attempt_count, not_executed, coalesce(remote_ref, ''),
-	last_observation, supersedes_id, labels, dispatch_deadline, first_sent_at, created_at, updated_at,
+	payload_sha256, state, revision, fence_token, attempt_count, not_executed, remote_key, coalesce(remote_ref, ''),
+	last_observation, supersedes_id, labels, dispatch_deadline, not_before, first_sent_at, created_at, updated_at,
 	next_check_at, checks, replays, accepted_unfinished, escalation`
 
 func scanOperation(row pgx.CollectableRow) (Operation, error) {
@@ -109,8 +116,8 @@ func scanOperation(row pgx.CollectableRow) (Operation, error) {
 // operationDest returns the scan destinations of operationColumns.
 func operationDest(op *Operation) []any {
 	return []any{&op.TenantID, &op.ID, &op.OperationType, &op.IntentRef, &op.ContentType,
-		&op.PayloadSHA256, &op.State, &op.Revision, &op.FenceToken, &op.AttemptCount, &op.NotExecuted, &op.RemoteRef,
-		&op.LastObservation, &op.SupersedesID, &op.Labels, &op.DispatchDeadline, &op.FirstSentAt,
+		&op.PayloadSHA256, &op.State, &op.Revision, &op.FenceToken, &op.AttemptCount, &op.NotExecuted, &op.RemoteKey, &op.RemoteRef,
+		&op.LastObservation, &op.SupersedesID, &op.Labels, &op.DispatchDeadline, &op.NotBefore, &op.FirstSentAt,
 		&op.CreatedAt, &op.UpdatedAt, &op.NextCheckAt, &op.Checks, &op.Replays, &op.AcceptedUnfinished, &op.Escalation}
 }
 

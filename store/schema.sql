@@ -71,6 +71,7 @@ BEGIN
      OR NEW.remote_key <> OLD.remote_key OR NEW.created_at <> OLD.created_at
      OR NEW.supersedes_id IS DISTINCT FROM OLD.supersedes_id
      OR NEW.dispatch_deadline IS DISTINCT FROM OLD.dispatch_deadline
+     OR NEW.not_before IS DISTINCT FROM OLD.not_before
      OR NEW.labels <> OLD.labels
      OR NEW.first_sent_at IS DISTINCT FROM OLD.first_sent_at AND OLD.first_sent_at IS NOT NULL
      OR NEW.key_window_end IS DISTINCT FROM OLD.key_window_end AND OLD.key_window_end IS NOT NULL
@@ -218,7 +219,9 @@ CREATE TABLE opbroker.operations (
     not_executed integer DEFAULT 0 NOT NULL,
     key_window_end timestamp with time zone,
     key_scope text,
+    not_before timestamp with time zone,
     CONSTRAINT operations_counters CHECK (((revision >= 1) AND (fence_token >= 0) AND (attempt_count >= 0))),
+    CONSTRAINT operations_deadline_after_not_before CHECK (((dispatch_deadline IS NULL) OR (not_before IS NULL) OR (dispatch_deadline > not_before))),
     CONSTRAINT operations_escalated_has_owner CHECK (((state <> 'ESCALATED'::opbroker.operation_state) OR COALESCE(((escalation ? 'owner'::text) AND (escalation ? 'reason'::text)), false))),
     CONSTRAINT operations_in_flight_leased CHECK (((state <> 'IN_FLIGHT'::opbroker.operation_state) OR ((lease_owner IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT operations_intent_ref_size CHECK (((octet_length(intent_ref) >= 1) AND (octet_length(intent_ref) <= 256))),

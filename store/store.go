@@ -41,6 +41,10 @@ type PrepareParams struct {
 	SupersedesID     uuid.NullUUID
 	Labels           map[string]string
 	DispatchDeadline *time.Time
+	// NotBefore, when set, schedules the operation: it is not sent earlier, and may be
+	// cancelled until then. It is part of the intent: a repeat with another NotBefore is
+	// a *PayloadMismatchError.
+	NotBefore *time.Time
 	// Actor is recorded on the creation event.
 	Actor string
 	// RejectCreation, when set, is returned instead of creating an operation: an intent
@@ -209,10 +213,12 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 	tenants, ids, types, intents := make([]string, n), make([]uuid.UUID, n), make([]string, n), make([]string, n)
 	contentTypes, payloads, digests := make([]string, n), make([][]byte, n), make([][]byte, n)
 	supersedes, labels, deadlines, actors := make([]uuid.NullUUID, n), make([]string, n), make([]*time.Time, n), make([]string, n)
+	notBefore := make([]*time.Time, n)
 	for i, c := range calls {
 		tenants[i], ids[i], types[i], intents[i] = c.TenantID, c.id, c.OperationType, c.IntentRef
 		contentTypes[i], payloads[i], digests[i] = c.ContentType, c.Payload, c.PayloadSHA256
 		supersedes[i], deadlines[i], actors[i] = c.SupersedesID, c.DispatchDeadline, c.Actor
+		notBefore[i] = c.NotBefore
 		l := c.Labels
 		if l == nil {
 			l = map[string]string{}
@@ -233,10 +239,10 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @operation_types::text[], @intent_refs::text[],
 				@content_types::text[], @payloads::bytea[], @payload_sha256s::bytea[], @supersedes_ids::uuid[],
-				@labels::text[]::jsonb[], @dispatch_deadlines::timestamptz[], @actors::text[])
+				@labels::text[]::jsonb[], @dispatch_deadlines::timestamptz[], @actors::text[], @not_befores::timestamptz[])
 				AS u (tenant_id, operation_id, operation_type, intent_ref,
 					content_type, payload, payload_sha256, supersedes_id,
-					labels, dispatch_deadline, actor)
+					labels, dispatch_deadline, actor, not_before)
 		), sup AS (
 			SELECT o.tenant_id, o.operation_id, o.state FROM operations o
 			WHERE (o.tenant_id, o.operation_id) IN (SELECT tenant_id, supersedes_id FROM u WHERE supersedes_id IS NOT NULL)
@@ -248,9 +254,9 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 			WHERE sup.state IN `+unresolvedStates+`
 		), ins AS (
 			INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
-				payload, payload_sha256, supersedes_id, labels, dispatch_deadline)
+				payload, payload_sha256, supersedes_id, labels, dispatch_deadline, not_before, next_check_at)
 			SELECT tenant_id, operation_id, operation_type, intent_ref, content_type,
-				payload, payload_sha256, supersedes_id, labels, dispatch_deadline
+				payload, payload_sha256, supersedes_id, labels, dispatch_deadline, not_before, not_before
 			FROM u WHERE operation_id NOT IN (SELECT call_id FROM refused)
 			ORDER BY tenant_id, operation_type, intent_ref
 			ON CONFLICT ON CONSTRAINT operations_intent_key DO NOTHING
@@ -260,7 +266,7 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 				ON s.sup_tenant = ins.tenant_id AND s.sup_id = ins.supersedes_id`,
 		"NULL", "actor", "'SUPERSEDES_' || sup_state", "NULL")+`
 		), cancelled AS (
-			UPDATE operations o SET state = 'CANCELLED', revision = o.revision + 1, updated_at = now()
+			UPDATE operations o SET state = 'CANCELLED', revision = o.revision + 1, next_check_at = NULL, updated_at = now()
 			FROM ins JOIN u USING (operation_id), sup
 			WHERE o.tenant_id = ins.tenant_id AND o.operation_id = ins.supersedes_id
 				AND sup.tenant_id = o.tenant_id AND sup.operation_id = o.operation_id AND sup.state = 'PREPARED'
@@ -273,7 +279,7 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 			WHERE tenant_id = r.tenant_id AND operation_id = r.operation_id) x`,
 		pgx.NamedArgs{"tenant_ids": tenants, "operation_ids": ids, "operation_types": types, "intent_refs": intents,
 			"content_types": contentTypes, "payloads": payloads, "payload_sha256s": digests, "supersedes_ids": supersedes,
-			"labels": labels, "dispatch_deadlines": deadlines, "actors": actors})
+			"labels": labels, "dispatch_deadlines": deadlines, "actors": actors, "not_befores": notBefore})
 	answers := make(map[uuid.UUID]prepared, n)
 	var created bool
 	for rows.Next() {
@@ -304,10 +310,19 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 
 // replay answers a Prepare whose intent is already recorded.
 func replay(existing Operation, p PrepareParams) (Operation, bool, error) {
-	if !bytes.Equal(existing.PayloadSHA256, p.PayloadSHA256) {
+	if !bytes.Equal(existing.PayloadSHA256, p.PayloadSHA256) || !sameTime(existing.NotBefore, p.NotBefore) {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", &PayloadMismatchError{Existing: existing})
 	}
 	return existing, false, nil
+}
+
+// sameTime reports whether two optional times are the same instant (the ledger keeps
+// microseconds).
+func sameTime(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return a.Truncate(time.Microsecond).Equal(b.Truncate(time.Microsecond))
 }
 
 // findByIntent returns the operation recording an intent, or ErrNotFound.
@@ -371,7 +386,7 @@ type CancelParams struct {
 func (q Scope) Cancel(ctx context.Context, p CancelParams) (Operation, error) {
 	rows := q.query(ctx, `
 		WITH upd AS (
-			UPDATE operations SET state = 'CANCELLED', revision = revision + 1, updated_at = now()
+			UPDATE operations SET state = 'CANCELLED', revision = revision + 1, next_check_at = NULL, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'PREPARED'
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'PREPARED'", "$3", "NULL", "NULL")+`)

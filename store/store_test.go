@@ -462,3 +462,58 @@ func TestErrorsNameThePackageOnce(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrFenceLost)
 	require.Equal(t, "fence lost", err.Error())
 }
+
+// TestNotBeforeSchedules: a scheduled operation is not claimed before its time, can be
+// cancelled until then, and its time is part of the intent.
+func TestNotBeforeSchedules(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	later := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	p := prepareParams("acme", "scheduled", `{"amount":1}`)
+	p.NotBefore = &later
+	op, created, err := b.all.Prepare(b.ctx, p)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.True(t, op.NotBefore.Equal(later))
+	require.True(t, op.NextCheckAt.Equal(later), "the next action is at its time")
+	claimed, err := b.all.Claim(b.ctx, claimParams(10))
+	require.NoError(t, err)
+	require.Empty(t, claimed, "not claimed before its time")
+
+	again, created, err := b.all.Prepare(b.ctx, p)
+	require.NoError(t, err)
+	require.False(t, created)
+	require.Equal(t, op.ID, again.ID)
+	other := p
+	sooner := later.Add(-time.Minute)
+	other.NotBefore = &sooner
+	_, _, err = b.all.Prepare(b.ctx, other)
+	var mismatch *store.PayloadMismatchError
+	require.ErrorAs(t, err, &mismatch, "another time is another intent")
+	unscheduled := p
+	unscheduled.NotBefore = nil
+	_, _, err = b.all.Prepare(b.ctx, unscheduled)
+	require.ErrorAs(t, err, &mismatch)
+
+	late := prepareParams("acme", "deadline-first", `{"amount":1}`)
+	late.NotBefore, late.DispatchDeadline = &later, &sooner
+	_, _, err = b.all.Prepare(b.ctx, late)
+	require.ErrorContains(t, err, "operations_deadline_after_not_before")
+
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET not_before = now() WHERE operation_id = $1`, op.ID)
+	require.ErrorContains(t, err, "immutable column changed")
+	cancelled, err := b.all.Cancel(b.ctx, store.CancelParams{TenantID: "acme", ID: op.ID, Actor: "test"})
+	require.NoError(t, err)
+	require.Equal(t, store.StateCancelled, cancelled.State, "cancelled before its time")
+	require.Nil(t, cancelled.NextCheckAt, "and nothing is next")
+
+	due := prepareParams("acme", "due", `{"amount":1}`)
+	past := time.Now().Add(-time.Second)
+	due.NotBefore = &past
+	dueOp, _, err := b.all.Prepare(b.ctx, due)
+	require.NoError(t, err)
+	claimed, err = b.all.Claim(b.ctx, claimParams(10))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, dueOp.ID, claimed[0].ID, "claimed once its time has come")
+}

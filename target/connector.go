@@ -225,6 +225,15 @@ func (c *Connector) route(contract *Contract) *route {
 	return r
 }
 
+// LookupURL is the target's lookup URL for the operation with remoteKey, or "" for a
+// target without a lookup: where its owner can ask the target too.
+func (c *Contract) LookupURL(remoteKey uuid.UUID) string {
+	if c.Lookup == nil {
+		return ""
+	}
+	return strings.ReplaceAll(c.Lookup.URL, "{remote_key}", remoteKey.String())
+}
+
 // sendURL is the endpoint's URL for the operation with remoteKey: {remote_key} names the
 // operation's object, and a conditional target's parameter carries its precondition.
 func (c *Contract) sendURL(remoteKey uuid.UUID) string {
@@ -520,7 +529,7 @@ func (c *Connector) Lookup(ctx context.Context, contract *Contract, remoteKey uu
 	}
 	ctx, cancel := context.WithTimeout(ctx, contract.Endpoint.Timeout.D())
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, l.Method, strings.ReplaceAll(l.URL, "{remote_key}", remoteKey.String()), nil)
+	req, err := http.NewRequestWithContext(ctx, l.Method, contract.LookupURL(remoteKey), nil)
 	if err != nil {
 		return LookupResult{Summary: "the lookup could not be built: " + err.Error()}
 	}

@@ -216,8 +216,18 @@ type Operation struct {
 	FirstSendTime *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=first_send_time,json=firstSendTime,proto3" json:"first_send_time,omitempty"`
 	// For STATE_ESCALATED: the owner and the reason.
 	Escalation *Operation_Escalation `protobuf:"bytes,19,opt,name=escalation,proto3" json:"escalation,omitempty"`
-	// For STATE_UNKNOWN: when the broker next asks the target.
+	// For STATE_UNKNOWN: when the broker next asks the target. For STATE_PREPARED: when it
+	// is sent (its not_before, or after an answer documented as not executed).
 	NextCheckTime *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=next_check_time,json=nextCheckTime,proto3" json:"next_check_time,omitempty"`
+	// If set, the operation is not sent before this time.
+	NotBefore *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
+	// The idempotency key (or request id) the broker sends the target for this operation:
+	// a random value, not customer data, with which an owner finds the operation at the
+	// target. Shown only to operator and support-read principals; empty for others.
+	RemoteKey string `protobuf:"bytes,22,opt,name=remote_key,json=remoteKey,proto3" json:"remote_key,omitempty"`
+	// The target's lookup URL for this operation (its contract's lookup with remote_key
+	// filled in), where the target offers one. Shown with remote_key.
+	LookupUrl     string `protobuf:"bytes,23,opt,name=lookup_url,json=lookupUrl,proto3" json:"lookup_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -392,6 +402,27 @@ func (x *Operation) GetNextCheckTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Operation) GetNotBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotBefore
+	}
+	return nil
+}
+
+func (x *Operation) GetRemoteKey() string {
+	if x != nil {
+		return x.RemoteKey
+	}
+	return ""
+}
+
+func (x *Operation) GetLookupUrl() string {
+	if x != nil {
+		return x.LookupUrl
+	}
+	return ""
+}
+
 // The most recent thing the broker learned about the remote effect. It never holds
 // payload bytes.
 type Operation_Observation struct {
@@ -543,7 +574,7 @@ var File_opbroker_v1_operation_proto protoreflect.FileDescriptor
 
 const file_opbroker_v1_operation_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopbroker/v1/operation.proto\x12\vopbroker.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdc\x0e\n" +
+	"\x1bopbroker/v1/operation.proto\x12\vopbroker.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe4\x0f\n" +
 	"\tOperation\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\bR\x04name\x12\x1b\n" +
 	"\x06tenant\x18\x02 \x01(\tB\x03\xe0A\x05R\x06tenant\x12*\n" +
@@ -574,7 +605,13 @@ const file_opbroker_v1_operation_proto_rawDesc = "" +
 	"\n" +
 	"escalation\x18\x13 \x01(\v2!.opbroker.v1.Operation.EscalationB\x03\xe0A\x03R\n" +
 	"escalation\x12G\n" +
-	"\x0fnext_check_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\rnextCheckTime\x1a\xd8\x01\n" +
+	"\x0fnext_check_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x03R\rnextCheckTime\x12>\n" +
+	"\n" +
+	"not_before\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x05R\tnotBefore\x12\"\n" +
+	"\n" +
+	"remote_key\x18\x16 \x01(\tB\x03\xe0A\x03R\tremoteKey\x12\"\n" +
+	"\n" +
+	"lookup_url\x18\x17 \x01(\tB\x03\xe0A\x03R\tlookupUrl\x1a\xd8\x01\n" +
 	"\vObservation\x12=\n" +
 	"\fobserve_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vobserveTime\x125\n" +
 	"\x06source\x18\x02 \x01(\x0e2\x1d.opbroker.v1.Operation.SourceR\x06source\x12\x18\n" +
@@ -644,14 +681,15 @@ var file_opbroker_v1_operation_proto_depIdxs = []int32{
 	6,  // 6: opbroker.v1.Operation.first_send_time:type_name -> google.protobuf.Timestamp
 	4,  // 7: opbroker.v1.Operation.escalation:type_name -> opbroker.v1.Operation.Escalation
 	6,  // 8: opbroker.v1.Operation.next_check_time:type_name -> google.protobuf.Timestamp
-	6,  // 9: opbroker.v1.Operation.Observation.observe_time:type_name -> google.protobuf.Timestamp
-	1,  // 10: opbroker.v1.Operation.Observation.source:type_name -> opbroker.v1.Operation.Source
-	6,  // 11: opbroker.v1.Operation.Escalation.escalate_time:type_name -> google.protobuf.Timestamp
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	6,  // 9: opbroker.v1.Operation.not_before:type_name -> google.protobuf.Timestamp
+	6,  // 10: opbroker.v1.Operation.Observation.observe_time:type_name -> google.protobuf.Timestamp
+	1,  // 11: opbroker.v1.Operation.Observation.source:type_name -> opbroker.v1.Operation.Source
+	6,  // 12: opbroker.v1.Operation.Escalation.escalate_time:type_name -> google.protobuf.Timestamp
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_operation_proto_init() }

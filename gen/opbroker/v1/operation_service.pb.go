@@ -53,7 +53,12 @@ type PrepareOperationRequest struct {
 	Supersedes string `protobuf:"bytes,7,opt,name=supersedes,proto3" json:"supersedes,omitempty"`
 	// Non-sensitive labels: at most 16, keys lowercase (1 to 63 characters), values at most
 	// 256 bytes.
-	Labels        map[string]string `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// If set, the operation is not sent before this time, and CancelOperation can stop it
+	// until then. It is part of the intent: a repeat with another not_before is
+	// ALREADY_EXISTS (INTENT_PAYLOAD_MISMATCH), like one with another payload. A
+	// dispatch_deadline must be after it.
+	NotBefore     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -140,6 +145,13 @@ func (x *PrepareOperationRequest) GetSupersedes() string {
 func (x *PrepareOperationRequest) GetLabels() map[string]string {
 	if x != nil {
 		return x.Labels
+	}
+	return nil
+}
+
+func (x *PrepareOperationRequest) GetNotBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotBefore
 	}
 	return nil
 }
@@ -923,7 +935,7 @@ var File_opbroker_v1_operation_service_proto protoreflect.FileDescriptor
 
 const file_opbroker_v1_operation_service_proto_rawDesc = "" +
 	"\n" +
-	"#opbroker/v1/operation_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bopbroker/v1/operation.proto\"\xd2\x06\n" +
+	"#opbroker/v1/operation_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bopbroker/v1/operation.proto\"\x92\a\n" +
 	"\x17PrepareOperationRequest\x12C\n" +
 	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\x12Y\n" +
 	"\x0eoperation_type\x18\x02 \x01(\tB2\xe0A\x02\xbaH,r*\x18\x80\x012%^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$R\roperationType\x12A\n" +
@@ -937,7 +949,9 @@ const file_opbroker_v1_operation_service_proto_rawDesc = "" +
 	"supersedes\x18\a \x01(\tB\x99\x01\xe0A\x01\xfaA\x18\n" +
 	"\x16opbroker.dev/Operation\xbaHx\xd8\x01\x01rs2q^tenants/[a-z]([a-z0-9-]{0,61}[a-z0-9])?/operations/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$R\n" +
 	"supersedes\x12z\n" +
-	"\x06labels\x18\b \x03(\v20.opbroker.v1.PrepareOperationRequest.LabelsEntryB0\xe0A\x01\xbaH*\x9a\x01'\x10\x10\"\x1cr\x1a2\x18^[a-z][a-z0-9_.-]{0,62}$*\x05r\x03(\x80\x02R\x06labels\x1a9\n" +
+	"\x06labels\x18\b \x03(\v20.opbroker.v1.PrepareOperationRequest.LabelsEntryB0\xe0A\x01\xbaH*\x9a\x01'\x10\x10\"\x1cr\x1a2\x18^[a-z][a-z0-9_.-]{0,62}$*\x05r\x03(\x80\x02R\x06labels\x12>\n" +
+	"\n" +
+	"not_before\x18\t \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x01R\tnotBefore\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"j\n" +
@@ -1033,34 +1047,35 @@ var file_opbroker_v1_operation_service_proto_goTypes = []any{
 var file_opbroker_v1_operation_service_proto_depIdxs = []int32{
 	15, // 0: opbroker.v1.PrepareOperationRequest.dispatch_deadline:type_name -> google.protobuf.Timestamp
 	12, // 1: opbroker.v1.PrepareOperationRequest.labels:type_name -> opbroker.v1.PrepareOperationRequest.LabelsEntry
-	16, // 2: opbroker.v1.PrepareOperationResponse.operation:type_name -> opbroker.v1.Operation
-	16, // 3: opbroker.v1.GetOperationResponse.operation:type_name -> opbroker.v1.Operation
-	17, // 4: opbroker.v1.ListOperationsRequest.states:type_name -> opbroker.v1.Operation.State
-	16, // 5: opbroker.v1.ListOperationsResponse.operations:type_name -> opbroker.v1.Operation
-	16, // 6: opbroker.v1.CancelOperationResponse.operation:type_name -> opbroker.v1.Operation
-	16, // 7: opbroker.v1.WatchOperationResponse.snapshot:type_name -> opbroker.v1.Operation
-	16, // 8: opbroker.v1.WatchOperationResponse.change:type_name -> opbroker.v1.Operation
-	13, // 9: opbroker.v1.WatchOperationResponse.heartbeat:type_name -> opbroker.v1.WatchOperationResponse.Heartbeat
-	17, // 10: opbroker.v1.WatchOperationsRequest.states:type_name -> opbroker.v1.Operation.State
-	16, // 11: opbroker.v1.WatchOperationsResponse.change:type_name -> opbroker.v1.Operation
-	14, // 12: opbroker.v1.WatchOperationsResponse.heartbeat:type_name -> opbroker.v1.WatchOperationsResponse.Heartbeat
-	0,  // 13: opbroker.v1.OperationService.PrepareOperation:input_type -> opbroker.v1.PrepareOperationRequest
-	2,  // 14: opbroker.v1.OperationService.GetOperation:input_type -> opbroker.v1.GetOperationRequest
-	4,  // 15: opbroker.v1.OperationService.ListOperations:input_type -> opbroker.v1.ListOperationsRequest
-	6,  // 16: opbroker.v1.OperationService.CancelOperation:input_type -> opbroker.v1.CancelOperationRequest
-	8,  // 17: opbroker.v1.OperationService.WatchOperation:input_type -> opbroker.v1.WatchOperationRequest
-	10, // 18: opbroker.v1.OperationService.WatchOperations:input_type -> opbroker.v1.WatchOperationsRequest
-	1,  // 19: opbroker.v1.OperationService.PrepareOperation:output_type -> opbroker.v1.PrepareOperationResponse
-	3,  // 20: opbroker.v1.OperationService.GetOperation:output_type -> opbroker.v1.GetOperationResponse
-	5,  // 21: opbroker.v1.OperationService.ListOperations:output_type -> opbroker.v1.ListOperationsResponse
-	7,  // 22: opbroker.v1.OperationService.CancelOperation:output_type -> opbroker.v1.CancelOperationResponse
-	9,  // 23: opbroker.v1.OperationService.WatchOperation:output_type -> opbroker.v1.WatchOperationResponse
-	11, // 24: opbroker.v1.OperationService.WatchOperations:output_type -> opbroker.v1.WatchOperationsResponse
-	19, // [19:25] is the sub-list for method output_type
-	13, // [13:19] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	15, // 2: opbroker.v1.PrepareOperationRequest.not_before:type_name -> google.protobuf.Timestamp
+	16, // 3: opbroker.v1.PrepareOperationResponse.operation:type_name -> opbroker.v1.Operation
+	16, // 4: opbroker.v1.GetOperationResponse.operation:type_name -> opbroker.v1.Operation
+	17, // 5: opbroker.v1.ListOperationsRequest.states:type_name -> opbroker.v1.Operation.State
+	16, // 6: opbroker.v1.ListOperationsResponse.operations:type_name -> opbroker.v1.Operation
+	16, // 7: opbroker.v1.CancelOperationResponse.operation:type_name -> opbroker.v1.Operation
+	16, // 8: opbroker.v1.WatchOperationResponse.snapshot:type_name -> opbroker.v1.Operation
+	16, // 9: opbroker.v1.WatchOperationResponse.change:type_name -> opbroker.v1.Operation
+	13, // 10: opbroker.v1.WatchOperationResponse.heartbeat:type_name -> opbroker.v1.WatchOperationResponse.Heartbeat
+	17, // 11: opbroker.v1.WatchOperationsRequest.states:type_name -> opbroker.v1.Operation.State
+	16, // 12: opbroker.v1.WatchOperationsResponse.change:type_name -> opbroker.v1.Operation
+	14, // 13: opbroker.v1.WatchOperationsResponse.heartbeat:type_name -> opbroker.v1.WatchOperationsResponse.Heartbeat
+	0,  // 14: opbroker.v1.OperationService.PrepareOperation:input_type -> opbroker.v1.PrepareOperationRequest
+	2,  // 15: opbroker.v1.OperationService.GetOperation:input_type -> opbroker.v1.GetOperationRequest
+	4,  // 16: opbroker.v1.OperationService.ListOperations:input_type -> opbroker.v1.ListOperationsRequest
+	6,  // 17: opbroker.v1.OperationService.CancelOperation:input_type -> opbroker.v1.CancelOperationRequest
+	8,  // 18: opbroker.v1.OperationService.WatchOperation:input_type -> opbroker.v1.WatchOperationRequest
+	10, // 19: opbroker.v1.OperationService.WatchOperations:input_type -> opbroker.v1.WatchOperationsRequest
+	1,  // 20: opbroker.v1.OperationService.PrepareOperation:output_type -> opbroker.v1.PrepareOperationResponse
+	3,  // 21: opbroker.v1.OperationService.GetOperation:output_type -> opbroker.v1.GetOperationResponse
+	5,  // 22: opbroker.v1.OperationService.ListOperations:output_type -> opbroker.v1.ListOperationsResponse
+	7,  // 23: opbroker.v1.OperationService.CancelOperation:output_type -> opbroker.v1.CancelOperationResponse
+	9,  // 24: opbroker.v1.OperationService.WatchOperation:output_type -> opbroker.v1.WatchOperationResponse
+	11, // 25: opbroker.v1.OperationService.WatchOperations:output_type -> opbroker.v1.WatchOperationsResponse
+	20, // [20:26] is the sub-list for method output_type
+	14, // [14:20] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_operation_service_proto_init() }

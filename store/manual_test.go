@@ -1,0 +1,87 @@
+package store_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
+)
+
+// unknownOp prepares an operation and takes it to UNKNOWN through a send.
+func (b *testBundle) unknownOp(t *testing.T, intent string) store.Operation {
+	t.Helper()
+	op, _, err := b.all.Prepare(b.ctx, prepareParams("acme", intent, `{"amount":1}`))
+	require.NoError(t, err)
+	claimed, err := b.all.Claim(b.ctx, claimParams(1))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	got, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+		State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
+	require.NoError(t, err)
+	return got
+}
+
+// TestResolveManually: an operator resolves an UNKNOWN operation with evidence; the
+// event keeps who, why and what was checked; a stale revision, a reconciler at work or
+// a state that is not unsettled records nothing; a reconciler that held the operation
+// before can no longer record.
+func TestResolveManually(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := b.unknownOp(t, "manual")
+	resolution := store.ManualResolution{TenantID: "acme", ID: op.ID, Revision: op.Revision, State: store.StateSucceeded,
+		RemoteRef: "ch_123", Reason: "found in the provider's dashboard", Evidence: "charge ch_123, 1.00 EUR",
+		EvidenceURL: "https://dashboard.example.com/charges/ch_123", Actor: "operator:alice"}
+
+	// A reconciler holds it now.
+	held, err := b.all.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, held, 1)
+	_, err = b.all.ResolveManually(b.ctx, resolution)
+	require.ErrorIs(t, err, store.ErrBeingReconciled)
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1`, op.ID)
+	require.NoError(t, err)
+
+	stale := resolution
+	stale.Revision--
+	_, err = b.all.ResolveManually(b.ctx, stale)
+	require.ErrorIs(t, err, store.ErrRevisionChanged)
+
+	resolved, err := b.all.ResolveManually(b.ctx, resolution)
+	require.NoError(t, err)
+	require.Equal(t, store.StateSucceeded, resolved.State)
+	require.Equal(t, "ch_123", resolved.RemoteRef)
+	require.Greater(t, resolved.FenceToken, held[0].FenceToken, "the reconciler's fence is lost")
+	events, err := b.all.Events(b.ctx, "acme", op.ID, resolved.Revision-1, 10)
+	require.NoError(t, err)
+	require.Len(t, events, 1)
+	ev := events[0]
+	require.Equal(t, "operator:alice", ev.Actor)
+	require.Equal(t, "MANUAL_RESOLUTION", ev.Reason)
+	require.Equal(t, "OPERATOR", ev.Observation.Source)
+	require.Equal(t, "found in the provider's dashboard", ev.Observation.Summary)
+	require.Equal(t, "charge ch_123, 1.00 EUR", ev.Observation.Evidence)
+	require.Equal(t, "https://dashboard.example.com/charges/ch_123", ev.Observation.EvidenceURL)
+	require.WithinDuration(t, time.Now(), ev.Observation.ObservedAt, time.Minute, "observed by the database's clock")
+
+	_, err = b.all.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: op.ID, Fence: held[0].FenceToken,
+		State: store.StateFailedTerminal, Actor: "reconciler:late"})
+	require.ErrorIs(t, err, store.ErrFenceLost, "the late reconciler records nothing")
+
+	again := resolution
+	again.Revision = resolved.Revision
+	_, err = b.all.ResolveManually(b.ctx, again)
+	var stateErr *store.StateError
+	require.ErrorAs(t, err, &stateErr, "a settled operation is not resolved again")
+
+	_, err = b.all.ResolveManually(b.ctx, store.ManualResolution{TenantID: "acme", ID: uuid.New(), Revision: 1,
+		State: store.StateFailedTerminal, Reason: "x", Actor: "operator:alice"})
+	require.ErrorIs(t, err, store.ErrNotFound)
+	noRef := resolution
+	noRef.RemoteRef = ""
+	_, err = b.all.ResolveManually(b.ctx, noRef)
+	require.ErrorContains(t, err, "needs the target's reference")
+}
