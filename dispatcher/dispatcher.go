@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/opbroker/opbroker/brokermetrics"
 	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/startstop"
@@ -119,7 +120,8 @@ type Dispatcher struct {
 	limiter *target.Limiter   // each target's slots, shared with the reconciler's replays and lookups
 	cursors map[string]string // per target: the tenant the next claim starts after; owned by the claim loop
 
-	sends metric.Int64Counter
+	sends  metric.Int64Counter
+	events *brokermetrics.Events // UNKNOWN entered; replays' resolutions
 
 	// refused holds, per target whose credential it refused, the credential's version
 	// then and when: the target's operations wait until it changes, or the vendor may
@@ -153,6 +155,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	var err error
 	if d.sends, err = meter.Int64Counter("opbroker.dispatch.sends",
 		metric.WithDescription("Sends to targets by target and outcome class"), metric.WithUnit("{send}")); err != nil {
+		return nil, err
+	}
+	if d.events, err = brokermetrics.NewEvents(cfg.MeterProvider); err != nil {
 		return nil, err
 	}
 	if _, err = meter.Int64ObservableGauge("opbroker.dispatch.credential_refused",
@@ -562,9 +567,10 @@ func (d *Dispatcher) record(log *slog.Logger, contract *target.Contract, op stor
 		d.notExecuted(op, res, &params)
 	}
 	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		_, err := d.cfg.Store.AllTenants().RecordOutcome(ctx, params)
+		moved, err := d.cfg.Store.AllTenants().RecordOutcome(ctx, params)
 		switch {
 		case err == nil:
+			d.events.Sent(ctx, contract, moved)
 			log.Debug("outcome recorded", "state", params.State, "class", res.Class)
 			return
 		case errors.Is(err, store.ErrFenceLost):

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/opbroker/opbroker/brokermetrics"
 	"github.com/opbroker/opbroker/startstop"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
@@ -109,6 +110,7 @@ type Reconciler struct {
 	log     *slog.Logger
 	types   []string
 	actions metric.Int64Counter
+	events  *brokermetrics.Events // resolutions
 
 	cursor string // the tenant the next claim starts after; owned by the loop
 
@@ -125,6 +127,10 @@ func New(cfg Config) (*Reconciler, error) {
 	var err error
 	r.actions, err = cfg.MeterProvider.Meter("github.com/opbroker/opbroker/reconciler").Int64Counter("opbroker.reconcile.actions",
 		metric.WithDescription("Reconciler decisions by action (RECORD_SUCCESS, RECORD_FAILURE, REPLAY, WAIT, ESCALATE)"), metric.WithUnit("{decision}"))
+	if err != nil {
+		return nil, err
+	}
+	r.events, err = brokermetrics.NewEvents(cfg.MeterProvider)
 	return r, err
 }
 
@@ -247,12 +253,13 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 	log = log.With("action", d.Action.String(), "reason", d.Reason)
 	obs.Summary = d.Reason
 	var err error
+	var resolved store.Operation // by RECORD_SUCCESS or RECORD_FAILURE
 	switch d.Action {
 	case RecordSuccess:
-		_, err = r.cfg.Store.AllTenants().ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+		resolved, err = r.cfg.Store.AllTenants().ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
 			State: store.StateSucceeded, RemoteRef: d.RemoteRef, Observation: obs, Actor: r.actor()})
 	case RecordFailure:
-		_, err = r.cfg.Store.AllTenants().ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+		resolved, err = r.cfg.Store.AllTenants().ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
 			State: store.StateFailedTerminal, Observation: obs, Actor: r.actor()})
 	case Escalate:
 		r.escalate(ctx, log, op, contract, d.Reason)
@@ -271,6 +278,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 	case err != nil:
 		log.Error("decision not applied; the claim's lease will expire and it is decided again", "error", err)
 	default:
+		r.events.Resolved(ctx, contract, resolved) // a zero Operation (WAIT, REPLAY) records nothing
 		log.Info("reconciled")
 	}
 }
@@ -374,13 +382,14 @@ func (r *Reconciler) escalate(ctx context.Context, log *slog.Logger, op store.Un
 			owner += " (" + contract.Owner.Escalation + ")"
 		}
 	}
-	_, err := r.cfg.Store.AllTenants().ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
+	escalated, err := r.cfg.Store.AllTenants().ResolveUnknown(ctx, store.ResolveParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
 		State: store.StateEscalated, Observation: store.Observation{ObservedAt: r.cfg.Clock(), Source: "BROKER", Outcome: "ESCALATED", Summary: reason},
 		Escalation: &store.Escalation{Owner: owner, Reason: reason, EscalatedAt: r.cfg.Clock()}, Actor: r.actor()})
 	if err != nil {
 		log.Error("escalation not recorded; it is decided again when the lease expires", "error", err)
 		return
 	}
+	r.events.Resolved(ctx, contract, escalated)
 	// Once, with what the owner needs to find it: the operation's name, and the reason
 	// under a key of its own (the decision's logger may carry "reason" already).
 	log.Warn("escalated", "name", "tenants/"+op.TenantID+"/operations/"+op.ID.String(), "owner", owner, "escalated_because", reason)

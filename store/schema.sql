@@ -288,6 +288,12 @@ CREATE INDEX operation_events_feed_idx ON opbroker.operation_events USING btree 
 CREATE INDEX operations_deadline_idx ON opbroker.operations USING btree (dispatch_deadline) WHERE ((state = 'PREPARED'::opbroker.operation_state) AND (dispatch_deadline IS NOT NULL));
 
 --
+-- Name: operations_escalated_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operations_escalated_idx ON opbroker.operations USING btree (operation_type) WHERE (state = 'ESCALATED'::opbroker.operation_state);
+
+--
 -- Name: operations_lease_idx; Type: INDEX; Schema: opbroker; Owner: -
 --
 

@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/urfave/cli/v3"
 
+	"github.com/opbroker/opbroker/brokermetrics"
 	"github.com/opbroker/opbroker/dispatcher"
 	"github.com/opbroker/opbroker/reconciler"
 	"github.com/opbroker/opbroker/server"
@@ -14,6 +15,7 @@ func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "grpc-addr", Value: grpcAddr, Usage: "address for the gRPC API", Sources: cli.EnvVars("OPBROKER_GRPC_ADDR")},
 		&cli.StringFlag{Name: "http-addr", Value: httpAddr, Usage: "address for /metrics (Prometheus)", Sources: cli.EnvVars("OPBROKER_HTTP_ADDR")},
+		&cli.DurationFlag{Name: "metrics-interval", Value: brokermetrics.DefaultInterval, Usage: "how often this replica reads the ledger for the gauges of open operations on /metrics (one statement); 0 turns them off here", Sources: cli.EnvVars("OPBROKER_METRICS_INTERVAL")},
 		&cli.IntFlag{Name: "max-payload-bytes", Value: server.DefaultMaxPayloadBytes, Usage: "largest payload PrepareOperation accepts", Sources: cli.EnvVars("OPBROKER_MAX_PAYLOAD_BYTES")},
 		&cli.DurationFlag{Name: "shutdown-grace", Value: dispatcher.DefaultShutdownGrace, Usage: "how long calls in progress may finish after SIGTERM", Sources: cli.EnvVars("OPBROKER_SHUTDOWN_GRACE")},
 		&cli.StringFlag{Name: "log-format", Value: logFormat, Usage: "json or text", Sources: cli.EnvVars("OPBROKER_LOG_FORMAT")},

@@ -13,11 +13,13 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v3"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/opbroker/opbroker/brokermetrics"
 	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/dispatcher"
 	"github.com/opbroker/opbroker/reconciler"
@@ -41,6 +43,7 @@ type broker struct {
 	dispatch   bool                   // whether this replica claims PREPARED operations
 	reconciler *reconciler.Reconciler // nil when this replica does not reconcile
 	notifier   *store.Notifier
+	ledger     *brokermetrics.Ledger // the ledger's gauges; nil when --metrics-interval is 0
 	hub        *watch.Hub
 	grpcLis    net.Listener
 	httpSrv    *http.Server
@@ -100,7 +103,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	}
 
 	registry := prometheus.NewRegistry()
-	registry.MustRegister(currentBuild().metric())
+	registry.MustRegister(currentBuild().metric(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
@@ -125,7 +128,10 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	if err != nil {
 		return err
 	}
-	connector := target.NewConnector()
+	connector, err := brokermetrics.TimeRequests(target.NewConnector(), b.meters)
+	if err != nil {
+		return err
+	}
 	b.dispatch = cmd.Bool("dispatch")
 	b.dispatcher, err = dispatcher.New(dispatcher.Config{
 		Store: b.store, Targets: b.targets, Connector: connector,
@@ -150,6 +156,13 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 			ResolutionDeadline: cmd.Duration("reconcile-deadline"), Lease: cmd.Duration("reconcile-lease"),
 			Clock: clock,
 		})
+		if err != nil {
+			return err
+		}
+	}
+	if interval := cmd.Duration("metrics-interval"); interval > 0 {
+		b.ledger, err = brokermetrics.NewLedger(brokermetrics.LedgerConfig{Store: b.store, Targets: b.targets,
+			MeterProvider: b.meters, Logger: b.log, Interval: interval})
 		if err != nil {
 			return err
 		}
@@ -187,6 +200,11 @@ func (b *broker) run(ctx context.Context) error {
 	}
 	if b.reconciler != nil {
 		if err := b.reconciler.Start(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
+	}
+	if b.ledger != nil {
+		if err := b.ledger.Start(context.WithoutCancel(ctx)); err != nil {
 			return err
 		}
 	}
@@ -236,6 +254,9 @@ func (b *broker) close() {
 	}
 	if b.notifier != nil {
 		b.notifier.Stop()
+	}
+	if b.ledger != nil {
+		b.ledger.Stop()
 	}
 	if b.meters != nil {
 		_ = b.meters.Shutdown(context.Background())

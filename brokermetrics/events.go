@@ -1,0 +1,104 @@
+package brokermetrics
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
+)
+
+// meterName is the instrumentation scope of the package's instruments.
+const meterName = "github.com/opbroker/opbroker/brokermetrics"
+
+// Resolution buckets, in seconds: from a replay's seconds to past the default resolution
+// deadline (72 hours from the first send), where an operation is escalated at the
+// latest.
+var resolutionBuckets = []float64{1, 5, 15, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600,
+	24 * 3600, 48 * 3600, 72 * 3600, 96 * 3600, 7 * 24 * 3600}
+
+// Events counts what happens to UNKNOWN operations, when it happens: the dispatcher and
+// the reconciler each make one (NewEvents) and call it once the ledger has recorded the
+// change. Instruments of the same MeterProvider are shared, so every Events of a broker
+// adds to the same series. A nil *Events records nothing.
+type Events struct {
+	unknownEntered metric.Int64Counter
+	resolutions    metric.Float64Histogram
+}
+
+// NewEvents returns the instruments of mp.
+func NewEvents(mp metric.MeterProvider) (*Events, error) {
+	meter := mp.Meter(meterName)
+	e := &Events{}
+	var err error
+	if e.unknownEntered, err = meter.Int64Counter("opbroker.unknown.entered", metric.WithUnit("{operation}"),
+		metric.WithDescription("Operations that became UNKNOWN, by target and cause (the outcome class of the observation that made them UNKNOWN)")); err != nil {
+		return nil, err
+	}
+	if e.resolutions, err = meter.Float64Histogram("opbroker.unknown.resolution", metric.WithUnit("s"),
+		metric.WithDescription("UNKNOWN operations resolved, by target and the state they ended in (SUCCEEDED, FAILED_TERMINAL, ESCALATED): the time from their first send to the resolution, by the database's clock"),
+		metric.WithExplicitBucketBoundaries(resolutionBuckets...)); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Sent counts what a send's outcome did, given the operation as the ledger recorded it
+// (store.Scope.RecordOutcome's result): an operation that became UNKNOWN, by the class
+// of the send's observation; a same-key replay (op.Replays > 0: only a reconciler's
+// replay of an UNKNOWN operation counts one) that ended SUCCEEDED or FAILED_TERMINAL, as
+// a resolution.
+func (e *Events) Sent(ctx context.Context, contract *target.Contract, op store.Operation) {
+	if e == nil {
+		return
+	}
+	switch {
+	case op.State == store.StateUnknown:
+		cause := ""
+		if op.LastObservation != nil {
+			cause = op.LastObservation.Outcome
+		}
+		e.UnknownEntered(ctx, contract, cause, 1)
+	case op.Replays > 0:
+		e.Resolved(ctx, contract, op)
+	}
+}
+
+// Resolved records the resolution of an UNKNOWN operation, given the operation as the
+// ledger recorded it (store.Scope.ResolveUnknown's result, or a replay's outcome): its
+// state and the time from its first send to the resolution, both written by the
+// database. Any other state (a zero Operation included) records nothing. contract may be
+// nil: the operation's type has no contract any more.
+func (e *Events) Resolved(ctx context.Context, contract *target.Contract, op store.Operation) {
+	if e == nil || op.FirstSentAt == nil {
+		return
+	}
+	switch op.State {
+	case store.StateSucceeded, store.StateFailedTerminal, store.StateEscalated:
+	default:
+		return
+	}
+	e.resolutions.Record(ctx, max(0, op.UpdatedAt.Sub(*op.FirstSentAt).Seconds()),
+		metric.WithAttributes(attribute.String("target", targetName(contract)), attribute.String("state", string(op.State))))
+}
+
+// UnknownEntered counts n operations of the contract's that became UNKNOWN because of
+// cause (an outcome class: TIMEOUT, HTTP_5XX, LEASE_EXPIRED, …); contract may be nil.
+func (e *Events) UnknownEntered(ctx context.Context, contract *target.Contract, cause string, n int) {
+	if e == nil || n <= 0 {
+		return
+	}
+	if cause == "" {
+		cause = "UNSPECIFIED"
+	}
+	e.unknownEntered.Add(ctx, int64(n), metric.WithAttributes(attribute.String("target", targetName(contract)), attribute.String("cause", cause)))
+}
+
+func targetName(c *target.Contract) string {
+	if c == nil {
+		return NoTarget
+	}
+	return c.Name
+}

@@ -1,0 +1,113 @@
+package brokermetrics_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/brokermetrics"
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
+)
+
+// TestLedgerGaugesReportTheLastReading: before its first reading a Ledger reports
+// nothing; a reading gives, for every target of the contracts and every open state, the
+// count (zero included) and the oldest age, the PREPARED operations ready to send, and
+// opbroker_database_up 1; operation types no contract serves are reported as target
+// "(none)". A failed reading keeps the last values and reports the database down.
+func TestLedgerGaugesReportTheLastReading(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := storetest.Pool(t, storetest.Schema(t))
+	st := store.New(pool)
+	mp, scrapeNow := meters(t)
+	ledger, err := brokermetrics.NewLedger(brokermetrics.LedgerConfig{Store: st, Targets: demoTargets(t), MeterProvider: mp,
+		Logger: slog.New(slog.DiscardHandler), Interval: time.Minute})
+	require.NoError(t, err)
+
+	require.Empty(t, scrapeNow().matching("opbroker_operations_open"), "nothing before the first reading")
+	require.Empty(t, scrapeNow().matching("opbroker_database_up"))
+
+	storetest.PrepareJSON(t, st, "acme", "demo.charge", "c-1", `{"amount":1}`)
+	storetest.PrepareJSON(t, st, "globex", "demo.charge", "c-2", `{"amount":2}`)
+	storetest.PrepareJSON(t, st, "acme", "demo.notify", "n-1", `{"to":"ops"}`)
+	storetest.PrepareJSON(t, st, "acme", "legacy.thing", "l-1", `{}`) // no contract serves it
+	flying := storetest.PrepareJSON(t, st, "acme", "demo.object", "o-1", `{"name":"a"}`)
+	claimed, err := st.AllTenants().Claim(ctx, store.ClaimParams{Target: "demo-objects", FairClaim: store.FairClaim{
+		OperationTypes: []string{"demo.object"}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, flying.ID, claimed[0].ID)
+
+	require.NoError(t, ledger.Refresh(ctx))
+	got := scrapeNow()
+	want := scrape{}
+	for _, name := range []string{"demo-notify", "demo-objects", "demo-payments"} {
+		for _, state := range []string{"ESCALATED", "IN_FLIGHT", "PREPARED", "UNKNOWN"} {
+			want[`opbroker_operations_open{state="`+state+`",target="`+name+`"}`] = 0
+		}
+		want[`opbroker_operations_ready{target="`+name+`"}`] = 0
+	}
+	want[`opbroker_operations_open{state="PREPARED",target="demo-payments"}`] = 2
+	want[`opbroker_operations_ready{target="demo-payments"}`] = 2
+	want[`opbroker_operations_open{state="PREPARED",target="demo-notify"}`] = 1
+	want[`opbroker_operations_ready{target="demo-notify"}`] = 1
+	want[`opbroker_operations_open{state="IN_FLIGHT",target="demo-objects"}`] = 1
+	want[`opbroker_operations_open{state="PREPARED",target="(none)"}`] = 1
+	want[`opbroker_operations_ready{target="(none)"}`] = 1
+	opened := got.matching("opbroker_operations_open")
+	for series, v := range got.matching("opbroker_operations_ready") {
+		opened[series] = v
+	}
+	require.Equal(t, want, opened)
+	require.Equal(t, scrape{`opbroker_database_up{}`: 1}, got.matching("opbroker_database_up"))
+
+	ages := got.matching("opbroker_operations_oldest_age_seconds")
+	require.Len(t, ages, 13, "every target and open state, and the operations no contract serves")
+	for series, age := range ages {
+		switch series {
+		case `opbroker_operations_oldest_age_seconds{state="PREPARED",target="demo-payments"}`,
+			`opbroker_operations_oldest_age_seconds{state="PREPARED",target="demo-notify"}`,
+			`opbroker_operations_oldest_age_seconds{state="PREPARED",target="(none)"}`,
+			`opbroker_operations_oldest_age_seconds{state="IN_FLIGHT",target="demo-objects"}`:
+			require.Greater(t, age, 0.0, series)
+			require.Less(t, age, 60.0, series)
+		default:
+			require.Zero(t, age, series)
+		}
+	}
+
+	pool.Close()
+	require.Error(t, ledger.Refresh(ctx))
+	down := scrapeNow()
+	require.Equal(t, scrape{`opbroker_database_up{}`: 0}, down.matching("opbroker_database_up"))
+	require.Equal(t, got.matching("opbroker_operations_open"), down.matching("opbroker_operations_open"), "the last reading stays")
+}
+
+// TestLedgerLifecycle: Stop is safe without Start and idempotent; a Ledger that was
+// stopped starts again; a cancelled reading does not report the database down.
+func TestLedgerLifecycle(t *testing.T) {
+	t.Parallel()
+	st, _ := storetest.NewStore(t)
+	mp, scrapeNow := meters(t)
+	ledger, err := brokermetrics.NewLedger(brokermetrics.LedgerConfig{Store: st, Targets: demoTargets(t), MeterProvider: mp,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	ledger.Stop()
+	require.NoError(t, ledger.Start(t.Context()))
+	require.True(t, ledger.Running())
+	ledger.Stop()
+	ledger.Stop()
+	require.False(t, ledger.Running())
+	require.NoError(t, ledger.Start(t.Context()))
+	ledger.Stop()
+
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, ledger.Refresh(context.Background()))
+	require.Error(t, ledger.Refresh(cancelled))
+	require.Equal(t, scrape{`opbroker_database_up{}`: 1}, scrapeNow().matching("opbroker_database_up"))
+}
