@@ -33,6 +33,7 @@ var methodRoles = map[string][]auth.Role{
 	opbrokerv1.OperationService_WatchOperation_FullMethodName:   {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
 	opbrokerv1.OperationService_WatchOperations_FullMethodName:  {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
 	opbrokerv1.AdminService_DeleteTenantData_FullMethodName:     {auth.RoleOperator},
+	opbrokerv1.AdminService_ResolveOperation_FullMethodName:     {auth.RoleOperator},
 }
 
 // public reports whether a method needs no credentials: health checks and reflection.

@@ -105,6 +105,11 @@ func TestEveryRPCAuthorises(t *testing.T) {
 			_, err := admin.DeleteTenantData(ctx, &opbrokerv1.DeleteTenantDataRequest{Tenant: tenant})
 			return err
 		}, "acme-operator", codes.FailedPrecondition}, // acme's operation is open
+		"ResolveOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
+			_, err := admin.ResolveOperation(ctx, &opbrokerv1.ResolveOperationRequest{Name: ops[tenant], Revision: 1,
+				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL, Reason: "authz", Evidence: "none"})
+			return err
+		}, "acme-operator", codes.FailedPrecondition}, // acme's operation is PREPARED, not unsettled
 	}
 	require.Len(t, rpcs, len(opbrokerv1.OperationService_ServiceDesc.Methods)+len(opbrokerv1.OperationService_ServiceDesc.Streams)+
 		len(opbrokerv1.AdminService_ServiceDesc.Methods), "every RPC is in the table")
@@ -127,7 +132,7 @@ func TestEveryRPCAuthorises(t *testing.T) {
 	// In an order that keeps each call's fixture: acme's operations stay open until the
 	// cancellation, last.
 	for _, name := range []string{"PrepareOperation", "GetOperation", "ListOperations", "WatchOperation",
-		"WatchOperations", "DeleteTenantData", "CancelOperation"} {
+		"WatchOperations", "DeleteTenantData", "ResolveOperation", "CancelOperation"} {
 		rpc := rpcs[name]
 		t.Run(name+"/right principal", func(t *testing.T) {
 			ctx, cancel := context.WithCancel(b.ctx)

@@ -27,6 +27,8 @@ const (
 	ReasonOperationNotFound           = "OPERATION_NOT_FOUND"
 	ReasonSupersededOperationNotFound = "SUPERSEDED_OPERATION_NOT_FOUND"
 	ReasonSupersededUnresolved        = "SUPERSEDED_OPERATION_UNRESOLVED"
+	ReasonRevisionChanged             = "REVISION_CHANGED"
+	ReasonBeingReconciled             = "BEING_RECONCILED"
 	ReasonIntentPayloadMismatch       = "INTENT_PAYLOAD_MISMATCH"
 	ReasonOperationState              = "OPERATION_STATE"
 	ReasonDatabaseUnavailable         = "DATABASE_UNAVAILABLE"
@@ -140,6 +142,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		mismatch   *store.PayloadMismatchError
 		stateErr   *store.StateError
 		unresolved *store.SupersededUnresolvedError
+		revChanged *revisionChangedError
 		tenantErr  *tenantError
 	)
 	switch {
@@ -161,6 +164,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 			map[string]string{"operation": name, "state": "STATE_" + string(stateErr.Operation.State)},
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
 				{Type: "STATE", Subject: name, Description: desc}}})
+	case errors.As(err, &revChanged):
+		return newStatus(codes.Aborted, "the operation changed since that revision: read it again and decide on what it is now",
+			ReasonRevisionChanged, map[string]string{"currentRevision": fmt.Sprint(revChanged.current)})
+	case errors.Is(err, store.ErrBeingReconciled):
+		return newStatus(codes.Aborted, "a reconciler is working on the operation at this moment: retry in a few seconds",
+			ReasonBeingReconciled, nil)
 	case errors.As(err, &unresolved):
 		name := operationName(unresolved.Superseded.TenantID, unresolved.Superseded.ID)
 		desc := fmt.Sprintf("the superseded operation is %s: its effect may still happen, or may have happened unconfirmed; amend it once it is resolved",

@@ -215,7 +215,43 @@ func TestEveryDocumentedReason(t *testing.T) {
 		auth.PrincipalConfig{Name: "acme-support", Roles: []auth.Role{auth.RoleSupportRead}, Tenants: []string{"acme"}})
 	withAuth := setupWith(t, func(o *server.Options) { o.Auth = authn })
 
+	// unknownOp prepares an operation on a server of its own and makes it UNKNOWN, as a
+	// dispatcher's unclear send would; held also gives a reconciler its lease.
+	unknownOp := func(t *testing.T, held bool) (*testBundle, *opbrokerv1.Operation) {
+		t.Helper()
+		own := setup(t)
+		resp, err := own.client.PrepareOperation(own.ctx, prepareRequest("acme", "unclear", `{"amount":1}`))
+		require.NoError(t, err)
+		fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}
+		claimed, err := own.store.AllTenants().Claim(own.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: fair})
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		_, err = own.store.AllTenants().RecordOutcome(own.ctx, store.OutcomeParams{TenantID: "acme", ID: claimed[0].ID,
+			Fence: claimed[0].FenceToken, State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
+		require.NoError(t, err)
+		if held {
+			_, err = own.store.AllTenants().ClaimUnknown(own.ctx, fair)
+			require.NoError(t, err)
+		}
+		got, err := own.client.GetOperation(own.ctx, &opbrokerv1.GetOperationRequest{Name: resp.GetOperation().GetName()})
+		require.NoError(t, err)
+		return own, got.GetOperation()
+	}
+	resolve := func(own *testBundle, op *opbrokerv1.Operation, revision int64) error {
+		_, err := opbrokerv1.NewAdminServiceClient(own.conn).ResolveOperation(own.ctx, &opbrokerv1.ResolveOperationRequest{
+			Name: op.GetName(), Revision: revision, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
+			Reason: "not at the target", Evidence: "searched the dashboard"})
+		return err
+	}
 	produce := map[string]func(t *testing.T) seen{
+		server.ReasonRevisionChanged: func(t *testing.T) seen {
+			own, op := unknownOp(t, false)
+			return received(t, resolve(own, op, op.GetRevision()-1))
+		},
+		server.ReasonBeingReconciled: func(t *testing.T) seen {
+			own, op := unknownOp(t, true)
+			return received(t, resolve(own, op, op.GetRevision()))
+		},
 		server.ReasonFieldRequired: func(t *testing.T) seen {
 			return received(t, prepare(&opbrokerv1.PrepareOperationRequest{}))
 		},

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/opbroker/opbroker/auth"
+	"github.com/opbroker/opbroker/brokermetrics"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
@@ -147,7 +148,11 @@ func New(opts Options) (*Server, error) {
 		heartbeat:  opts.WatchHeartbeat,
 		closing:    closing,
 	})
-	opbrokerv1.RegisterAdminServiceServer(grpcServer, &adminService{store: opts.Store, log: log})
+	events, err := brokermetrics.NewEvents(opts.MeterProvider)
+	if err != nil {
+		return nil, err
+	}
+	opbrokerv1.RegisterAdminServiceServer(grpcServer, &adminService{store: opts.Store, targets: opts.Targets, log: log, events: events})
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	hs.SetServingStatus(opbrokerv1.OperationService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)

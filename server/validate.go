@@ -92,6 +92,16 @@ var ruleWords = map[ruleKey]ruleText{
 	{"labels", "map.keys.string.pattern"}:     {labelKeyWords, ReasonFieldInvalid},
 	{"labels", "map.values.string.max_bytes"}: {"must be a value of at most 256 bytes", ReasonFieldInvalid},
 
+	{"revision", "int64.gt"}:            {"must be the revision of the operation you read, 1 or more", ReasonFieldInvalid},
+	{"resolution", "enum.defined_only"}: {"must be RESOLUTION_SUCCEEDED or RESOLUTION_FAILED_TERMINAL", ReasonFieldInvalid},
+	{"resolution", "enum.not_in"}:       {"must be RESOLUTION_SUCCEEDED or RESOLUTION_FAILED_TERMINAL", ReasonFieldInvalid},
+	{"remote_ref", "string.max_len"}:    {"must be at most 256 characters", ReasonFieldInvalid},
+	{"reason", "string.min_len"}:        {"must say why, in a few words", ReasonFieldInvalid},
+	{"reason", "string.max_len"}:        {"must be at most 1000 characters", ReasonFieldInvalid},
+	{"evidence", "string.min_len"}:      {"must say what was checked", ReasonFieldInvalid},
+	{"evidence", "string.max_len"}:      {"must be at most 2000 characters", ReasonFieldInvalid},
+	{"evidence_url", "string.max_len"}:  {"must be at most 2000 characters", ReasonFieldInvalid},
+
 	{"page_size", "int32.gte"}:            {"must be 0 (meaning 50) or more; more than 1000 means 1000", ReasonFieldInvalid},
 	{"start_after_revision", "int64.gte"}: {"must be 0 (to start with the current state) or the last revision the client saw", ReasonFieldInvalid},
 

@@ -23,6 +23,205 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// The outcome of a manual resolution.
+type ResolveOperationRequest_Resolution int32
+
+const (
+	// Not allowed.
+	ResolveOperationRequest_RESOLUTION_UNSPECIFIED ResolveOperationRequest_Resolution = 0
+	// The effect exists at the target (remote_ref required).
+	ResolveOperationRequest_RESOLUTION_SUCCEEDED ResolveOperationRequest_Resolution = 1
+	// The effect does not exist and cannot happen any more.
+	ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL ResolveOperationRequest_Resolution = 2
+)
+
+// Enum value maps for ResolveOperationRequest_Resolution.
+var (
+	ResolveOperationRequest_Resolution_name = map[int32]string{
+		0: "RESOLUTION_UNSPECIFIED",
+		1: "RESOLUTION_SUCCEEDED",
+		2: "RESOLUTION_FAILED_TERMINAL",
+	}
+	ResolveOperationRequest_Resolution_value = map[string]int32{
+		"RESOLUTION_UNSPECIFIED":     0,
+		"RESOLUTION_SUCCEEDED":       1,
+		"RESOLUTION_FAILED_TERMINAL": 2,
+	}
+)
+
+func (x ResolveOperationRequest_Resolution) Enum() *ResolveOperationRequest_Resolution {
+	p := new(ResolveOperationRequest_Resolution)
+	*p = x
+	return p
+}
+
+func (x ResolveOperationRequest_Resolution) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ResolveOperationRequest_Resolution) Descriptor() protoreflect.EnumDescriptor {
+	return file_opbroker_v1_admin_service_proto_enumTypes[0].Descriptor()
+}
+
+func (ResolveOperationRequest_Resolution) Type() protoreflect.EnumType {
+	return &file_opbroker_v1_admin_service_proto_enumTypes[0]
+}
+
+func (x ResolveOperationRequest_Resolution) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ResolveOperationRequest_Resolution.Descriptor instead.
+func (ResolveOperationRequest_Resolution) EnumDescriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{0, 0}
+}
+
+// The request for ResolveOperation.
+type ResolveOperationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation's name, tenants/{tenant}/operations/{operation}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The operation's revision the operator looked at.
+	Revision int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The outcome found at the target.
+	Resolution ResolveOperationRequest_Resolution `protobuf:"varint,3,opt,name=resolution,proto3,enum=opbroker.v1.ResolveOperationRequest_Resolution" json:"resolution,omitempty"`
+	// For RESOLUTION_SUCCEEDED: the target's identifier of the effect.
+	RemoteRef string `protobuf:"bytes,4,opt,name=remote_ref,json=remoteRef,proto3" json:"remote_ref,omitempty"`
+	// Why, in the operator's words.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What was checked.
+	Evidence string `protobuf:"bytes,6,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	// Where it was checked, if it has a link.
+	EvidenceUrl   string `protobuf:"bytes,7,opt,name=evidence_url,json=evidenceUrl,proto3" json:"evidence_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveOperationRequest) Reset() {
+	*x = ResolveOperationRequest{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveOperationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveOperationRequest) ProtoMessage() {}
+
+func (x *ResolveOperationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveOperationRequest.ProtoReflect.Descriptor instead.
+func (*ResolveOperationRequest) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ResolveOperationRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ResolveOperationRequest) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ResolveOperationRequest) GetResolution() ResolveOperationRequest_Resolution {
+	if x != nil {
+		return x.Resolution
+	}
+	return ResolveOperationRequest_RESOLUTION_UNSPECIFIED
+}
+
+func (x *ResolveOperationRequest) GetRemoteRef() string {
+	if x != nil {
+		return x.RemoteRef
+	}
+	return ""
+}
+
+func (x *ResolveOperationRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ResolveOperationRequest) GetEvidence() string {
+	if x != nil {
+		return x.Evidence
+	}
+	return ""
+}
+
+func (x *ResolveOperationRequest) GetEvidenceUrl() string {
+	if x != nil {
+		return x.EvidenceUrl
+	}
+	return ""
+}
+
+// The response of ResolveOperation.
+type ResolveOperationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation as resolved.
+	Operation     *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveOperationResponse) Reset() {
+	*x = ResolveOperationResponse{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveOperationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveOperationResponse) ProtoMessage() {}
+
+func (x *ResolveOperationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveOperationResponse.ProtoReflect.Descriptor instead.
+func (*ResolveOperationResponse) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ResolveOperationResponse) GetOperation() *Operation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
 // The request for DeleteTenantData.
 type DeleteTenantDataRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -34,7 +233,7 @@ type DeleteTenantDataRequest struct {
 
 func (x *DeleteTenantDataRequest) Reset() {
 	*x = DeleteTenantDataRequest{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[0]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -46,7 +245,7 @@ func (x *DeleteTenantDataRequest) String() string {
 func (*DeleteTenantDataRequest) ProtoMessage() {}
 
 func (x *DeleteTenantDataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[0]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -59,7 +258,7 @@ func (x *DeleteTenantDataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantDataRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTenantDataRequest) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{0}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DeleteTenantDataRequest) GetTenant() string {
@@ -80,7 +279,7 @@ type DeleteTenantDataResponse struct {
 
 func (x *DeleteTenantDataResponse) Reset() {
 	*x = DeleteTenantDataResponse{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[1]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -92,7 +291,7 @@ func (x *DeleteTenantDataResponse) String() string {
 func (*DeleteTenantDataResponse) ProtoMessage() {}
 
 func (x *DeleteTenantDataResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[1]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -105,7 +304,7 @@ func (x *DeleteTenantDataResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantDataResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTenantDataResponse) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{1}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DeleteTenantDataResponse) GetDeletedOperations() int64 {
@@ -119,13 +318,33 @@ var File_opbroker_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_opbroker_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1fopbroker/v1/admin_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\"^\n" +
+	"\x1fopbroker/v1/admin_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bopbroker/v1/operation.proto\"\xc5\x04\n" +
+	"\x17ResolveOperationRequest\x12\x8f\x01\n" +
+	"\x04name\x18\x01 \x01(\tB{\xe0A\x02\xbaHurs2q^tenants/[a-z]([a-z0-9-]{0,61}[a-z0-9])?/operations/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$R\x04name\x12&\n" +
+	"\brevision\x18\x02 \x01(\x03B\n" +
+	"\xe0A\x02\xbaH\x04\"\x02 \x00R\brevision\x12^\n" +
+	"\n" +
+	"resolution\x18\x03 \x01(\x0e2/.opbroker.v1.ResolveOperationRequest.ResolutionB\r\xe0A\x02\xbaH\a\x82\x01\x04\x10\x01 \x00R\n" +
+	"resolution\x12*\n" +
+	"\n" +
+	"remote_ref\x18\x04 \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\x80\x02R\tremoteRef\x12%\n" +
+	"\x06reason\x18\x05 \x01(\tB\r\xe0A\x02\xbaH\ar\x05\x10\x01\x18\xe8\aR\x06reason\x12)\n" +
+	"\bevidence\x18\x06 \x01(\tB\r\xe0A\x02\xbaH\ar\x05\x10\x01\x18\xd0\x0fR\bevidence\x12.\n" +
+	"\fevidence_url\x18\a \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\xd0\x0fR\vevidenceUrl\"b\n" +
+	"\n" +
+	"Resolution\x12\x1a\n" +
+	"\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14RESOLUTION_SUCCEEDED\x10\x01\x12\x1e\n" +
+	"\x1aRESOLUTION_FAILED_TERMINAL\x10\x02\"P\n" +
+	"\x18ResolveOperationResponse\x124\n" +
+	"\toperation\x18\x01 \x01(\v2\x16.opbroker.v1.OperationR\toperation\"^\n" +
 	"\x17DeleteTenantDataRequest\x12C\n" +
 	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\"I\n" +
 	"\x18DeleteTenantDataResponse\x12-\n" +
-	"\x12deleted_operations\x18\x01 \x01(\x03R\x11deletedOperations2t\n" +
+	"\x12deleted_operations\x18\x01 \x01(\x03R\x11deletedOperations2\xd5\x01\n" +
 	"\fAdminService\x12d\n" +
-	"\x10DeleteTenantData\x12$.opbroker.v1.DeleteTenantDataRequest\x1a%.opbroker.v1.DeleteTenantDataResponse\"\x03\x90\x02\x02B\xaa\x01\n" +
+	"\x10DeleteTenantData\x12$.opbroker.v1.DeleteTenantDataRequest\x1a%.opbroker.v1.DeleteTenantDataResponse\"\x03\x90\x02\x02\x12_\n" +
+	"\x10ResolveOperation\x12$.opbroker.v1.ResolveOperationRequest\x1a%.opbroker.v1.ResolveOperationResponseB\xaa\x01\n" +
 	"\x0fcom.opbroker.v1B\x11AdminServiceProtoP\x01Z7github.com/opbroker/opbroker/gen/opbroker/v1;opbrokerv1\xa2\x02\x03OXX\xaa\x02\vOpbroker.V1\xca\x02\vOpbroker\\V1\xe2\x02\x17Opbroker\\V1\\GPBMetadata\xea\x02\fOpbroker::V1b\x06proto3"
 
 var (
@@ -140,19 +359,28 @@ func file_opbroker_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_opbroker_v1_admin_service_proto_rawDescData
 }
 
-var file_opbroker_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_opbroker_v1_admin_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_opbroker_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_opbroker_v1_admin_service_proto_goTypes = []any{
-	(*DeleteTenantDataRequest)(nil),  // 0: opbroker.v1.DeleteTenantDataRequest
-	(*DeleteTenantDataResponse)(nil), // 1: opbroker.v1.DeleteTenantDataResponse
+	(ResolveOperationRequest_Resolution)(0), // 0: opbroker.v1.ResolveOperationRequest.Resolution
+	(*ResolveOperationRequest)(nil),         // 1: opbroker.v1.ResolveOperationRequest
+	(*ResolveOperationResponse)(nil),        // 2: opbroker.v1.ResolveOperationResponse
+	(*DeleteTenantDataRequest)(nil),         // 3: opbroker.v1.DeleteTenantDataRequest
+	(*DeleteTenantDataResponse)(nil),        // 4: opbroker.v1.DeleteTenantDataResponse
+	(*Operation)(nil),                       // 5: opbroker.v1.Operation
 }
 var file_opbroker_v1_admin_service_proto_depIdxs = []int32{
-	0, // 0: opbroker.v1.AdminService.DeleteTenantData:input_type -> opbroker.v1.DeleteTenantDataRequest
-	1, // 1: opbroker.v1.AdminService.DeleteTenantData:output_type -> opbroker.v1.DeleteTenantDataResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	0, // 0: opbroker.v1.ResolveOperationRequest.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
+	5, // 1: opbroker.v1.ResolveOperationResponse.operation:type_name -> opbroker.v1.Operation
+	3, // 2: opbroker.v1.AdminService.DeleteTenantData:input_type -> opbroker.v1.DeleteTenantDataRequest
+	1, // 3: opbroker.v1.AdminService.ResolveOperation:input_type -> opbroker.v1.ResolveOperationRequest
+	4, // 4: opbroker.v1.AdminService.DeleteTenantData:output_type -> opbroker.v1.DeleteTenantDataResponse
+	2, // 5: opbroker.v1.AdminService.ResolveOperation:output_type -> opbroker.v1.ResolveOperationResponse
+	4, // [4:6] is the sub-list for method output_type
+	2, // [2:4] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_admin_service_proto_init() }
@@ -160,18 +388,20 @@ func file_opbroker_v1_admin_service_proto_init() {
 	if File_opbroker_v1_admin_service_proto != nil {
 		return
 	}
+	file_opbroker_v1_operation_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opbroker_v1_admin_service_proto_rawDesc), len(file_opbroker_v1_admin_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   2,
+			NumEnums:      1,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_opbroker_v1_admin_service_proto_goTypes,
 		DependencyIndexes: file_opbroker_v1_admin_service_proto_depIdxs,
+		EnumInfos:         file_opbroker_v1_admin_service_proto_enumTypes,
 		MessageInfos:      file_opbroker_v1_admin_service_proto_msgTypes,
 	}.Build()
 	File_opbroker_v1_admin_service_proto = out.File

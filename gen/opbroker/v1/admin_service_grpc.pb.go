@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	AdminService_DeleteTenantData_FullMethodName = "/opbroker.v1.AdminService/DeleteTenantData"
+	AdminService_ResolveOperation_FullMethodName = "/opbroker.v1.AdminService/ResolveOperation"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -36,6 +37,16 @@ type AdminServiceClient interface {
 	// has caused one nobody has confirmed, is forgotten: cancel or resolve those first.
 	// Deleting a tenant with no operations succeeds and deletes nothing.
 	DeleteTenantData(ctx context.Context, in *DeleteTenantDataRequest, opts ...grpc.CallOption) (*DeleteTenantDataResponse, error)
+	// Resolves an UNKNOWN or ESCALATED operation by hand, after an operator checked the
+	// target: SUCCEEDED with the target's reference of the effect, or FAILED_TERMINAL.
+	// The resolution applies only to the revision the operator read: if the operation
+	// changed since, it is ABORTED (reason REVISION_CHANGED, metadata currentRevision),
+	// and while a reconciler is working on it, ABORTED too (reason BEING_RECONCILED:
+	// retry in a moment). It takes the next fence, so a reconciler that held the
+	// operation earlier can no longer record. The event records the operator's name, the
+	// reason and the evidence. An operation in any other state is FAILED_PRECONDITION
+	// (OPERATION_STATE).
+	ResolveOperation(ctx context.Context, in *ResolveOperationRequest, opts ...grpc.CallOption) (*ResolveOperationResponse, error)
 }
 
 type adminServiceClient struct {
@@ -56,6 +67,16 @@ func (c *adminServiceClient) DeleteTenantData(ctx context.Context, in *DeleteTen
 	return out, nil
 }
 
+func (c *adminServiceClient) ResolveOperation(ctx context.Context, in *ResolveOperationRequest, opts ...grpc.CallOption) (*ResolveOperationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolveOperationResponse)
+	err := c.cc.Invoke(ctx, AdminService_ResolveOperation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -70,6 +91,16 @@ type AdminServiceServer interface {
 	// has caused one nobody has confirmed, is forgotten: cancel or resolve those first.
 	// Deleting a tenant with no operations succeeds and deletes nothing.
 	DeleteTenantData(context.Context, *DeleteTenantDataRequest) (*DeleteTenantDataResponse, error)
+	// Resolves an UNKNOWN or ESCALATED operation by hand, after an operator checked the
+	// target: SUCCEEDED with the target's reference of the effect, or FAILED_TERMINAL.
+	// The resolution applies only to the revision the operator read: if the operation
+	// changed since, it is ABORTED (reason REVISION_CHANGED, metadata currentRevision),
+	// and while a reconciler is working on it, ABORTED too (reason BEING_RECONCILED:
+	// retry in a moment). It takes the next fence, so a reconciler that held the
+	// operation earlier can no longer record. The event records the operator's name, the
+	// reason and the evidence. An operation in any other state is FAILED_PRECONDITION
+	// (OPERATION_STATE).
+	ResolveOperation(context.Context, *ResolveOperationRequest) (*ResolveOperationResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -82,6 +113,9 @@ type UnimplementedAdminServiceServer struct{}
 
 func (UnimplementedAdminServiceServer) DeleteTenantData(context.Context, *DeleteTenantDataRequest) (*DeleteTenantDataResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteTenantData not implemented")
+}
+func (UnimplementedAdminServiceServer) ResolveOperation(context.Context, *ResolveOperationRequest) (*ResolveOperationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolveOperation not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -122,6 +156,24 @@ func _AdminService_DeleteTenantData_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ResolveOperation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveOperationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ResolveOperation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ResolveOperation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ResolveOperation(ctx, req.(*ResolveOperationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -132,6 +184,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteTenantData",
 			Handler:    _AdminService_DeleteTenantData_Handler,
+		},
+		{
+			MethodName: "ResolveOperation",
+			Handler:    _AdminService_ResolveOperation_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
