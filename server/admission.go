@@ -26,14 +26,15 @@ import (
 // methodRoles is the roles each RPC needs; a method not listed here is refused to
 // everyone. Health and reflection need no credentials (public).
 var methodRoles = map[string][]auth.Role{
-	opbrokerv1.OperationService_PrepareOperation_FullMethodName: {auth.RoleClient},
-	opbrokerv1.OperationService_CancelOperation_FullMethodName:  {auth.RoleClient},
-	opbrokerv1.OperationService_GetOperation_FullMethodName:     {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
-	opbrokerv1.OperationService_ListOperations_FullMethodName:   {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
-	opbrokerv1.OperationService_WatchOperation_FullMethodName:   {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
-	opbrokerv1.OperationService_WatchOperations_FullMethodName:  {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
-	opbrokerv1.AdminService_DeleteTenantData_FullMethodName:     {auth.RoleOperator},
-	opbrokerv1.AdminService_ResolveOperation_FullMethodName:     {auth.RoleOperator},
+	opbrokerv1.OperationService_PrepareOperation_FullMethodName:    {auth.RoleClient},
+	opbrokerv1.OperationService_CancelOperation_FullMethodName:     {auth.RoleClient},
+	opbrokerv1.OperationService_GetOperation_FullMethodName:        {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
+	opbrokerv1.OperationService_ListOperations_FullMethodName:      {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
+	opbrokerv1.OperationService_ListOperationEvents_FullMethodName: {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
+	opbrokerv1.OperationService_WatchOperation_FullMethodName:      {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
+	opbrokerv1.OperationService_WatchOperations_FullMethodName:     {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
+	opbrokerv1.AdminService_DeleteTenantData_FullMethodName:        {auth.RoleOperator},
+	opbrokerv1.AdminService_ResolveOperation_FullMethodName:        {auth.RoleOperator},
 }
 
 // public reports whether a method needs no credentials: health checks and reflection.

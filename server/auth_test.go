@@ -87,6 +87,10 @@ func TestEveryRPCAuthorises(t *testing.T) {
 			_, err := b.client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: ops[tenant]})
 			return err
 		}, "acme-support", codes.OK},
+		"ListOperationEvents": {func(ctx context.Context, b *testBundle, tenant string) error {
+			_, err := b.client.ListOperationEvents(ctx, &opbrokerv1.ListOperationEventsRequest{Name: ops[tenant]})
+			return err
+		}, "acme-support", codes.OK},
 		"ListOperations": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.ListOperations(ctx, &opbrokerv1.ListOperationsRequest{Tenant: tenant})
 			return err
@@ -131,7 +135,7 @@ func TestEveryRPCAuthorises(t *testing.T) {
 
 	// In an order that keeps each call's fixture: acme's operations stay open until the
 	// cancellation, last.
-	for _, name := range []string{"PrepareOperation", "GetOperation", "ListOperations", "WatchOperation",
+	for _, name := range []string{"PrepareOperation", "GetOperation", "ListOperations", "ListOperationEvents", "WatchOperation",
 		"WatchOperations", "DeleteTenantData", "ResolveOperation", "CancelOperation"} {
 		rpc := rpcs[name]
 		t.Run(name+"/right principal", func(t *testing.T) {

@@ -71,14 +71,29 @@ func operationToProto(op store.Operation) *opbrokerv1.Operation {
 	if op.SupersedesID.Valid {
 		out.Supersedes = operationName(op.TenantID, op.SupersedesID.UUID)
 	}
-	if obs := op.LastObservation; obs != nil {
-		out.LastObservation = &opbrokerv1.Operation_Observation{
-			ObserveTime: timestamppb.New(obs.ObservedAt),
-			Source:      opbrokerv1.Operation_Source(opbrokerv1.Operation_Source_value["SOURCE_"+obs.Source]),
-			Outcome:     obs.Outcome,
-			HttpStatus:  int32(obs.HTTPStatus),
-			Summary:     obs.Summary,
-		}
+	out.LastObservation = observationToProto(op.LastObservation)
+	return out
+}
+
+func observationToProto(obs *store.Observation) *opbrokerv1.Operation_Observation {
+	if obs == nil {
+		return nil
+	}
+	return &opbrokerv1.Operation_Observation{
+		ObserveTime: timestamppb.New(obs.ObservedAt),
+		Source:      opbrokerv1.Operation_Source(opbrokerv1.Operation_Source_value["SOURCE_"+obs.Source]),
+		Outcome:     obs.Outcome,
+		HttpStatus:  int32(obs.HTTPStatus),
+		Summary:     obs.Summary,
+	}
+}
+
+func eventToProto(e store.Event) *opbrokerv1.OperationEvent {
+	out := &opbrokerv1.OperationEvent{Revision: e.Revision, ToState: stateToProto(e.State), Actor: e.Actor,
+		Reason: e.Reason, Observation: observationToProto(e.Observation), FenceToken: e.FenceToken,
+		CreateTime: timestamppb.New(e.At)}
+	if e.From != nil {
+		out.FromState = stateToProto(*e.From)
 	}
 	return out
 }

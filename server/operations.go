@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc/codes"
 
+	"github.com/opbroker/opbroker/auth"
 	"github.com/opbroker/opbroker/crashpoint"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/payload"
@@ -23,8 +24,6 @@ import (
 const (
 	defaultPageSize = 50
 	maxPageSize     = 1000
-	// clientActor is recorded on events caused by a client call.
-	clientActor = "client"
 )
 
 // operationService implements opbrokerv1.OperationServiceServer.
@@ -84,7 +83,7 @@ func (s *operationService) prepare(ctx context.Context, req *opbrokerv1.PrepareO
 		Payload:       req.GetPayload(),
 		PayloadSHA256: digest[:],
 		Labels:        req.GetLabels(),
-		Actor:         clientActor,
+		Actor:         clientActor(ctx),
 	}
 	if name := req.GetSupersedes(); name != "" {
 		tenant, id, err := parseOperationName("supersedes", name)
@@ -157,9 +156,44 @@ func (s *operationService) CancelOperation(ctx context.Context, req *opbrokerv1.
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
-	op, err := ledger(ctx, s.store).Cancel(ctx, store.CancelParams{TenantID: tenant, ID: id, Actor: clientActor})
+	op, err := ledger(ctx, s.store).Cancel(ctx, store.CancelParams{TenantID: tenant, ID: id, Actor: clientActor(ctx)})
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
 	return &opbrokerv1.CancelOperationResponse{Operation: operationFor(ctx, s.targets, op)}, nil
+}
+
+// clientActor is what the events of a client's call record as their actor: client:
+// and the principal's name.
+func clientActor(ctx context.Context) string {
+	if p := auth.FromContext(ctx); p != nil {
+		return "client:" + p.Name
+	}
+	return "client"
+}
+
+// ListOperationEvents returns an operation's history from the ledger's events.
+func (s *operationService) ListOperationEvents(ctx context.Context, req *opbrokerv1.ListOperationEventsRequest) (*opbrokerv1.ListOperationEventsResponse, error) {
+	tenant, id, err := parseOperationName("name", req.GetName())
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	size := int(req.GetPageSize())
+	if size == 0 {
+		size = defaultPageSize
+	}
+	size = min(size, maxPageSize)
+	scope := ledger(ctx, s.store)
+	if _, err := scope.Get(ctx, tenant, id); err != nil { // another tenant's is NOT_FOUND
+		return nil, toStatus(ctx, s.log, err)
+	}
+	events, err := scope.Events(ctx, tenant, id, req.GetStartAfterRevision(), size+1)
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	resp := &opbrokerv1.ListOperationEventsResponse{More: len(events) > size}
+	for _, e := range events[:min(len(events), size)] {
+		resp.Events = append(resp.Events, eventToProto(e))
+	}
+	return resp, nil
 }

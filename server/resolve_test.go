@@ -64,3 +64,39 @@ func TestResolveOperation(t *testing.T) {
 	_, err = admin.ResolveOperation(tokens.as(b.ctx, "alice"), req)
 	requireStatus(t, err, codes.FailedPrecondition, server.ReasonOperationState)
 }
+
+// TestHistoryNamesWhoDidWhat: every event records the principal that caused it, and
+// ListOperationEvents returns the history, oldest first, in pages.
+func TestHistoryNamesWhoDidWhat(t *testing.T) {
+	t.Parallel()
+	authn, tokens := newPrincipals(t,
+		auth.PrincipalConfig{Name: "acme-client", Roles: []auth.Role{auth.RoleClient}, Tenants: []string{"acme"}},
+		auth.PrincipalConfig{Name: "acme-support", Roles: []auth.Role{auth.RoleSupportRead}, Tenants: []string{"acme"}})
+	b := setupWith(t, func(o *server.Options) { o.Auth = authn })
+	created, err := b.client.PrepareOperation(tokens.as(b.ctx, "acme-client"), prepareRequest("acme", "history", `{"amount":1}`))
+	require.NoError(t, err)
+	name := created.GetOperation().GetName()
+	_, err = b.client.CancelOperation(tokens.as(b.ctx, "acme-client"), &opbrokerv1.CancelOperationRequest{Name: name})
+	require.NoError(t, err)
+
+	resp, err := b.client.ListOperationEvents(tokens.as(b.ctx, "acme-support"), &opbrokerv1.ListOperationEventsRequest{Name: name})
+	require.NoError(t, err)
+	require.False(t, resp.GetMore())
+	require.Len(t, resp.GetEvents(), 2)
+	first, second := resp.GetEvents()[0], resp.GetEvents()[1]
+	require.Equal(t, opbrokerv1.Operation_STATE_UNSPECIFIED, first.GetFromState())
+	require.Equal(t, opbrokerv1.Operation_STATE_PREPARED, first.GetToState())
+	require.Equal(t, "client:acme-client", first.GetActor(), "the principal, not just \"client\"")
+	require.Equal(t, opbrokerv1.Operation_STATE_CANCELLED, second.GetToState())
+	require.Equal(t, "client:acme-client", second.GetActor())
+
+	page, err := b.client.ListOperationEvents(tokens.as(b.ctx, "acme-support"), &opbrokerv1.ListOperationEventsRequest{Name: name, PageSize: 1})
+	require.NoError(t, err)
+	require.Len(t, page.GetEvents(), 1)
+	require.True(t, page.GetMore())
+	rest, err := b.client.ListOperationEvents(tokens.as(b.ctx, "acme-support"), &opbrokerv1.ListOperationEventsRequest{Name: name,
+		StartAfterRevision: page.GetEvents()[0].GetRevision()})
+	require.NoError(t, err)
+	require.Len(t, rest.GetEvents(), 1)
+	require.Equal(t, int64(2), rest.GetEvents()[0].GetRevision())
+}

@@ -848,6 +848,236 @@ func (*WatchOperationsResponse_Change) isWatchOperationsResponse_Event() {}
 
 func (*WatchOperationsResponse_Heartbeat_) isWatchOperationsResponse_Event() {}
 
+// The request for ListOperationEvents.
+type ListOperationEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation's name, tenants/{tenant}/operations/{operation}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Only the changes after this revision (0: from the creation).
+	StartAfterRevision int64 `protobuf:"varint,2,opt,name=start_after_revision,json=startAfterRevision,proto3" json:"start_after_revision,omitempty"`
+	// At most this many changes (0 means 50; more than 1000 means 1000).
+	PageSize      int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOperationEventsRequest) Reset() {
+	*x = ListOperationEventsRequest{}
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOperationEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOperationEventsRequest) ProtoMessage() {}
+
+func (x *ListOperationEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOperationEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListOperationEventsRequest) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_operation_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListOperationEventsRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ListOperationEventsRequest) GetStartAfterRevision() int64 {
+	if x != nil {
+		return x.StartAfterRevision
+	}
+	return 0
+}
+
+func (x *ListOperationEventsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+// The response of ListOperationEvents.
+type ListOperationEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The changes, oldest first.
+	Events []*OperationEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// True when more changes follow the last one: ask again after its revision.
+	More          bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOperationEventsResponse) Reset() {
+	*x = ListOperationEventsResponse{}
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOperationEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOperationEventsResponse) ProtoMessage() {}
+
+func (x *ListOperationEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOperationEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListOperationEventsResponse) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_operation_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListOperationEventsResponse) GetEvents() []*OperationEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListOperationEventsResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+// One change of an operation.
+type OperationEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation's revision after the change.
+	Revision int64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The state before (STATE_UNSPECIFIED for the creation).
+	FromState Operation_State `protobuf:"varint,2,opt,name=from_state,json=fromState,proto3,enum=opbroker.v1.Operation_State" json:"from_state,omitempty"`
+	// The state after (the same as before for a look that changed nothing).
+	ToState Operation_State `protobuf:"varint,3,opt,name=to_state,json=toState,proto3,enum=opbroker.v1.Operation_State" json:"to_state,omitempty"`
+	// Who made it: client:NAME, operator:NAME, dispatcher:WORKER, reconciler:WORKER,
+	// sweeper or dispatcher for the broker's own moves.
+	Actor string `protobuf:"bytes,4,opt,name=actor,proto3" json:"actor,omitempty"`
+	// Why, as a stable UPPER_SNAKE code where there is one (e.g. SAME_KEY_REPLAY,
+	// MANUAL_RESOLUTION, SUPERSEDED), or empty.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What was observed, when the change came from an observation.
+	Observation *Operation_Observation `protobuf:"bytes,6,opt,name=observation,proto3" json:"observation,omitempty"`
+	// The fence token after the change.
+	FenceToken int64 `protobuf:"varint,7,opt,name=fence_token,json=fenceToken,proto3" json:"fence_token,omitempty"`
+	// When it was recorded.
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperationEvent) Reset() {
+	*x = OperationEvent{}
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperationEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperationEvent) ProtoMessage() {}
+
+func (x *OperationEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperationEvent.ProtoReflect.Descriptor instead.
+func (*OperationEvent) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_operation_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *OperationEvent) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *OperationEvent) GetFromState() Operation_State {
+	if x != nil {
+		return x.FromState
+	}
+	return Operation_STATE_UNSPECIFIED
+}
+
+func (x *OperationEvent) GetToState() Operation_State {
+	if x != nil {
+		return x.ToState
+	}
+	return Operation_STATE_UNSPECIFIED
+}
+
+func (x *OperationEvent) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *OperationEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *OperationEvent) GetObservation() *Operation_Observation {
+	if x != nil {
+		return x.Observation
+	}
+	return nil
+}
+
+func (x *OperationEvent) GetFenceToken() int64 {
+	if x != nil {
+		return x.FenceToken
+	}
+	return 0
+}
+
+func (x *OperationEvent) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
 // Sent while the stream is idle.
 type WatchOperationResponse_Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -859,7 +1089,7 @@ type WatchOperationResponse_Heartbeat struct {
 
 func (x *WatchOperationResponse_Heartbeat) Reset() {
 	*x = WatchOperationResponse_Heartbeat{}
-	mi := &file_opbroker_v1_operation_service_proto_msgTypes[13]
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1101,7 @@ func (x *WatchOperationResponse_Heartbeat) String() string {
 func (*WatchOperationResponse_Heartbeat) ProtoMessage() {}
 
 func (x *WatchOperationResponse_Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_operation_service_proto_msgTypes[13]
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +1133,7 @@ type WatchOperationsResponse_Heartbeat struct {
 
 func (x *WatchOperationsResponse_Heartbeat) Reset() {
 	*x = WatchOperationsResponse_Heartbeat{}
-	mi := &file_opbroker_v1_operation_service_proto_msgTypes[14]
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1145,7 @@ func (x *WatchOperationsResponse_Heartbeat) String() string {
 func (*WatchOperationsResponse_Heartbeat) ProtoMessage() {}
 
 func (x *WatchOperationsResponse_Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_operation_service_proto_msgTypes[14]
+	mi := &file_opbroker_v1_operation_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,11 +1231,33 @@ const file_opbroker_v1_operation_service_proto_rawDesc = "" +
 	"\theartbeat\x18\x02 \x01(\v2..opbroker.v1.WatchOperationsResponse.HeartbeatH\x00R\theartbeat\x12!\n" +
 	"\fresume_token\x18\x03 \x01(\tR\vresumeToken\x1a\v\n" +
 	"\tHeartbeatB\a\n" +
-	"\x05event2\xdc\x04\n" +
+	"\x05event\"\x95\x02\n" +
+	"\x1aListOperationEventsRequest\x12\x8f\x01\n" +
+	"\x04name\x18\x01 \x01(\tB{\xe0A\x02\xbaHurs2q^tenants/[a-z]([a-z0-9-]{0,61}[a-z0-9])?/operations/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$R\x04name\x12<\n" +
+	"\x14start_after_revision\x18\x02 \x01(\x03B\n" +
+	"\xe0A\x01\xbaH\x04\"\x02(\x00R\x12startAfterRevision\x12'\n" +
+	"\tpage_size\x18\x03 \x01(\x05B\n" +
+	"\xe0A\x01\xbaH\x04\x1a\x02(\x00R\bpageSize\"f\n" +
+	"\x1bListOperationEventsResponse\x123\n" +
+	"\x06events\x18\x01 \x03(\v2\x1b.opbroker.v1.OperationEventR\x06events\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\"\xf4\x02\n" +
+	"\x0eOperationEvent\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x12;\n" +
+	"\n" +
+	"from_state\x18\x02 \x01(\x0e2\x1c.opbroker.v1.Operation.StateR\tfromState\x127\n" +
+	"\bto_state\x18\x03 \x01(\x0e2\x1c.opbroker.v1.Operation.StateR\atoState\x12\x14\n" +
+	"\x05actor\x18\x04 \x01(\tR\x05actor\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12D\n" +
+	"\vobservation\x18\x06 \x01(\v2\".opbroker.v1.Operation.ObservationR\vobservation\x12\x1f\n" +
+	"\vfence_token\x18\a \x01(\x03R\n" +
+	"fenceToken\x12;\n" +
+	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime2\xcb\x05\n" +
 	"\x10OperationService\x12d\n" +
 	"\x10PrepareOperation\x12$.opbroker.v1.PrepareOperationRequest\x1a%.opbroker.v1.PrepareOperationResponse\"\x03\x90\x02\x02\x12X\n" +
 	"\fGetOperation\x12 .opbroker.v1.GetOperationRequest\x1a!.opbroker.v1.GetOperationResponse\"\x03\x90\x02\x01\x12^\n" +
-	"\x0eListOperations\x12\".opbroker.v1.ListOperationsRequest\x1a#.opbroker.v1.ListOperationsResponse\"\x03\x90\x02\x01\x12a\n" +
+	"\x0eListOperations\x12\".opbroker.v1.ListOperationsRequest\x1a#.opbroker.v1.ListOperationsResponse\"\x03\x90\x02\x01\x12m\n" +
+	"\x13ListOperationEvents\x12'.opbroker.v1.ListOperationEventsRequest\x1a(.opbroker.v1.ListOperationEventsResponse\"\x03\x90\x02\x01\x12a\n" +
 	"\x0fCancelOperation\x12#.opbroker.v1.CancelOperationRequest\x1a$.opbroker.v1.CancelOperationResponse\"\x03\x90\x02\x02\x12`\n" +
 	"\x0eWatchOperation\x12\".opbroker.v1.WatchOperationRequest\x1a#.opbroker.v1.WatchOperationResponse\"\x03\x90\x02\x010\x01\x12c\n" +
 	"\x0fWatchOperations\x12#.opbroker.v1.WatchOperationsRequest\x1a$.opbroker.v1.WatchOperationsResponse\"\x03\x90\x02\x010\x01B\xae\x01\n" +
@@ -1023,7 +1275,7 @@ func file_opbroker_v1_operation_service_proto_rawDescGZIP() []byte {
 	return file_opbroker_v1_operation_service_proto_rawDescData
 }
 
-var file_opbroker_v1_operation_service_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_opbroker_v1_operation_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_opbroker_v1_operation_service_proto_goTypes = []any{
 	(*PrepareOperationRequest)(nil),           // 0: opbroker.v1.PrepareOperationRequest
 	(*PrepareOperationResponse)(nil),          // 1: opbroker.v1.PrepareOperationResponse
@@ -1037,45 +1289,56 @@ var file_opbroker_v1_operation_service_proto_goTypes = []any{
 	(*WatchOperationResponse)(nil),            // 9: opbroker.v1.WatchOperationResponse
 	(*WatchOperationsRequest)(nil),            // 10: opbroker.v1.WatchOperationsRequest
 	(*WatchOperationsResponse)(nil),           // 11: opbroker.v1.WatchOperationsResponse
-	nil,                                       // 12: opbroker.v1.PrepareOperationRequest.LabelsEntry
-	(*WatchOperationResponse_Heartbeat)(nil),  // 13: opbroker.v1.WatchOperationResponse.Heartbeat
-	(*WatchOperationsResponse_Heartbeat)(nil), // 14: opbroker.v1.WatchOperationsResponse.Heartbeat
-	(*timestamppb.Timestamp)(nil),             // 15: google.protobuf.Timestamp
-	(*Operation)(nil),                         // 16: opbroker.v1.Operation
-	(Operation_State)(0),                      // 17: opbroker.v1.Operation.State
+	(*ListOperationEventsRequest)(nil),        // 12: opbroker.v1.ListOperationEventsRequest
+	(*ListOperationEventsResponse)(nil),       // 13: opbroker.v1.ListOperationEventsResponse
+	(*OperationEvent)(nil),                    // 14: opbroker.v1.OperationEvent
+	nil,                                       // 15: opbroker.v1.PrepareOperationRequest.LabelsEntry
+	(*WatchOperationResponse_Heartbeat)(nil),  // 16: opbroker.v1.WatchOperationResponse.Heartbeat
+	(*WatchOperationsResponse_Heartbeat)(nil), // 17: opbroker.v1.WatchOperationsResponse.Heartbeat
+	(*timestamppb.Timestamp)(nil),             // 18: google.protobuf.Timestamp
+	(*Operation)(nil),                         // 19: opbroker.v1.Operation
+	(Operation_State)(0),                      // 20: opbroker.v1.Operation.State
+	(*Operation_Observation)(nil),             // 21: opbroker.v1.Operation.Observation
 }
 var file_opbroker_v1_operation_service_proto_depIdxs = []int32{
-	15, // 0: opbroker.v1.PrepareOperationRequest.dispatch_deadline:type_name -> google.protobuf.Timestamp
-	12, // 1: opbroker.v1.PrepareOperationRequest.labels:type_name -> opbroker.v1.PrepareOperationRequest.LabelsEntry
-	15, // 2: opbroker.v1.PrepareOperationRequest.not_before:type_name -> google.protobuf.Timestamp
-	16, // 3: opbroker.v1.PrepareOperationResponse.operation:type_name -> opbroker.v1.Operation
-	16, // 4: opbroker.v1.GetOperationResponse.operation:type_name -> opbroker.v1.Operation
-	17, // 5: opbroker.v1.ListOperationsRequest.states:type_name -> opbroker.v1.Operation.State
-	16, // 6: opbroker.v1.ListOperationsResponse.operations:type_name -> opbroker.v1.Operation
-	16, // 7: opbroker.v1.CancelOperationResponse.operation:type_name -> opbroker.v1.Operation
-	16, // 8: opbroker.v1.WatchOperationResponse.snapshot:type_name -> opbroker.v1.Operation
-	16, // 9: opbroker.v1.WatchOperationResponse.change:type_name -> opbroker.v1.Operation
-	13, // 10: opbroker.v1.WatchOperationResponse.heartbeat:type_name -> opbroker.v1.WatchOperationResponse.Heartbeat
-	17, // 11: opbroker.v1.WatchOperationsRequest.states:type_name -> opbroker.v1.Operation.State
-	16, // 12: opbroker.v1.WatchOperationsResponse.change:type_name -> opbroker.v1.Operation
-	14, // 13: opbroker.v1.WatchOperationsResponse.heartbeat:type_name -> opbroker.v1.WatchOperationsResponse.Heartbeat
-	0,  // 14: opbroker.v1.OperationService.PrepareOperation:input_type -> opbroker.v1.PrepareOperationRequest
-	2,  // 15: opbroker.v1.OperationService.GetOperation:input_type -> opbroker.v1.GetOperationRequest
-	4,  // 16: opbroker.v1.OperationService.ListOperations:input_type -> opbroker.v1.ListOperationsRequest
-	6,  // 17: opbroker.v1.OperationService.CancelOperation:input_type -> opbroker.v1.CancelOperationRequest
-	8,  // 18: opbroker.v1.OperationService.WatchOperation:input_type -> opbroker.v1.WatchOperationRequest
-	10, // 19: opbroker.v1.OperationService.WatchOperations:input_type -> opbroker.v1.WatchOperationsRequest
-	1,  // 20: opbroker.v1.OperationService.PrepareOperation:output_type -> opbroker.v1.PrepareOperationResponse
-	3,  // 21: opbroker.v1.OperationService.GetOperation:output_type -> opbroker.v1.GetOperationResponse
-	5,  // 22: opbroker.v1.OperationService.ListOperations:output_type -> opbroker.v1.ListOperationsResponse
-	7,  // 23: opbroker.v1.OperationService.CancelOperation:output_type -> opbroker.v1.CancelOperationResponse
-	9,  // 24: opbroker.v1.OperationService.WatchOperation:output_type -> opbroker.v1.WatchOperationResponse
-	11, // 25: opbroker.v1.OperationService.WatchOperations:output_type -> opbroker.v1.WatchOperationsResponse
-	20, // [20:26] is the sub-list for method output_type
-	14, // [14:20] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	18, // 0: opbroker.v1.PrepareOperationRequest.dispatch_deadline:type_name -> google.protobuf.Timestamp
+	15, // 1: opbroker.v1.PrepareOperationRequest.labels:type_name -> opbroker.v1.PrepareOperationRequest.LabelsEntry
+	18, // 2: opbroker.v1.PrepareOperationRequest.not_before:type_name -> google.protobuf.Timestamp
+	19, // 3: opbroker.v1.PrepareOperationResponse.operation:type_name -> opbroker.v1.Operation
+	19, // 4: opbroker.v1.GetOperationResponse.operation:type_name -> opbroker.v1.Operation
+	20, // 5: opbroker.v1.ListOperationsRequest.states:type_name -> opbroker.v1.Operation.State
+	19, // 6: opbroker.v1.ListOperationsResponse.operations:type_name -> opbroker.v1.Operation
+	19, // 7: opbroker.v1.CancelOperationResponse.operation:type_name -> opbroker.v1.Operation
+	19, // 8: opbroker.v1.WatchOperationResponse.snapshot:type_name -> opbroker.v1.Operation
+	19, // 9: opbroker.v1.WatchOperationResponse.change:type_name -> opbroker.v1.Operation
+	16, // 10: opbroker.v1.WatchOperationResponse.heartbeat:type_name -> opbroker.v1.WatchOperationResponse.Heartbeat
+	20, // 11: opbroker.v1.WatchOperationsRequest.states:type_name -> opbroker.v1.Operation.State
+	19, // 12: opbroker.v1.WatchOperationsResponse.change:type_name -> opbroker.v1.Operation
+	17, // 13: opbroker.v1.WatchOperationsResponse.heartbeat:type_name -> opbroker.v1.WatchOperationsResponse.Heartbeat
+	14, // 14: opbroker.v1.ListOperationEventsResponse.events:type_name -> opbroker.v1.OperationEvent
+	20, // 15: opbroker.v1.OperationEvent.from_state:type_name -> opbroker.v1.Operation.State
+	20, // 16: opbroker.v1.OperationEvent.to_state:type_name -> opbroker.v1.Operation.State
+	21, // 17: opbroker.v1.OperationEvent.observation:type_name -> opbroker.v1.Operation.Observation
+	18, // 18: opbroker.v1.OperationEvent.create_time:type_name -> google.protobuf.Timestamp
+	0,  // 19: opbroker.v1.OperationService.PrepareOperation:input_type -> opbroker.v1.PrepareOperationRequest
+	2,  // 20: opbroker.v1.OperationService.GetOperation:input_type -> opbroker.v1.GetOperationRequest
+	4,  // 21: opbroker.v1.OperationService.ListOperations:input_type -> opbroker.v1.ListOperationsRequest
+	12, // 22: opbroker.v1.OperationService.ListOperationEvents:input_type -> opbroker.v1.ListOperationEventsRequest
+	6,  // 23: opbroker.v1.OperationService.CancelOperation:input_type -> opbroker.v1.CancelOperationRequest
+	8,  // 24: opbroker.v1.OperationService.WatchOperation:input_type -> opbroker.v1.WatchOperationRequest
+	10, // 25: opbroker.v1.OperationService.WatchOperations:input_type -> opbroker.v1.WatchOperationsRequest
+	1,  // 26: opbroker.v1.OperationService.PrepareOperation:output_type -> opbroker.v1.PrepareOperationResponse
+	3,  // 27: opbroker.v1.OperationService.GetOperation:output_type -> opbroker.v1.GetOperationResponse
+	5,  // 28: opbroker.v1.OperationService.ListOperations:output_type -> opbroker.v1.ListOperationsResponse
+	13, // 29: opbroker.v1.OperationService.ListOperationEvents:output_type -> opbroker.v1.ListOperationEventsResponse
+	7,  // 30: opbroker.v1.OperationService.CancelOperation:output_type -> opbroker.v1.CancelOperationResponse
+	9,  // 31: opbroker.v1.OperationService.WatchOperation:output_type -> opbroker.v1.WatchOperationResponse
+	11, // 32: opbroker.v1.OperationService.WatchOperations:output_type -> opbroker.v1.WatchOperationsResponse
+	26, // [26:33] is the sub-list for method output_type
+	19, // [19:26] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_operation_service_proto_init() }
@@ -1099,7 +1362,7 @@ func file_opbroker_v1_operation_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opbroker_v1_operation_service_proto_rawDesc), len(file_opbroker_v1_operation_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	OperationService_PrepareOperation_FullMethodName = "/opbroker.v1.OperationService/PrepareOperation"
-	OperationService_GetOperation_FullMethodName     = "/opbroker.v1.OperationService/GetOperation"
-	OperationService_ListOperations_FullMethodName   = "/opbroker.v1.OperationService/ListOperations"
-	OperationService_CancelOperation_FullMethodName  = "/opbroker.v1.OperationService/CancelOperation"
-	OperationService_WatchOperation_FullMethodName   = "/opbroker.v1.OperationService/WatchOperation"
-	OperationService_WatchOperations_FullMethodName  = "/opbroker.v1.OperationService/WatchOperations"
+	OperationService_PrepareOperation_FullMethodName    = "/opbroker.v1.OperationService/PrepareOperation"
+	OperationService_GetOperation_FullMethodName        = "/opbroker.v1.OperationService/GetOperation"
+	OperationService_ListOperations_FullMethodName      = "/opbroker.v1.OperationService/ListOperations"
+	OperationService_ListOperationEvents_FullMethodName = "/opbroker.v1.OperationService/ListOperationEvents"
+	OperationService_CancelOperation_FullMethodName     = "/opbroker.v1.OperationService/CancelOperation"
+	OperationService_WatchOperation_FullMethodName      = "/opbroker.v1.OperationService/WatchOperation"
+	OperationService_WatchOperations_FullMethodName     = "/opbroker.v1.OperationService/WatchOperations"
 )
 
 // OperationServiceClient is the client API for OperationService service.
@@ -44,6 +45,10 @@ type OperationServiceClient interface {
 	GetOperation(ctx context.Context, in *GetOperationRequest, opts ...grpc.CallOption) (*GetOperationResponse, error)
 	// Lists a tenant's operations, newest first.
 	ListOperations(ctx context.Context, in *ListOperationsRequest, opts ...grpc.CallOption) (*ListOperationsResponse, error)
+	// Returns an operation's history, oldest first: every change with who made it (a
+	// client, an operator, the dispatcher, the reconciler or the sweeper, by name), why,
+	// what was observed and when. Readable by the operation's readers.
+	ListOperationEvents(ctx context.Context, in *ListOperationEventsRequest, opts ...grpc.CallOption) (*ListOperationEventsResponse, error)
 	// Cancels an operation that has not been sent. Only a PREPARED operation can be
 	// cancelled; cancelling a CANCELLED one again returns it unchanged; any other state is
 	// FAILED_PRECONDITION naming the state.
@@ -96,6 +101,16 @@ func (c *operationServiceClient) ListOperations(ctx context.Context, in *ListOpe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListOperationsResponse)
 	err := c.cc.Invoke(ctx, OperationService_ListOperations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operationServiceClient) ListOperationEvents(ctx context.Context, in *ListOperationEventsRequest, opts ...grpc.CallOption) (*ListOperationEventsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListOperationEventsResponse)
+	err := c.cc.Invoke(ctx, OperationService_ListOperationEvents_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -167,6 +182,10 @@ type OperationServiceServer interface {
 	GetOperation(context.Context, *GetOperationRequest) (*GetOperationResponse, error)
 	// Lists a tenant's operations, newest first.
 	ListOperations(context.Context, *ListOperationsRequest) (*ListOperationsResponse, error)
+	// Returns an operation's history, oldest first: every change with who made it (a
+	// client, an operator, the dispatcher, the reconciler or the sweeper, by name), why,
+	// what was observed and when. Readable by the operation's readers.
+	ListOperationEvents(context.Context, *ListOperationEventsRequest) (*ListOperationEventsResponse, error)
 	// Cancels an operation that has not been sent. Only a PREPARED operation can be
 	// cancelled; cancelling a CANCELLED one again returns it unchanged; any other state is
 	// FAILED_PRECONDITION naming the state.
@@ -203,6 +222,9 @@ func (UnimplementedOperationServiceServer) GetOperation(context.Context, *GetOpe
 }
 func (UnimplementedOperationServiceServer) ListOperations(context.Context, *ListOperationsRequest) (*ListOperationsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListOperations not implemented")
+}
+func (UnimplementedOperationServiceServer) ListOperationEvents(context.Context, *ListOperationEventsRequest) (*ListOperationEventsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListOperationEvents not implemented")
 }
 func (UnimplementedOperationServiceServer) CancelOperation(context.Context, *CancelOperationRequest) (*CancelOperationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelOperation not implemented")
@@ -288,6 +310,24 @@ func _OperationService_ListOperations_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OperationService_ListOperationEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListOperationEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperationServiceServer).ListOperationEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperationService_ListOperationEvents_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperationServiceServer).ListOperationEvents(ctx, req.(*ListOperationEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _OperationService_CancelOperation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CancelOperationRequest)
 	if err := dec(in); err != nil {
@@ -346,6 +386,10 @@ var OperationService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListOperations",
 			Handler:    _OperationService_ListOperations_Handler,
+		},
+		{
+			MethodName: "ListOperationEvents",
+			Handler:    _OperationService_ListOperationEvents_Handler,
 		},
 		{
 			MethodName: "CancelOperation",
