@@ -76,3 +76,49 @@ type revisionChangedError struct{ current int64 }
 
 func (e *revisionChangedError) Error() string { return store.ErrRevisionChanged.Error() }
 func (e *revisionChangedError) Unwrap() error { return store.ErrRevisionChanged }
+
+// ListEscalations lists ESCALATED operations, oldest first, with who owns them and how
+// long they have waited.
+func (s *adminService) ListEscalations(ctx context.Context, req *opbrokerv1.ListEscalationsRequest) (*opbrokerv1.ListEscalationsResponse, error) {
+	size := int(req.GetPageSize())
+	if size == 0 {
+		size = defaultPageSize
+	}
+	params := store.EscalationsParams{TenantID: req.GetTenant(), Owner: req.GetOwner(), Limit: min(size, maxPageSize)}
+	if name := req.GetTarget(); name != "" {
+		contract, ok := s.targets.ByName(name)
+		if !ok {
+			return &opbrokerv1.ListEscalationsResponse{}, nil // no target of that name: none of its operations
+		}
+		params.OperationTypes = contract.OperationTypes
+	}
+	escalated, more, err := ledger(ctx, s.store).Escalations(ctx, params)
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	resp := &opbrokerv1.ListEscalationsResponse{More: more}
+	for _, e := range escalated {
+		item := &opbrokerv1.ListEscalationsResponse_Escalation{Operation: operationFor(ctx, s.targets, e.Operation),
+			AgeSeconds: int64(e.Waited.Seconds())}
+		if contract, ok := s.targets.ForType(e.OperationType); ok {
+			item.Target, item.Runbook = contract.Name, contract.Owner.Escalation
+		}
+		resp.Escalations = append(resp.Escalations, item)
+	}
+	return resp, nil
+}
+
+// GetTargetReadiness returns the go/no-go controls of every loaded target.
+func (s *adminService) GetTargetReadiness(ctx context.Context, _ *opbrokerv1.GetTargetReadinessRequest) (*opbrokerv1.GetTargetReadinessResponse, error) {
+	resp := &opbrokerv1.GetTargetReadinessResponse{}
+	for _, c := range s.targets.All() {
+		t := &opbrokerv1.GetTargetReadinessResponse_Target{Name: c.Name, OperationTypes: c.OperationTypes,
+			Capabilities: c.Capabilities().String()}
+		for _, r := range c.Controls() {
+			t.Controls = append(t.Controls, &opbrokerv1.GetTargetReadinessResponse_Control{Number: int32(r.Number), Name: r.Name,
+				Pass: r.Pass, Reason: r.Reason})
+		}
+		resp.Targets = append(resp.Targets, t)
+	}
+	return resp, nil
+}

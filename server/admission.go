@@ -35,6 +35,8 @@ var methodRoles = map[string][]auth.Role{
 	opbrokerv1.OperationService_WatchOperations_FullMethodName:     {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
 	opbrokerv1.AdminService_DeleteTenantData_FullMethodName:        {auth.RoleOperator},
 	opbrokerv1.AdminService_ResolveOperation_FullMethodName:        {auth.RoleOperator},
+	opbrokerv1.AdminService_ListEscalations_FullMethodName:         {auth.RoleOperator, auth.RoleSupportRead},
+	opbrokerv1.AdminService_GetTargetReadiness_FullMethodName:      {auth.RoleOperator},
 }
 
 // public reports whether a method needs no credentials: health checks and reflection.
@@ -145,9 +147,20 @@ func (a *admission) admit(ctx context.Context, method string, req any) (context.
 	if err := validateRequest(a.validator, req); err != nil {
 		return ctx, err
 	}
+	if noTenant[method] {
+		return context.WithValue(ctx, admittedKey{}, admitted{}), nil
+	}
 	tenant, err := requestTenant(req)
 	if err != nil {
 		return ctx, err
+	}
+	if tenant == "" && acrossTenants[method] {
+		if !p.AllTenants {
+			a.deny(ctx, p, method, ReasonTenantNotPermitted)
+			return ctx, newStatus(codes.PermissionDenied, "without a tenant this call spans every tenant: it needs a principal with all tenants",
+				ReasonTenantNotPermitted, map[string]string{"tenant": ""})
+		}
+		return context.WithValue(ctx, admittedKey{}, admitted{all: true}), nil
 	}
 	if !p.MayActFor(tenant) {
 		a.deny(ctx, p, method, ReasonTenantNotPermitted)
@@ -159,17 +172,35 @@ func (a *admission) admit(ctx context.Context, method string, req any) (context.
 			ReasonTenantRateLimited, map[string]string{"tenant": tenant},
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(float64(time.Second) / a.limits.TenantRate))})
 	}
-	return context.WithValue(ctx, admittedKey{}, tenant), nil
+	return context.WithValue(ctx, admittedKey{}, admitted{tenant: tenant}), nil
 }
+
+// acrossTenants are the methods whose tenant is a filter: without one they span every
+// tenant, for a principal with all tenants. noTenant are those that read no tenant's
+// data at all.
+var (
+	acrossTenants = map[string]bool{opbrokerv1.AdminService_ListEscalations_FullMethodName: true}
+	noTenant      = map[string]bool{opbrokerv1.AdminService_GetTargetReadiness_FullMethodName: true}
+)
 
 type admittedKey struct{}
 
-// ledger returns st in the scope of the tenant that admission admitted for the call in
-// ctx. A call that admission did not admit for a tenant gets a scope that reaches
-// nothing (store.ErrNoScope).
+// admitted is the tenants admission admitted a call for: one, or, for a call across
+// tenants by a principal with all tenants, all.
+type admitted struct {
+	tenant string
+	all    bool
+}
+
+// ledger returns st in the scope that admission admitted for the call in ctx: one
+// tenant's, or every tenant's for a call across tenants. A call that admission did not
+// admit for a tenant gets a scope that reaches nothing (store.ErrNoScope).
 func ledger(ctx context.Context, st *store.Store) store.Scope {
-	tenant, _ := ctx.Value(admittedKey{}).(string)
-	return st.Tenant(tenant)
+	a, _ := ctx.Value(admittedKey{}).(admitted)
+	if a.all {
+		return st.AllTenants()
+	}
+	return st.Tenant(a.tenant)
 }
 
 // deny logs an authorisation failure: a security event (who, what, never the request).

@@ -75,45 +75,54 @@ func TestEveryRPCAuthorises(t *testing.T) {
 	}
 
 	rpcs := map[string]struct {
-		call  rpcCall
-		right string     // the principal that may call it
-		ok    codes.Code // what the right principal gets
+		call       rpcCall
+		right      string     // the principal that may call it
+		ok         codes.Code // what the right principal gets
+		tenantless bool       // it reads no tenant's data
 	}{
 		"PrepareOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.PrepareOperation(ctx, prepareRequest(tenant, "authz", `{}`))
 			return err
-		}, "acme-client", codes.OK},
+		}, "acme-client", codes.OK, false},
 		"GetOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: ops[tenant]})
 			return err
-		}, "acme-support", codes.OK},
+		}, "acme-support", codes.OK, false},
 		"ListOperationEvents": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.ListOperationEvents(ctx, &opbrokerv1.ListOperationEventsRequest{Name: ops[tenant]})
 			return err
-		}, "acme-support", codes.OK},
+		}, "acme-support", codes.OK, false},
 		"ListOperations": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.ListOperations(ctx, &opbrokerv1.ListOperationsRequest{Tenant: tenant})
 			return err
-		}, "acme-support", codes.OK},
+		}, "acme-support", codes.OK, false},
 		"CancelOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.CancelOperation(ctx, &opbrokerv1.CancelOperationRequest{Name: ops[tenant]})
 			return err
-		}, "acme-client", codes.OK},
+		}, "acme-client", codes.OK, false},
 		"WatchOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
 			return recvFirst(b.client.WatchOperation(ctx, &opbrokerv1.WatchOperationRequest{Name: ops[tenant]}))
-		}, "acme-support", codes.OK},
+		}, "acme-support", codes.OK, false},
 		"WatchOperations": {func(ctx context.Context, b *testBundle, tenant string) error {
 			return recvFirst(b.client.WatchOperations(ctx, &opbrokerv1.WatchOperationsRequest{Tenant: tenant}))
-		}, "acme-support", codes.OK},
+		}, "acme-support", codes.OK, false},
 		"DeleteTenantData": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := admin.DeleteTenantData(ctx, &opbrokerv1.DeleteTenantDataRequest{Tenant: tenant})
 			return err
-		}, "acme-operator", codes.FailedPrecondition}, // acme's operation is open
+		}, "acme-operator", codes.FailedPrecondition, false}, // acme's operation is open
+		"ListEscalations": {func(ctx context.Context, b *testBundle, tenant string) error {
+			_, err := admin.ListEscalations(ctx, &opbrokerv1.ListEscalationsRequest{Tenant: tenant})
+			return err
+		}, "acme-operator", codes.OK, false},
+		"GetTargetReadiness": {func(ctx context.Context, b *testBundle, tenant string) error {
+			_, err := admin.GetTargetReadiness(ctx, &opbrokerv1.GetTargetReadinessRequest{})
+			return err
+		}, "acme-operator", codes.OK, true},
 		"ResolveOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := admin.ResolveOperation(ctx, &opbrokerv1.ResolveOperationRequest{Name: ops[tenant], Revision: 1,
 				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL, Reason: "authz", Evidence: "none"})
 			return err
-		}, "acme-operator", codes.FailedPrecondition}, // acme's operation is PREPARED, not unsettled
+		}, "acme-operator", codes.FailedPrecondition, false}, // acme's operation is PREPARED, not unsettled
 	}
 	require.Len(t, rpcs, len(opbrokerv1.OperationService_ServiceDesc.Methods)+len(opbrokerv1.OperationService_ServiceDesc.Streams)+
 		len(opbrokerv1.AdminService_ServiceDesc.Methods), "every RPC is in the table")
@@ -127,7 +136,9 @@ func TestEveryRPCAuthorises(t *testing.T) {
 			requireCode(t, rpc.call(tokens.as(ctx, ""), b, "acme"), codes.Unauthenticated, server.ReasonCredentialsMissing)
 			requireCode(t, rpc.call(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer opb_forged"), b, "acme"),
 				codes.Unauthenticated, server.ReasonCredentialsInvalid)
-			requireCode(t, rpc.call(tokens.as(ctx, rpc.right), b, "globex"), codes.PermissionDenied, server.ReasonTenantNotPermitted)
+			if !rpc.tenantless {
+				requireCode(t, rpc.call(tokens.as(ctx, rpc.right), b, "globex"), codes.PermissionDenied, server.ReasonTenantNotPermitted)
+			}
 			requireCode(t, rpc.call(tokens.as(ctx, wrongRole), b, "acme"), codes.PermissionDenied, server.ReasonRoleRequired)
 		})
 	}
@@ -136,7 +147,7 @@ func TestEveryRPCAuthorises(t *testing.T) {
 	// In an order that keeps each call's fixture: acme's operations stay open until the
 	// cancellation, last.
 	for _, name := range []string{"PrepareOperation", "GetOperation", "ListOperations", "ListOperationEvents", "WatchOperation",
-		"WatchOperations", "DeleteTenantData", "ResolveOperation", "CancelOperation"} {
+		"WatchOperations", "DeleteTenantData", "ResolveOperation", "ListEscalations", "GetTargetReadiness", "CancelOperation"} {
 		rpc := rpcs[name]
 		t.Run(name+"/right principal", func(t *testing.T) {
 			ctx, cancel := context.WithCancel(b.ctx)

@@ -13,6 +13,7 @@ import (
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
 )
 
 // TestResolveOperation: an operator resolves an ESCALATED operation by hand; the event
@@ -99,4 +100,66 @@ func TestHistoryNamesWhoDidWhat(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rest.GetEvents(), 1)
 	require.Equal(t, int64(2), rest.GetEvents()[0].GetRevision())
+}
+
+// TestEscalationQueue: an operator with all tenants lists every tenant's escalations,
+// oldest first, with owner, target, age and runbook; one bound to a tenant must name it.
+// GetTargetReadiness gives every target's controls.
+func TestEscalationQueue(t *testing.T) {
+	t.Parallel()
+	authn, tokens := newPrincipals(t,
+		auth.PrincipalConfig{Name: "oncall", Roles: []auth.Role{auth.RoleOperator}, AllTenants: true},
+		auth.PrincipalConfig{Name: "acme-operator", Roles: []auth.Role{auth.RoleOperator}, Tenants: []string{"acme"}})
+	b := setupWith(t, func(o *server.Options) { o.Auth = authn })
+	fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}
+	for _, tenant := range []string{"acme", "globex"} {
+		op := storetestPrepare(t, b, tenant)
+		claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: fair})
+		require.NoError(t, err)
+		_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: tenant, ID: op, Fence: claimed[0].FenceToken,
+			State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
+		require.NoError(t, err)
+		unknown, err := b.store.AllTenants().ClaimUnknown(b.ctx, fair)
+		require.NoError(t, err)
+		_, err = b.store.AllTenants().ResolveUnknown(b.ctx, store.ResolveParams{TenantID: tenant, ID: op, Fence: unknown[0].FenceToken,
+			State: store.StateEscalated, Escalation: &store.Escalation{Owner: "demo-oncall", Reason: "no way to find out", EscalatedAt: time.Now()},
+			Actor: "test"})
+		require.NoError(t, err)
+	}
+	admin := opbrokerv1.NewAdminServiceClient(b.conn)
+	all, err := admin.ListEscalations(tokens.as(b.ctx, "oncall"), &opbrokerv1.ListEscalationsRequest{})
+	require.NoError(t, err)
+	require.Len(t, all.GetEscalations(), 2, "every tenant's")
+	first := all.GetEscalations()[0]
+	require.Equal(t, "acme", first.GetOperation().GetTenant(), "oldest first")
+	require.Equal(t, "demo-payments", first.GetTarget())
+	require.NotEmpty(t, first.GetRunbook())
+	require.NotEmpty(t, first.GetOperation().GetRemoteKey(), "what the owner needs at the target")
+	require.GreaterOrEqual(t, first.GetAgeSeconds(), int64(0))
+
+	_, err = admin.ListEscalations(tokens.as(b.ctx, "acme-operator"), &opbrokerv1.ListEscalationsRequest{})
+	requireStatus(t, err, codes.PermissionDenied, server.ReasonTenantNotPermitted)
+	own, err := admin.ListEscalations(tokens.as(b.ctx, "acme-operator"), &opbrokerv1.ListEscalationsRequest{Tenant: "acme"})
+	require.NoError(t, err)
+	require.Len(t, own.GetEscalations(), 1)
+	none, err := admin.ListEscalations(tokens.as(b.ctx, "oncall"), &opbrokerv1.ListEscalationsRequest{Owner: "someone-else"})
+	require.NoError(t, err)
+	require.Empty(t, none.GetEscalations())
+	page, err := admin.ListEscalations(tokens.as(b.ctx, "oncall"), &opbrokerv1.ListEscalationsRequest{PageSize: 1})
+	require.NoError(t, err)
+	require.Len(t, page.GetEscalations(), 1)
+	require.True(t, page.GetMore())
+
+	readiness, err := admin.GetTargetReadiness(tokens.as(b.ctx, "acme-operator"), &opbrokerv1.GetTargetReadinessRequest{})
+	require.NoError(t, err)
+	require.NotEmpty(t, readiness.GetTargets())
+	for _, target := range readiness.GetTargets() {
+		require.Len(t, target.GetControls(), 11, target.GetName())
+	}
+}
+
+// storetestPrepare records an intent of tenant with the test's store.
+func storetestPrepare(t *testing.T, b *testBundle, tenant string) uuid.UUID {
+	t.Helper()
+	return storetest.PrepareJSON(t, b.store, tenant, simtarget.DemoCharge, "escalated-"+tenant, `{"amount":1}`).ID
 }

@@ -154,13 +154,13 @@ func New(opts Options) (*Server, error) {
 	}
 	opbrokerv1.RegisterAdminServiceServer(grpcServer, &adminService{store: opts.Store, targets: opts.Targets, log: log, events: events})
 	hs := health.NewServer()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	hs.SetServingStatus(opbrokerv1.OperationService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(grpcServer, hs)
 	if opts.Reflection {
 		reflection.Register(grpcServer)
 	}
-	return &Server{GRPC: grpcServer, Health: hs, closing: closing}, nil
+	s := &Server{GRPC: grpcServer, Health: hs, closing: closing}
+	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	return s, nil
 }
 
 // callLogger writes the line that ends each call: its method, code, reason (for an
@@ -224,11 +224,9 @@ func reasonField(err error) logging.Fields {
 	return nil
 }
 
-// SetServing marks every service SERVING.
-func (s *Server) SetServing() {
-	s.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.Health.SetServingStatus(opbrokerv1.OperationService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-}
+// SetServing marks every service SERVING. From then on a running DatabaseHealth turns
+// them NOT_SERVING while the database does not answer.
+func (s *Server) SetServing() { s.setHealth(healthpb.HealthCheckResponse_SERVING) }
 
 // Stop drains the server: health goes NOT_SERVING at once, watch streams end with
 // UNAVAILABLE (naming the revision to resume from), calls in progress get until grace to

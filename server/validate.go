@@ -100,6 +100,8 @@ var ruleWords = map[ruleKey]ruleText{
 	{"reason", "string.max_len"}:        {"must be at most 1000 characters", ReasonFieldInvalid},
 	{"evidence", "string.min_len"}:      {"must say what was checked", ReasonFieldInvalid},
 	{"evidence", "string.max_len"}:      {"must be at most 2000 characters", ReasonFieldInvalid},
+	{"target", "string.max_len"}:        {"must be a target's name, at most 63 characters", ReasonFieldInvalid},
+	{"owner", "string.max_len"}:         {"must be at most 200 characters", ReasonFieldInvalid},
 	{"evidence_url", "string.max_len"}:  {"must be at most 2000 characters", ReasonFieldInvalid},
 
 	{"page_size", "int32.gte"}:            {"must be 0 (meaning 50) or more; more than 1000 means 1000", ReasonFieldInvalid},

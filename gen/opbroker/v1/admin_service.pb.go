@@ -73,7 +73,218 @@ func (x ResolveOperationRequest_Resolution) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ResolveOperationRequest_Resolution.Descriptor instead.
 func (ResolveOperationRequest_Resolution) EnumDescriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{0, 0}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{4, 0}
+}
+
+// The request for ListEscalations.
+type ListEscalationsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this tenant's (empty: every tenant's, for a principal with all tenants).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only those of this target (its contract's name).
+	Target string `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	// Only those whose owner contains this text.
+	Owner string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// At most this many (0 means 50; more than 1000 means 1000).
+	PageSize      int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEscalationsRequest) Reset() {
+	*x = ListEscalationsRequest{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEscalationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEscalationsRequest) ProtoMessage() {}
+
+func (x *ListEscalationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEscalationsRequest.ProtoReflect.Descriptor instead.
+func (*ListEscalationsRequest) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ListEscalationsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListEscalationsRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ListEscalationsRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *ListEscalationsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+// The response of ListEscalations.
+type ListEscalationsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The escalations, oldest first.
+	Escalations []*ListEscalationsResponse_Escalation `protobuf:"bytes,1,rep,name=escalations,proto3" json:"escalations,omitempty"`
+	// True when more escalations wait than were returned.
+	More          bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEscalationsResponse) Reset() {
+	*x = ListEscalationsResponse{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEscalationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEscalationsResponse) ProtoMessage() {}
+
+func (x *ListEscalationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEscalationsResponse.ProtoReflect.Descriptor instead.
+func (*ListEscalationsResponse) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListEscalationsResponse) GetEscalations() []*ListEscalationsResponse_Escalation {
+	if x != nil {
+		return x.Escalations
+	}
+	return nil
+}
+
+func (x *ListEscalationsResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+// The request for GetTargetReadiness.
+type GetTargetReadinessRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTargetReadinessRequest) Reset() {
+	*x = GetTargetReadinessRequest{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTargetReadinessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTargetReadinessRequest) ProtoMessage() {}
+
+func (x *GetTargetReadinessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTargetReadinessRequest.ProtoReflect.Descriptor instead.
+func (*GetTargetReadinessRequest) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{2}
+}
+
+// The response of GetTargetReadiness.
+type GetTargetReadinessResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every loaded target, in the file's order.
+	Targets       []*GetTargetReadinessResponse_Target `protobuf:"bytes,1,rep,name=targets,proto3" json:"targets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTargetReadinessResponse) Reset() {
+	*x = GetTargetReadinessResponse{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTargetReadinessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTargetReadinessResponse) ProtoMessage() {}
+
+func (x *GetTargetReadinessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTargetReadinessResponse.ProtoReflect.Descriptor instead.
+func (*GetTargetReadinessResponse) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetTargetReadinessResponse) GetTargets() []*GetTargetReadinessResponse_Target {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
 }
 
 // The request for ResolveOperation.
@@ -99,7 +310,7 @@ type ResolveOperationRequest struct {
 
 func (x *ResolveOperationRequest) Reset() {
 	*x = ResolveOperationRequest{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[0]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -111,7 +322,7 @@ func (x *ResolveOperationRequest) String() string {
 func (*ResolveOperationRequest) ProtoMessage() {}
 
 func (x *ResolveOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[0]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -124,7 +335,7 @@ func (x *ResolveOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveOperationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveOperationRequest) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{0}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ResolveOperationRequest) GetName() string {
@@ -187,7 +398,7 @@ type ResolveOperationResponse struct {
 
 func (x *ResolveOperationResponse) Reset() {
 	*x = ResolveOperationResponse{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[1]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -199,7 +410,7 @@ func (x *ResolveOperationResponse) String() string {
 func (*ResolveOperationResponse) ProtoMessage() {}
 
 func (x *ResolveOperationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[1]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -212,7 +423,7 @@ func (x *ResolveOperationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveOperationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveOperationResponse) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{1}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ResolveOperationResponse) GetOperation() *Operation {
@@ -233,7 +444,7 @@ type DeleteTenantDataRequest struct {
 
 func (x *DeleteTenantDataRequest) Reset() {
 	*x = DeleteTenantDataRequest{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[2]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -245,7 +456,7 @@ func (x *DeleteTenantDataRequest) String() string {
 func (*DeleteTenantDataRequest) ProtoMessage() {}
 
 func (x *DeleteTenantDataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[2]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -258,7 +469,7 @@ func (x *DeleteTenantDataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantDataRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTenantDataRequest) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{2}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeleteTenantDataRequest) GetTenant() string {
@@ -279,7 +490,7 @@ type DeleteTenantDataResponse struct {
 
 func (x *DeleteTenantDataResponse) Reset() {
 	*x = DeleteTenantDataResponse{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[3]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +502,7 @@ func (x *DeleteTenantDataResponse) String() string {
 func (*DeleteTenantDataResponse) ProtoMessage() {}
 
 func (x *DeleteTenantDataResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[3]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +515,7 @@ func (x *DeleteTenantDataResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantDataResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTenantDataResponse) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteTenantDataResponse) GetDeletedOperations() int64 {
@@ -314,11 +525,260 @@ func (x *DeleteTenantDataResponse) GetDeletedOperations() int64 {
 	return 0
 }
 
+// One escalated operation.
+type ListEscalationsResponse_Escalation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation, with its remote_key and lookup_url.
+	Operation *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// The target serving it ("" when no loaded contract does any more).
+	Target string `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	// Seconds since it was escalated, by the database's clock.
+	AgeSeconds int64 `protobuf:"varint,3,opt,name=age_seconds,json=ageSeconds,proto3" json:"age_seconds,omitempty"`
+	// The owner's runbook or queue, from the target's contract.
+	Runbook       string `protobuf:"bytes,4,opt,name=runbook,proto3" json:"runbook,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEscalationsResponse_Escalation) Reset() {
+	*x = ListEscalationsResponse_Escalation{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEscalationsResponse_Escalation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEscalationsResponse_Escalation) ProtoMessage() {}
+
+func (x *ListEscalationsResponse_Escalation) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEscalationsResponse_Escalation.ProtoReflect.Descriptor instead.
+func (*ListEscalationsResponse_Escalation) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{1, 0}
+}
+
+func (x *ListEscalationsResponse_Escalation) GetOperation() *Operation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *ListEscalationsResponse_Escalation) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ListEscalationsResponse_Escalation) GetAgeSeconds() int64 {
+	if x != nil {
+		return x.AgeSeconds
+	}
+	return 0
+}
+
+func (x *ListEscalationsResponse_Escalation) GetRunbook() string {
+	if x != nil {
+		return x.Runbook
+	}
+	return ""
+}
+
+// One target's readiness.
+type GetTargetReadinessResponse_Target struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its contract's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The operation types it serves.
+	OperationTypes []string `protobuf:"bytes,2,rep,name=operation_types,json=operationTypes,proto3" json:"operation_types,omitempty"`
+	// Its capabilities in words (A same-key replay, B lookup by reference, ...).
+	Capabilities string `protobuf:"bytes,3,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// The go/no-go controls, 1 to 11.
+	Controls      []*GetTargetReadinessResponse_Control `protobuf:"bytes,4,rep,name=controls,proto3" json:"controls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTargetReadinessResponse_Target) Reset() {
+	*x = GetTargetReadinessResponse_Target{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTargetReadinessResponse_Target) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTargetReadinessResponse_Target) ProtoMessage() {}
+
+func (x *GetTargetReadinessResponse_Target) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTargetReadinessResponse_Target.ProtoReflect.Descriptor instead.
+func (*GetTargetReadinessResponse_Target) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{3, 0}
+}
+
+func (x *GetTargetReadinessResponse_Target) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetTargetReadinessResponse_Target) GetOperationTypes() []string {
+	if x != nil {
+		return x.OperationTypes
+	}
+	return nil
+}
+
+func (x *GetTargetReadinessResponse_Target) GetCapabilities() string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return ""
+}
+
+func (x *GetTargetReadinessResponse_Target) GetControls() []*GetTargetReadinessResponse_Control {
+	if x != nil {
+		return x.Controls
+	}
+	return nil
+}
+
+// One go/no-go control of one target.
+type GetTargetReadinessResponse_Control struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its number, 1 to 11.
+	Number int32 `protobuf:"varint,1,opt,name=number,proto3" json:"number,omitempty"`
+	// Its name.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Whether it passes.
+	Pass bool `protobuf:"varint,3,opt,name=pass,proto3" json:"pass,omitempty"`
+	// Why it passes or fails.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTargetReadinessResponse_Control) Reset() {
+	*x = GetTargetReadinessResponse_Control{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTargetReadinessResponse_Control) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTargetReadinessResponse_Control) ProtoMessage() {}
+
+func (x *GetTargetReadinessResponse_Control) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTargetReadinessResponse_Control.ProtoReflect.Descriptor instead.
+func (*GetTargetReadinessResponse_Control) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{3, 1}
+}
+
+func (x *GetTargetReadinessResponse_Control) GetNumber() int32 {
+	if x != nil {
+		return x.Number
+	}
+	return 0
+}
+
+func (x *GetTargetReadinessResponse_Control) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetTargetReadinessResponse_Control) GetPass() bool {
+	if x != nil {
+		return x.Pass
+	}
+	return false
+}
+
+func (x *GetTargetReadinessResponse_Control) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_opbroker_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_opbroker_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1fopbroker/v1/admin_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bopbroker/v1/operation.proto\"\xc5\x04\n" +
+	"\x1fopbroker/v1/admin_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bopbroker/v1/operation.proto\"\xd0\x01\n" +
+	"\x16ListEscalationsRequest\x12F\n" +
+	"\x06tenant\x18\x01 \x01(\tB.\xe0A\x01\xbaH(\xd8\x01\x01r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\x12\"\n" +
+	"\x06target\x18\x02 \x01(\tB\n" +
+	"\xe0A\x01\xbaH\x04r\x02\x18?R\x06target\x12!\n" +
+	"\x05owner\x18\x03 \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\xc8\x01R\x05owner\x12'\n" +
+	"\tpage_size\x18\x04 \x01(\x05B\n" +
+	"\xe0A\x01\xbaH\x04\x1a\x02(\x00R\bpageSize\"\x98\x02\n" +
+	"\x17ListEscalationsResponse\x12Q\n" +
+	"\vescalations\x18\x01 \x03(\v2/.opbroker.v1.ListEscalationsResponse.EscalationR\vescalations\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\x1a\x95\x01\n" +
+	"\n" +
+	"Escalation\x124\n" +
+	"\toperation\x18\x01 \x01(\v2\x16.opbroker.v1.OperationR\toperation\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1f\n" +
+	"\vage_seconds\x18\x03 \x01(\x03R\n" +
+	"ageSeconds\x12\x18\n" +
+	"\arunbook\x18\x04 \x01(\tR\arunbook\"\x1b\n" +
+	"\x19GetTargetReadinessRequest\"\x82\x03\n" +
+	"\x1aGetTargetReadinessResponse\x12H\n" +
+	"\atargets\x18\x01 \x03(\v2..opbroker.v1.GetTargetReadinessResponse.TargetR\atargets\x1a\xb6\x01\n" +
+	"\x06Target\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
+	"\x0foperation_types\x18\x02 \x03(\tR\x0eoperationTypes\x12\"\n" +
+	"\fcapabilities\x18\x03 \x01(\tR\fcapabilities\x12K\n" +
+	"\bcontrols\x18\x04 \x03(\v2/.opbroker.v1.GetTargetReadinessResponse.ControlR\bcontrols\x1aa\n" +
+	"\aControl\x12\x16\n" +
+	"\x06number\x18\x01 \x01(\x05R\x06number\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04pass\x18\x03 \x01(\bR\x04pass\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xc5\x04\n" +
 	"\x17ResolveOperationRequest\x12\x8f\x01\n" +
 	"\x04name\x18\x01 \x01(\tB{\xe0A\x02\xbaHurs2q^tenants/[a-z]([a-z0-9-]{0,61}[a-z0-9])?/operations/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$R\x04name\x12&\n" +
 	"\brevision\x18\x02 \x01(\x03B\n" +
@@ -341,10 +801,12 @@ const file_opbroker_v1_admin_service_proto_rawDesc = "" +
 	"\x17DeleteTenantDataRequest\x12C\n" +
 	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\"I\n" +
 	"\x18DeleteTenantDataResponse\x12-\n" +
-	"\x12deleted_operations\x18\x01 \x01(\x03R\x11deletedOperations2\xd5\x01\n" +
+	"\x12deleted_operations\x18\x01 \x01(\x03R\x11deletedOperations2\xa4\x03\n" +
 	"\fAdminService\x12d\n" +
 	"\x10DeleteTenantData\x12$.opbroker.v1.DeleteTenantDataRequest\x1a%.opbroker.v1.DeleteTenantDataResponse\"\x03\x90\x02\x02\x12_\n" +
-	"\x10ResolveOperation\x12$.opbroker.v1.ResolveOperationRequest\x1a%.opbroker.v1.ResolveOperationResponseB\xaa\x01\n" +
+	"\x10ResolveOperation\x12$.opbroker.v1.ResolveOperationRequest\x1a%.opbroker.v1.ResolveOperationResponse\x12a\n" +
+	"\x0fListEscalations\x12#.opbroker.v1.ListEscalationsRequest\x1a$.opbroker.v1.ListEscalationsResponse\"\x03\x90\x02\x01\x12j\n" +
+	"\x12GetTargetReadiness\x12&.opbroker.v1.GetTargetReadinessRequest\x1a'.opbroker.v1.GetTargetReadinessResponse\"\x03\x90\x02\x01B\xaa\x01\n" +
 	"\x0fcom.opbroker.v1B\x11AdminServiceProtoP\x01Z7github.com/opbroker/opbroker/gen/opbroker/v1;opbrokerv1\xa2\x02\x03OXX\xaa\x02\vOpbroker.V1\xca\x02\vOpbroker\\V1\xe2\x02\x17Opbroker\\V1\\GPBMetadata\xea\x02\fOpbroker::V1b\x06proto3"
 
 var (
@@ -360,27 +822,42 @@ func file_opbroker_v1_admin_service_proto_rawDescGZIP() []byte {
 }
 
 var file_opbroker_v1_admin_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opbroker_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_opbroker_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_opbroker_v1_admin_service_proto_goTypes = []any{
-	(ResolveOperationRequest_Resolution)(0), // 0: opbroker.v1.ResolveOperationRequest.Resolution
-	(*ResolveOperationRequest)(nil),         // 1: opbroker.v1.ResolveOperationRequest
-	(*ResolveOperationResponse)(nil),        // 2: opbroker.v1.ResolveOperationResponse
-	(*DeleteTenantDataRequest)(nil),         // 3: opbroker.v1.DeleteTenantDataRequest
-	(*DeleteTenantDataResponse)(nil),        // 4: opbroker.v1.DeleteTenantDataResponse
-	(*Operation)(nil),                       // 5: opbroker.v1.Operation
+	(ResolveOperationRequest_Resolution)(0),    // 0: opbroker.v1.ResolveOperationRequest.Resolution
+	(*ListEscalationsRequest)(nil),             // 1: opbroker.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),            // 2: opbroker.v1.ListEscalationsResponse
+	(*GetTargetReadinessRequest)(nil),          // 3: opbroker.v1.GetTargetReadinessRequest
+	(*GetTargetReadinessResponse)(nil),         // 4: opbroker.v1.GetTargetReadinessResponse
+	(*ResolveOperationRequest)(nil),            // 5: opbroker.v1.ResolveOperationRequest
+	(*ResolveOperationResponse)(nil),           // 6: opbroker.v1.ResolveOperationResponse
+	(*DeleteTenantDataRequest)(nil),            // 7: opbroker.v1.DeleteTenantDataRequest
+	(*DeleteTenantDataResponse)(nil),           // 8: opbroker.v1.DeleteTenantDataResponse
+	(*ListEscalationsResponse_Escalation)(nil), // 9: opbroker.v1.ListEscalationsResponse.Escalation
+	(*GetTargetReadinessResponse_Target)(nil),  // 10: opbroker.v1.GetTargetReadinessResponse.Target
+	(*GetTargetReadinessResponse_Control)(nil), // 11: opbroker.v1.GetTargetReadinessResponse.Control
+	(*Operation)(nil),                          // 12: opbroker.v1.Operation
 }
 var file_opbroker_v1_admin_service_proto_depIdxs = []int32{
-	0, // 0: opbroker.v1.ResolveOperationRequest.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
-	5, // 1: opbroker.v1.ResolveOperationResponse.operation:type_name -> opbroker.v1.Operation
-	3, // 2: opbroker.v1.AdminService.DeleteTenantData:input_type -> opbroker.v1.DeleteTenantDataRequest
-	1, // 3: opbroker.v1.AdminService.ResolveOperation:input_type -> opbroker.v1.ResolveOperationRequest
-	4, // 4: opbroker.v1.AdminService.DeleteTenantData:output_type -> opbroker.v1.DeleteTenantDataResponse
-	2, // 5: opbroker.v1.AdminService.ResolveOperation:output_type -> opbroker.v1.ResolveOperationResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	9,  // 0: opbroker.v1.ListEscalationsResponse.escalations:type_name -> opbroker.v1.ListEscalationsResponse.Escalation
+	10, // 1: opbroker.v1.GetTargetReadinessResponse.targets:type_name -> opbroker.v1.GetTargetReadinessResponse.Target
+	0,  // 2: opbroker.v1.ResolveOperationRequest.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
+	12, // 3: opbroker.v1.ResolveOperationResponse.operation:type_name -> opbroker.v1.Operation
+	12, // 4: opbroker.v1.ListEscalationsResponse.Escalation.operation:type_name -> opbroker.v1.Operation
+	11, // 5: opbroker.v1.GetTargetReadinessResponse.Target.controls:type_name -> opbroker.v1.GetTargetReadinessResponse.Control
+	7,  // 6: opbroker.v1.AdminService.DeleteTenantData:input_type -> opbroker.v1.DeleteTenantDataRequest
+	5,  // 7: opbroker.v1.AdminService.ResolveOperation:input_type -> opbroker.v1.ResolveOperationRequest
+	1,  // 8: opbroker.v1.AdminService.ListEscalations:input_type -> opbroker.v1.ListEscalationsRequest
+	3,  // 9: opbroker.v1.AdminService.GetTargetReadiness:input_type -> opbroker.v1.GetTargetReadinessRequest
+	8,  // 10: opbroker.v1.AdminService.DeleteTenantData:output_type -> opbroker.v1.DeleteTenantDataResponse
+	6,  // 11: opbroker.v1.AdminService.ResolveOperation:output_type -> opbroker.v1.ResolveOperationResponse
+	2,  // 12: opbroker.v1.AdminService.ListEscalations:output_type -> opbroker.v1.ListEscalationsResponse
+	4,  // 13: opbroker.v1.AdminService.GetTargetReadiness:output_type -> opbroker.v1.GetTargetReadinessResponse
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_admin_service_proto_init() }
@@ -395,7 +872,7 @@ func file_opbroker_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opbroker_v1_admin_service_proto_rawDesc), len(file_opbroker_v1_admin_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

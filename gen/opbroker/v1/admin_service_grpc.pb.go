@@ -19,8 +19,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_DeleteTenantData_FullMethodName = "/opbroker.v1.AdminService/DeleteTenantData"
-	AdminService_ResolveOperation_FullMethodName = "/opbroker.v1.AdminService/ResolveOperation"
+	AdminService_DeleteTenantData_FullMethodName   = "/opbroker.v1.AdminService/DeleteTenantData"
+	AdminService_ResolveOperation_FullMethodName   = "/opbroker.v1.AdminService/ResolveOperation"
+	AdminService_ListEscalations_FullMethodName    = "/opbroker.v1.AdminService/ListEscalations"
+	AdminService_GetTargetReadiness_FullMethodName = "/opbroker.v1.AdminService/GetTargetReadiness"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -47,6 +49,15 @@ type AdminServiceClient interface {
 	// reason and the evidence. An operation in any other state is FAILED_PRECONDITION
 	// (OPERATION_STATE).
 	ResolveOperation(ctx context.Context, in *ResolveOperationRequest, opts ...grpc.CallOption) (*ResolveOperationResponse, error)
+	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
+	// reason, how long it has waited and the owner's runbook from the target's contract.
+	// Without a tenant it spans every tenant and needs a principal with all tenants. It
+	// returns the oldest page_size; more says that newer ones wait too: resolve the
+	// oldest and list again.
+	ListEscalations(ctx context.Context, in *ListEscalationsRequest, opts ...grpc.CallOption) (*ListEscalationsResponse, error)
+	// Returns the go/no-go controls of every loaded target, as opbroker targets check
+	// prints them.
+	GetTargetReadiness(ctx context.Context, in *GetTargetReadinessRequest, opts ...grpc.CallOption) (*GetTargetReadinessResponse, error)
 }
 
 type adminServiceClient struct {
@@ -77,6 +88,26 @@ func (c *adminServiceClient) ResolveOperation(ctx context.Context, in *ResolveOp
 	return out, nil
 }
 
+func (c *adminServiceClient) ListEscalations(ctx context.Context, in *ListEscalationsRequest, opts ...grpc.CallOption) (*ListEscalationsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListEscalationsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListEscalations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetTargetReadiness(ctx context.Context, in *GetTargetReadinessRequest, opts ...grpc.CallOption) (*GetTargetReadinessResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetTargetReadinessResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetTargetReadiness_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -101,6 +132,15 @@ type AdminServiceServer interface {
 	// reason and the evidence. An operation in any other state is FAILED_PRECONDITION
 	// (OPERATION_STATE).
 	ResolveOperation(context.Context, *ResolveOperationRequest) (*ResolveOperationResponse, error)
+	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
+	// reason, how long it has waited and the owner's runbook from the target's contract.
+	// Without a tenant it spans every tenant and needs a principal with all tenants. It
+	// returns the oldest page_size; more says that newer ones wait too: resolve the
+	// oldest and list again.
+	ListEscalations(context.Context, *ListEscalationsRequest) (*ListEscalationsResponse, error)
+	// Returns the go/no-go controls of every loaded target, as opbroker targets check
+	// prints them.
+	GetTargetReadiness(context.Context, *GetTargetReadinessRequest) (*GetTargetReadinessResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -116,6 +156,12 @@ func (UnimplementedAdminServiceServer) DeleteTenantData(context.Context, *Delete
 }
 func (UnimplementedAdminServiceServer) ResolveOperation(context.Context, *ResolveOperationRequest) (*ResolveOperationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveOperation not implemented")
+}
+func (UnimplementedAdminServiceServer) ListEscalations(context.Context, *ListEscalationsRequest) (*ListEscalationsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListEscalations not implemented")
+}
+func (UnimplementedAdminServiceServer) GetTargetReadiness(context.Context, *GetTargetReadinessRequest) (*GetTargetReadinessResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetTargetReadiness not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -174,6 +220,42 @@ func _AdminService_ResolveOperation_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListEscalations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListEscalationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListEscalations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListEscalations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListEscalations(ctx, req.(*ListEscalationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetTargetReadiness_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetTargetReadinessRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetTargetReadiness(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetTargetReadiness_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetTargetReadiness(ctx, req.(*GetTargetReadinessRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -188,6 +270,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResolveOperation",
 			Handler:    _AdminService_ResolveOperation_Handler,
+		},
+		{
+			MethodName: "ListEscalations",
+			Handler:    _AdminService_ListEscalations_Handler,
+		},
+		{
+			MethodName: "GetTargetReadiness",
+			Handler:    _AdminService_GetTargetReadiness_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

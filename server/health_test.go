@@ -1,0 +1,142 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/opbroker/opbroker/clocktest"
+	"github.com/opbroker/opbroker/server"
+	"github.com/opbroker/opbroker/storetest"
+)
+
+type healthBundle struct {
+	srv    *server.Server
+	client healthpb.HealthClient
+	proxy  *storetest.Proxy
+	health *server.DatabaseHealth
+}
+
+// setupHealth serves a server whose store reaches the database through a proxy, with a
+// DatabaseHealth over it (stopped at cleanup, not started).
+func setupHealth(t *testing.T, cfg server.DatabaseHealthConfig) *healthBundle {
+	t.Helper()
+	st, _, proxy := storetest.NewStoreBehindProxy(t)
+	log := slog.New(slog.DiscardHandler)
+	srv, conn := serveServer(t, server.Options{Store: st, Targets: demoTargets(t), Logger: log,
+		MeterProvider: noop.NewMeterProvider()})
+	cfg.Server, cfg.Store, cfg.Logger = srv, st, log
+	h := server.NewDatabaseHealth(cfg)
+	t.Cleanup(h.Stop)
+	return &healthBundle{srv: srv, client: healthpb.NewHealthClient(conn), proxy: proxy, health: h}
+}
+
+// status is what health says of the server and of the API, or an error if they differ.
+func (b *healthBundle) status(ctx context.Context) (healthpb.HealthCheckResponse_ServingStatus, error) {
+	var got []healthpb.HealthCheckResponse_ServingStatus
+	for _, service := range []string{"", "opbroker.v1.OperationService"} {
+		resp, err := b.client.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		if err != nil {
+			return 0, err
+		}
+		got = append(got, resp.GetStatus())
+	}
+	if got[0] != got[1] {
+		return 0, fmt.Errorf("health says %v of the server and %v of the API", got[0], got[1])
+	}
+	return got[0], nil
+}
+
+func (b *healthBundle) requireStatus(t *testing.T, want healthpb.HealthCheckResponse_ServingStatus) {
+	t.Helper()
+	got, err := b.status(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+}
+
+func (b *healthBundle) eventually(t *testing.T, want healthpb.HealthCheckResponse_ServingStatus, within time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		got, err := b.status(t.Context())
+		return err == nil && got == want
+	}, within, 10*time.Millisecond, "health never became %v", want)
+}
+
+// TestHealthFollowsTheDatabase: a running DatabaseHealth turns health NOT_SERVING once
+// the database has been unreachable for DownAfter, not before, and SERVING again once it
+// is back.
+func TestHealthFollowsTheDatabase(t *testing.T) {
+	t.Parallel()
+	const interval, downAfter = 50 * time.Millisecond, 500 * time.Millisecond
+	b := setupHealth(t, server.DatabaseHealthConfig{Interval: interval, DownAfter: downAfter})
+	require.NoError(t, b.health.Start(context.Background()))
+	b.requireStatus(t, healthpb.HealthCheckResponse_SERVING)
+
+	frozen := time.Now()
+	b.proxy.Freeze()
+	b.eventually(t, healthpb.HealthCheckResponse_NOT_SERVING, 10*time.Second)
+	// The first failed ping may have begun up to one interval before the freeze.
+	require.GreaterOrEqual(t, time.Since(frozen), downAfter-interval, "one failed ping is not an outage")
+
+	b.proxy.Thaw()
+	b.eventually(t, healthpb.HealthCheckResponse_SERVING, 10*time.Second)
+}
+
+// TestHealthCountsFromTheFirstFailure: health turns NOT_SERVING when the pings have
+// failed for DownAfter without a success between them, at the first success after that
+// SERVING again, and the count starts afresh at the next failure.
+func TestHealthCountsFromTheFirstFailure(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(0)
+	b := setupHealth(t, server.DatabaseHealthConfig{Interval: 200 * time.Millisecond, DownAfter: time.Hour, Now: clock.Now})
+	ctx := t.Context()
+	require.NoError(t, b.health.Check(ctx))
+
+	b.proxy.Freeze()
+	require.Error(t, b.health.Check(ctx))
+	clock.Advance(59 * time.Minute)
+	require.Error(t, b.health.Check(ctx))
+	b.requireStatus(t, healthpb.HealthCheckResponse_SERVING)
+	clock.Advance(time.Minute)
+	require.Error(t, b.health.Check(ctx))
+	b.requireStatus(t, healthpb.HealthCheckResponse_NOT_SERVING)
+
+	b.proxy.Thaw()
+	require.NoError(t, b.health.Check(ctx))
+	b.requireStatus(t, healthpb.HealthCheckResponse_SERVING)
+
+	b.proxy.Freeze()
+	require.Error(t, b.health.Check(ctx))
+	clock.Advance(59 * time.Minute)
+	require.Error(t, b.health.Check(ctx))
+	b.requireStatus(t, healthpb.HealthCheckResponse_SERVING)
+}
+
+// TestHealthStaysNotServingOnceStopping: after Server.Stop began, the database coming
+// back does not make the server SERVING again.
+func TestHealthStaysNotServingOnceStopping(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(0)
+	b := setupHealth(t, server.DatabaseHealthConfig{Interval: 200 * time.Millisecond, DownAfter: time.Hour, Now: clock.Now})
+	ctx := t.Context()
+	b.proxy.Freeze()
+	require.Error(t, b.health.Check(ctx))
+	clock.Advance(time.Hour)
+	require.Error(t, b.health.Check(ctx))
+	b.requireStatus(t, healthpb.HealthCheckResponse_NOT_SERVING)
+
+	b.srv.Stop(time.Second)
+	b.proxy.Thaw()
+	require.NoError(t, b.health.Check(ctx))
+	for _, service := range []string{"", "opbroker.v1.OperationService"} {
+		resp, err := b.srv.Health.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		require.NoError(t, err)
+		require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, resp.GetStatus(), "service %q", service)
+	}
+}

@@ -1,0 +1,49 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EscalationsParams select escalated operations.
+type EscalationsParams struct {
+	TenantID       string   // "" for every tenant of the scope
+	OperationTypes []string // nil for every type
+	Owner          string   // "" for every owner; else a part of the owner
+	Limit          int
+}
+
+// Escalated is an ESCALATED operation and how long it has waited, by the database's
+// clock.
+type Escalated struct {
+	Operation
+	Waited time.Duration
+}
+
+// Escalations returns ESCALATED operations, oldest escalation first, at most p.Limit,
+// and whether more wait. Through the partial index on ESCALATED operations.
+func (q Scope) Escalations(ctx context.Context, p EscalationsParams) ([]Escalated, bool, error) {
+	rows := q.query(ctx, `SELECT `+operationColumns+`, `+micros(`now() - (escalation->>'escalated_at')::timestamptz`)+`
+		FROM operations
+		WHERE state = 'ESCALATED' AND ($1 = '' OR tenant_id = $1) AND ($2::text[] IS NULL OR operation_type = ANY ($2))
+			AND ($3 = '' OR strpos(escalation->>'owner', $3) > 0)
+		ORDER BY (escalation->>'escalated_at')::timestamptz, tenant_id, operation_id
+		LIMIT $4`, p.TenantID, p.OperationTypes, p.Owner, p.Limit+1)
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Escalated, error) {
+		var e Escalated
+		var waited int64
+		err := row.Scan(append(operationDest(&e.Operation), &waited)...)
+		e.Waited = duration(waited)
+		return e, err
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("store: escalations: %w", translate(err))
+	}
+	if len(out) > p.Limit {
+		return out[:p.Limit], true, nil
+	}
+	return out, false, nil
+}
