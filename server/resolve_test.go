@@ -163,3 +163,33 @@ func storetestPrepare(t *testing.T, b *testBundle, tenant string) uuid.UUID {
 	t.Helper()
 	return storetest.PrepareJSON(t, b.store, tenant, simtarget.DemoCharge, "escalated-"+tenant, `{"amount":1}`).ID
 }
+
+// TestDeleteTenantAfterItsEscalationIsResolved: a tenant with an escalation cannot be
+// deleted; once an operator resolved it, it can, end to end.
+func TestDeleteTenantAfterItsEscalationIsResolved(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // dev: the caller may act as operator
+	fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}
+	id := storetestPrepare(t, b, "acme")
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: fair})
+	require.NoError(t, err)
+	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
+		State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
+	require.NoError(t, err)
+	unknown, err := b.store.AllTenants().ClaimUnknown(b.ctx, fair)
+	require.NoError(t, err)
+	escalated, err := b.store.AllTenants().ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: id, Fence: unknown[0].FenceToken,
+		State: store.StateEscalated, Escalation: &store.Escalation{Owner: "demo-oncall", Reason: "no way to find out"}, Actor: "test"})
+	require.NoError(t, err)
+
+	admin := opbrokerv1.NewAdminServiceClient(b.conn)
+	_, err = admin.DeleteTenantData(b.ctx, &opbrokerv1.DeleteTenantDataRequest{Tenant: "acme"})
+	requireStatus(t, err, codes.FailedPrecondition, server.ReasonTenantHasOpenOperations)
+	_, err = admin.ResolveOperation(b.ctx, &opbrokerv1.ResolveOperationRequest{Name: "tenants/acme/operations/" + id.String(),
+		Revision: escalated.Revision, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
+		Reason: "the provider has no such charge", Evidence: "searched the dashboard by the remote key"})
+	require.NoError(t, err)
+	deleted, err := admin.DeleteTenantData(b.ctx, &opbrokerv1.DeleteTenantDataRequest{Tenant: "acme"})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), deleted.GetDeletedOperations())
+}
