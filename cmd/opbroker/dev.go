@@ -83,7 +83,7 @@ func runDev(ctx context.Context, cmd *cli.Command) error {
 opbroker dev is ready.
   gRPC (reflection on):  %s      try: grpcurl -plaintext %s list
   metrics:               http://%s/metrics
-  demo target:           %s  (demo.charge: idempotency key and lookup; demo.notify: neither)
+  demo target:           %s  (demo.charge: idempotency key and lookup; demo.notify: neither; demo.object: conditional create and lookup)
   demo ground truth:     http://%s/sim/truth
   PostgreSQL:            %s  (the ledger is in schema opbroker)
   data folder:           %s (kept across restarts; delete it to start afresh)
