@@ -65,7 +65,7 @@ type DatabaseHealth struct {
 	log *slog.Logger
 
 	mu           sync.Mutex
-	failingSince time.Time // when the first of the pings failing since the last success began; zero after a success
+	failingSince time.Time // when the first failed ping since the last success began; zero after one
 	down         bool      // whether it turned health NOT_SERVING
 }
 
@@ -132,7 +132,7 @@ func (h *DatabaseHealth) Check(ctx context.Context) error {
 	if failing := h.cfg.Now().Sub(h.failingSince); !h.down && failing >= h.cfg.DownAfter {
 		h.down = true
 		h.cfg.Server.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
-		h.log.Warn("the database does not answer: health is NOT_SERVING until it does", "for", failing, "error", err)
+		h.log.Warn("the database does not answer: health is NOT_SERVING until it does", "unreachable_for", failing, "error", err)
 	}
 	return err
 }

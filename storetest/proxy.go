@@ -14,16 +14,16 @@ import (
 // Proxy stands between a store and its PostgreSQL on a loopback port, so that a test
 // can make the database unreachable the way a broken network does: Freeze stops every
 // byte in both directions while the connections stay open, and new connections hang
-// in the same way.
+// in the same way; Thaw lets them pass again, as a network that heals does.
 type Proxy struct {
 	lis    net.Listener
 	target string
-
-	mu     sync.Mutex
-	frozen chan struct{} // closed when frozen
 	done   chan struct{} // closed at cleanup
-	conns  []net.Conn
-	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	flowing chan struct{} // closed while bytes pass; replaced by an open one at Freeze
+	conns   []net.Conn
+	wg      sync.WaitGroup
 }
 
 // NewStoreBehindProxy is NewStore whose store reaches the database through a Proxy.
@@ -39,7 +39,9 @@ func NewStoreBehindProxy(t testing.TB) (*store.Store, *pgxpool.Pool, *Proxy) {
 	if err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
-	p := &Proxy{lis: lis, target: u.Host, frozen: make(chan struct{}), done: make(chan struct{})}
+	flowing := make(chan struct{})
+	close(flowing)
+	p := &Proxy{lis: lis, target: u.Host, flowing: flowing, done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.serve()
 	u.Host = lis.Addr().String()
@@ -51,13 +53,28 @@ func NewStoreBehindProxy(t testing.TB) (*store.Store, *pgxpool.Pool, *Proxy) {
 }
 
 // Freeze makes the database unreachable: nothing more passes, and nothing is closed.
+// Freezing a frozen proxy does nothing.
 func (p *Proxy) Freeze() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	select {
-	case <-p.frozen:
+	case <-p.flowing:
+		p.flowing = make(chan struct{})
 	default:
-		close(p.frozen)
+	}
+}
+
+// Thaw makes the database reachable again: what was held while frozen passes on, in
+// order, and so does everything after it (a connection its client gave up on meanwhile
+// ends when those bytes reach its closed end). Thawing a proxy that is not frozen does
+// nothing.
+func (p *Proxy) Thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.flowing:
+	default:
+		close(p.flowing)
 	}
 }
 
@@ -74,6 +91,16 @@ func (p *Proxy) serve() {
 			continue
 		}
 		p.mu.Lock()
+		select {
+		case <-p.done:
+			// The cleanup has begun and may have closed the connections already: close
+			// these too, or the server would hold them open until it times them out.
+			p.mu.Unlock()
+			client.Close()
+			server.Close()
+			return
+		default:
+		}
 		p.conns = append(p.conns, client, server)
 		p.mu.Unlock()
 		p.wg.Add(2)
@@ -82,18 +109,20 @@ func (p *Proxy) serve() {
 	}
 }
 
-// pipe copies from src to dst until either fails. Once the proxy is frozen it passes
-// nothing on and waits for the cleanup, keeping both connections open.
+// pipe copies from src to dst until either fails. While the proxy is frozen it holds
+// what it read, keeping both connections open, until a thaw or the cleanup.
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		p.mu.Lock()
+		flowing := p.flowing
+		p.mu.Unlock()
 		select {
-		case <-p.frozen:
-			<-p.done
+		case <-flowing:
+		case <-p.done:
 			return
-		default:
 		}
 		if n > 0 {
 			if _, err := dst.Write(buf[:n]); err != nil {

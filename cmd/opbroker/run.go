@@ -38,6 +38,7 @@ type broker struct {
 	store      *store.Store
 	targets    *target.Targets
 	srv        *server.Server
+	health     *server.DatabaseHealth // turns srv's health NOT_SERVING while the database does not answer
 	dispatcher *dispatcher.Dispatcher // always built: the reconciler's replays go through it
 	sweeper    *sweeper.Sweeper       // runs where the dispatcher does
 	dispatch   bool                   // whether this replica claims PREPARED operations
@@ -128,6 +129,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	if err != nil {
 		return err
 	}
+	b.health = server.NewDatabaseHealth(server.DatabaseHealthConfig{Server: b.srv, Store: b.store, Logger: b.log})
 	connector, err := brokermetrics.TimeRequests(target.NewConnector(), b.meters)
 	if err != nil {
 		return err
@@ -208,6 +210,9 @@ func (b *broker) run(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := b.health.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
 	go func() { b.grpcDone <- b.srv.GRPC.Serve(b.grpcLis) }()
 	go func() {
 		if err := b.httpSrv.Serve(b.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -257,6 +262,9 @@ func (b *broker) close() {
 	}
 	if b.ledger != nil {
 		b.ledger.Stop()
+	}
+	if b.health != nil {
+		b.health.Stop() // no hurry: once srv.Stop began, health ignores it
 	}
 	if b.meters != nil {
 		_ = b.meters.Shutdown(context.Background())
