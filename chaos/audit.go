@@ -33,6 +33,8 @@ type ledgerEvent struct {
 	At       time.Time
 	Actor    string
 	Reason   string
+	// For a person's resolution: why, and what was checked.
+	Summary, Evidence string
 }
 
 type ledgerAttempt struct {
@@ -80,11 +82,12 @@ func (c *cluster) readLedger(ctx context.Context) (map[string]*ledgerOp, error) 
 	}
 	rows, _ = c.admin.Query(ctx, `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id,
 			revision, from_state::text, to_state::text, fence_token, created_at, actor,
-			coalesce(reason, '') || ' ' || coalesce(observation->>'outcome', '')
+			coalesce(reason, '') || ' ' || coalesce(observation->>'outcome', ''),
+			coalesce(observation->>'summary', ''), coalesce(observation->>'evidence', '')
 		FROM operation_events ORDER BY tenant_id, operation_id, revision`)
 	var name string
 	var ev ledgerEvent
-	if _, err := pgx.ForEachRow(rows, []any{&name, &ev.Revision, &ev.From, &ev.To, &ev.Fence, &ev.At, &ev.Actor, &ev.Reason}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&name, &ev.Revision, &ev.From, &ev.To, &ev.Fence, &ev.At, &ev.Actor, &ev.Reason, &ev.Summary, &ev.Evidence}, func() error {
 		if o := ops[name]; o != nil {
 			o.Events = append(o.Events, ev)
 		}
@@ -196,7 +199,7 @@ func redact(text string, secrets []secret) (held []string, excerpt string) {
 	return held, strings.ToValidUTF8(text[from:min(len(text), from+300)], "")
 }
 
-// audit checks invariants I1–I12 (docs/testing.md#the-chaos-run) and fills the report's
+// audit checks invariants I1–I13 (docs/testing.md#the-chaos-run) and fills the report's
 // counts; leaks are I12's violations (credentialLeaks).
 func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyTruth, h *history, leaks []string) {
 	inv := map[string][]string{}
@@ -255,8 +258,15 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 			fail("I9", "%s: %s after healing", op.Name, op.State)
 		}
 		r.ByState[op.State]++
-		if op.State == "ESCALATED" {
-			r.Escalated++
+		if slices.ContainsFunc(op.Events, func(e ledgerEvent) bool { return e.To == "ESCALATED" }) {
+			r.Escalated++ // ever: the run's operator resolves them at the end
+		}
+		// I13: a person's resolution names the operator, why, and what was checked.
+		for _, e := range op.Events {
+			if strings.HasPrefix(e.Reason, "MANUAL_RESOLUTION") &&
+				(!strings.HasPrefix(e.Actor, "operator:") || e.Summary == "" || e.Evidence == "") {
+				fail("I13", "%s: a manual resolution at revision %d by %q without its reason or evidence", op.Name, e.Revision, e.Actor)
+			}
 		}
 		if d, recovered := resolution(op); recovered {
 			r.Recovered++
@@ -302,7 +312,7 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 		r.UnknownToResolution = Durations{Median: resolutions[n/2].Round(time.Millisecond), Worst: resolutions[n-1].Round(time.Millisecond)}
 	}
 	r.AmendmentsWaited = h.amendmentsWaited
-	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "I11", "I12"} {
+	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "I11", "I12", "I13"} {
 		res := Invariant{ID: id, Name: invariantNames[id], Held: len(inv[id]) == 0}
 		res.Violations = inv[id][:min(len(inv[id]), 20)]
 		r.Invariants = append(r.Invariants, res)
@@ -422,4 +432,5 @@ var invariantNames = map[string]string{
 	"I10": "only allowed transitions in the event log, and the counts add up",
 	"I11": "an amendment is recorded only beside a settled original, or one it cancelled before any send",
 	"I12": "no credential appears in the ledger or the replicas' logs",
+	"I13": "every resolution by a person names the operator, the reason and the evidence",
 }

@@ -4,7 +4,7 @@
 // (one rotated mid-run), the broker's crash points, kill -9 and SIGSTOP of replicas,
 // PostgreSQL restarted in immediate mode and its connections terminated, while clients
 // prepare, retry, duplicate, amend and probe other tenants. Then everything heals, the
-// run waits for the work to settle, and the audit checks invariants I1–I12
+// run waits for the work to settle, and the audit checks invariants I1–I13
 // (docs/testing.md#the-chaos-run) against the targets' ground truth, the ledger, the
 // clients' history and the replicas' logs. A run is reproducible from its seed as far as
 // the workload, the fault schedule and the targets' faults go; processes and the network
@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -112,6 +113,9 @@ type Report struct {
 	// Resent, those sent again after an answer documented as not executed;
 	// PreconditionRefusals, conditional resends the target refused because the object
 	// existed.
+	// ResolvedByHand counts escalations the run's operator resolved with
+	// ResolveOperation after checking the target.
+	ResolvedByHand       int `json:"resolved_by_hand"`
 	Pending              int `json:"pending"`
 	Resent               int `json:"resent_after_not_executed"`
 	PreconditionRefusals int `json:"precondition_refusals"`
@@ -194,6 +198,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	c.heal()
 	c.restartArmed()
 	settled := c.settle(ctx, cfg.SettleBound)
+	// The owners of the escalations check their targets and record what they found.
+	resolvedByHand, err := c.resolveEscalations(ctx, rand.New(rand.NewPCG(cfg.Seed, 13)))
+	if err != nil {
+		fmt.Fprintf(cfg.Log, "chaos: resolving escalations: %v\n", err)
+	}
 	stopSupervising()
 	c.stopReplicas()
 
@@ -217,6 +226,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}
 	}
+	r.ResolvedByHand = resolvedByHand
 	audit(r, ops, truth, h, leaks)
 	r.Elapsed = time.Since(start).Round(time.Second).String()
 	return r, nil
@@ -254,6 +264,7 @@ func (r *Report) WriteText(w io.Writer) {
 		r.Crashes, r.Probes, r.Amendments, r.AmendmentsWaited)
 	fmt.Fprintf(w, "  answered pending %d, sent again after an answer documented as not executed %d, conditional resends refused %d\n",
 		r.Pending, r.Resent, r.PreconditionRefusals)
+	fmt.Fprintf(w, "  escalations resolved by the operator after checking the target %d\n", r.ResolvedByHand)
 	fmt.Fprintf(w, "  lost %d, duplicated %d, unconfirmed %d, false-failed %d\n", r.Lost, r.Duplicated, r.Unconfirmed, r.FalseFailed)
 	fmt.Fprintf(w, "  recovered from UNKNOWN %d, escalated %d, still UNKNOWN %d (settled: %v)\n", r.Recovered, r.Escalated, r.Unresolved, r.Settled)
 	for _, u := range r.UnresolvedSamples {

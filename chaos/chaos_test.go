@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 // TestShortChaosRun is the short, fixed-seed chaos run: three replicas as processes,
 // every fault of the targets, crash points, kill -9, SIGSTOP past the lease,
 // pg_terminate_backend, a rotation of a target's credential and (on the embedded
-// PostgreSQL) an immediate restart, then the audit of I1–I12.
+// PostgreSQL) an immediate restart, then the audit of I1–I13.
 func TestShortChaosRun(t *testing.T) {
 	var log bytes.Buffer
 	report, err := chaos.Run(context.Background(), chaos.Config{
@@ -66,6 +66,7 @@ func TestShortChaosRun(t *testing.T) {
 	require.Positive(t, report.Recovered, "some operations went through UNKNOWN and were resolved")
 	require.Positive(t, report.Probes)
 	require.Positive(t, report.Amendments, "some amendments were recorded")
+	require.Positive(t, report.ResolvedByHand, "the operator resolved the escalations through the API")
 	require.Positive(t, report.Pending, "some answers were pending")
 	require.Positive(t, report.Resent, "some operations were sent again after an answer documented as not executed")
 }

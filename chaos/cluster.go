@@ -57,7 +57,7 @@ type cluster struct {
 	admin    *pgxpool.Pool // on adminURL
 	sims     []*simtarget.Server
 	charge   *simtarget.Server // of sims: serves chaos.charge and chaos.notify
-	tokens   map[string]string // bearer token by tenant
+	tokens   map[string]string // bearer token by tenant, and the operator's
 	targets  string            // the targets file
 	auth     string            // the principals file
 	// chargeToken is the file the replicas read the charge target's bearer token from,
@@ -227,7 +227,7 @@ func stageSecretFile(path, value string) (install func() error, err error) {
 	return func() error { return os.Rename(tmp, path) }, nil
 }
 
-// writePrincipals makes one client principal per tenant.
+// writePrincipals makes one client principal per tenant, and the on-call operator.
 func (c *cluster) writePrincipals() error {
 	var file auth.File
 	for _, tenant := range tenants(c.cfg.Tenants) {
@@ -236,6 +236,10 @@ func (c *cluster) writePrincipals() error {
 		file.Principals = append(file.Principals, auth.PrincipalConfig{Name: "client-" + tenant,
 			Roles: []auth.Role{auth.RoleClient}, Tenants: []string{tenant}, TokenSHA256: []string{hash}})
 	}
+	token, hash := auth.NewToken()
+	c.tokens[operatorName] = token
+	file.Principals = append(file.Principals, auth.PrincipalConfig{Name: operatorName,
+		Roles: []auth.Role{auth.RoleOperator}, AllTenants: true, TokenSHA256: []string{hash}})
 	data, err := yaml.Marshal(file)
 	if err != nil {
 		return err

@@ -1,0 +1,82 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/simtarget"
+)
+
+// operatorName is the run's on-call operator, a principal with every tenant.
+const operatorName = "oncall"
+
+// resolveEscalations does what the owners of the run's escalations would: it lists the
+// escalation queue through the API, checks each operation at its target (the run's
+// ground truth, by the remote key the queue shows an operator) and records what it
+// found with ResolveOperation: SUCCEEDED with the effect's id where the target made it,
+// FAILED_TERMINAL where it did not. It returns how many it resolved.
+func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, error) {
+	truth := c.truth()
+	resolved := 0
+	for attempt := 0; attempt < 20 && ctx.Err() == nil; attempt++ {
+		conn, err := c.client(rng)
+		if err != nil {
+			return resolved, err
+		}
+		admin := opbrokerv1.NewAdminServiceClient(conn)
+		callCtx, cancel := context.WithTimeout(c.asOperator(ctx), 10*time.Second)
+		list, err := admin.ListEscalations(callCtx, &opbrokerv1.ListEscalationsRequest{PageSize: 1000})
+		cancel()
+		if err != nil {
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		if len(list.GetEscalations()) == 0 {
+			return resolved, nil
+		}
+		for _, e := range list.GetEscalations() {
+			op := e.GetOperation()
+			req := &opbrokerv1.ResolveOperationRequest{Name: op.GetName(), Revision: op.GetRevision(),
+				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
+				Reason:     "checked at the target: no effect under the operation's key",
+				Evidence:   "the target's record of key " + op.GetRemoteKey()}
+			if kt := truth[op.GetRemoteKey()]; kt != nil && settledEffect(kt) != "" {
+				req.Resolution, req.RemoteRef = opbrokerv1.ResolveOperationRequest_RESOLUTION_SUCCEEDED, settledEffect(kt)
+				req.Reason = "checked at the target: the effect exists under the operation's key"
+			}
+			callCtx, cancel := context.WithTimeout(c.asOperator(ctx), 10*time.Second)
+			_, err := admin.ResolveOperation(callCtx, req)
+			cancel()
+			switch status.Code(err) {
+			case codes.OK:
+				resolved++
+			case codes.Aborted, codes.Unavailable, codes.DeadlineExceeded: // listed again
+			default:
+				return resolved, fmt.Errorf("resolving %s: %w", op.GetName(), err)
+			}
+		}
+	}
+	return resolved, nil
+}
+
+// settledEffect is the id of an effect the target finished (neither processing nor
+// failed), or "".
+func settledEffect(kt *simtarget.KeyTruth) string {
+	if kt.Effects-kt.Processing-kt.Failed <= 0 || len(kt.IDs) == 0 {
+		return ""
+	}
+	return slices.Clone(kt.IDs)[0]
+}
+
+// asOperator returns ctx with the operator's bearer token.
+func (c *cluster) asOperator(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.tokens[operatorName])
+}
