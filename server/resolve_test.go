@@ -28,17 +28,7 @@ func TestResolveOperation(t *testing.T) {
 	created, err := b.client.PrepareOperation(tokens.as(b.ctx, "acme-client"), prepareRequest("acme", "stuck", `{"amount":1}`))
 	require.NoError(t, err)
 	id := uuid.MustParse(created.GetOperation().GetName()[len("tenants/acme/operations/"):])
-	fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: fair})
-	require.NoError(t, err)
-	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
-		State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
-	require.NoError(t, err)
-	unknown, err := b.store.AllTenants().ClaimUnknown(b.ctx, fair)
-	require.NoError(t, err)
-	escalated, err := b.store.AllTenants().ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: id, Fence: unknown[0].FenceToken,
-		State: store.StateEscalated, Escalation: &store.Escalation{Owner: "demo-oncall", Reason: "no way to find out"}, Actor: "test"})
-	require.NoError(t, err)
+	escalated := escalate(t, b, "acme", id)
 
 	admin := opbrokerv1.NewAdminServiceClient(b.conn)
 	req := &opbrokerv1.ResolveOperationRequest{Name: created.GetOperation().GetName(), Revision: escalated.Revision,
@@ -111,20 +101,8 @@ func TestEscalationQueue(t *testing.T) {
 		auth.PrincipalConfig{Name: "oncall", Roles: []auth.Role{auth.RoleOperator}, AllTenants: true},
 		auth.PrincipalConfig{Name: "acme-operator", Roles: []auth.Role{auth.RoleOperator}, Tenants: []string{"acme"}})
 	b := setupWith(t, func(o *server.Options) { o.Auth = authn })
-	fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}
 	for _, tenant := range []string{"acme", "globex"} {
-		op := storetestPrepare(t, b, tenant)
-		claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: fair})
-		require.NoError(t, err)
-		_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: tenant, ID: op, Fence: claimed[0].FenceToken,
-			State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
-		require.NoError(t, err)
-		unknown, err := b.store.AllTenants().ClaimUnknown(b.ctx, fair)
-		require.NoError(t, err)
-		_, err = b.store.AllTenants().ResolveUnknown(b.ctx, store.ResolveParams{TenantID: tenant, ID: op, Fence: unknown[0].FenceToken,
-			State: store.StateEscalated, Escalation: &store.Escalation{Owner: "demo-oncall", Reason: "no way to find out", EscalatedAt: time.Now()},
-			Actor: "test"})
-		require.NoError(t, err)
+		escalate(t, b, tenant, storetestPrepare(t, b, tenant))
 	}
 	admin := opbrokerv1.NewAdminServiceClient(b.conn)
 	all, err := admin.ListEscalations(tokens.as(b.ctx, "oncall"), &opbrokerv1.ListEscalationsRequest{})
@@ -158,6 +136,27 @@ func TestEscalationQueue(t *testing.T) {
 	}
 }
 
+// escalate takes the only PREPARED operation, id of tenant, through an unclear send to
+// ESCALATED, as the dispatcher and the reconciler would, and returns it.
+func escalate(t *testing.T, b *testBundle, tenant string, id uuid.UUID) store.Operation {
+	t.Helper()
+	fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: fair})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: tenant, ID: id, Fence: claimed[0].FenceToken,
+		State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
+	require.NoError(t, err)
+	unknown, err := b.store.AllTenants().ClaimUnknown(b.ctx, fair)
+	require.NoError(t, err)
+	require.Len(t, unknown, 1)
+	escalated, err := b.store.AllTenants().ResolveUnknown(b.ctx, store.ResolveParams{TenantID: tenant, ID: id, Fence: unknown[0].FenceToken,
+		State: store.StateEscalated, Escalation: &store.Escalation{Owner: "demo-oncall", Reason: "no way to find out", EscalatedAt: time.Now()},
+		Actor: "test"})
+	require.NoError(t, err)
+	return escalated
+}
+
 // storetestPrepare records an intent of tenant with the test's store.
 func storetestPrepare(t *testing.T, b *testBundle, tenant string) uuid.UUID {
 	t.Helper()
@@ -169,21 +168,11 @@ func storetestPrepare(t *testing.T, b *testBundle, tenant string) uuid.UUID {
 func TestDeleteTenantAfterItsEscalationIsResolved(t *testing.T) {
 	t.Parallel()
 	b := setup(t) // dev: the caller may act as operator
-	fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}
 	id := storetestPrepare(t, b, "acme")
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: fair})
-	require.NoError(t, err)
-	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
-		State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
-	require.NoError(t, err)
-	unknown, err := b.store.AllTenants().ClaimUnknown(b.ctx, fair)
-	require.NoError(t, err)
-	escalated, err := b.store.AllTenants().ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: id, Fence: unknown[0].FenceToken,
-		State: store.StateEscalated, Escalation: &store.Escalation{Owner: "demo-oncall", Reason: "no way to find out"}, Actor: "test"})
-	require.NoError(t, err)
+	escalated := escalate(t, b, "acme", id)
 
 	admin := opbrokerv1.NewAdminServiceClient(b.conn)
-	_, err = admin.DeleteTenantData(b.ctx, &opbrokerv1.DeleteTenantDataRequest{Tenant: "acme"})
+	_, err := admin.DeleteTenantData(b.ctx, &opbrokerv1.DeleteTenantDataRequest{Tenant: "acme"})
 	requireStatus(t, err, codes.FailedPrecondition, server.ReasonTenantHasOpenOperations)
 	_, err = admin.ResolveOperation(b.ctx, &opbrokerv1.ResolveOperationRequest{Name: "tenants/acme/operations/" + id.String(),
 		Revision: escalated.Revision, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
