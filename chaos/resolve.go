@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -73,7 +72,7 @@ func settledEffect(kt *simtarget.KeyTruth) string {
 	if kt.Effects-kt.Processing-kt.Failed <= 0 || len(kt.IDs) == 0 {
 		return ""
 	}
-	return slices.Clone(kt.IDs)[0]
+	return kt.IDs[0]
 }
 
 // asOperator returns ctx with the operator's bearer token.

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 
 	"github.com/opbroker/opbroker/auth"
@@ -47,21 +46,15 @@ func (s *adminService) ResolveOperation(ctx context.Context, req *opbrokerv1.Res
 				"is required to resolve as succeeded: the target's identifier of the effect", ReasonFieldRequired)))
 		}
 	}
-	scope := ledger(ctx, s.store)
-	before, err := scope.Get(ctx, tenant, id)
-	if err != nil {
-		return nil, toStatus(ctx, s.log, err)
-	}
-	op, err := scope.ResolveManually(ctx, store.ManualResolution{TenantID: tenant, ID: id, Revision: req.GetRevision(),
+	op, err := ledger(ctx, s.store).ResolveManually(ctx, store.ManualResolution{TenantID: tenant, ID: id, Revision: req.GetRevision(),
 		State: state, RemoteRef: req.GetRemoteRef(), Reason: req.GetReason(), Evidence: req.GetEvidence(),
 		EvidenceURL: req.GetEvidenceUrl(), Actor: "operator:" + auth.FromContext(ctx).Name})
-	if errors.Is(err, store.ErrRevisionChanged) {
-		err = &revisionChangedError{current: before.Revision}
-	}
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
-	if before.State == store.StateUnknown { // an ESCALATED one was counted when it was escalated
+	// Resolved from UNKNOWN (it was never escalated): an ESCALATED one was counted when
+	// it was escalated.
+	if op.Escalation == nil {
 		if contract, ok := s.targets.ForType(op.OperationType); ok {
 			s.events.Resolved(ctx, contract, op)
 		}
@@ -70,12 +63,6 @@ func (s *adminService) ResolveOperation(ctx context.Context, req *opbrokerv1.Res
 		"name", req.GetName(), "state", state)
 	return &opbrokerv1.ResolveOperationResponse{Operation: operationFor(ctx, s.targets, op)}, nil
 }
-
-// revisionChangedError is store.ErrRevisionChanged with the operation's revision now.
-type revisionChangedError struct{ current int64 }
-
-func (e *revisionChangedError) Error() string { return store.ErrRevisionChanged.Error() }
-func (e *revisionChangedError) Unwrap() error { return store.ErrRevisionChanged }
 
 // ListEscalations lists ESCALATED operations, oldest first, with who owns them and how
 // long they have waited.

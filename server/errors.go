@@ -142,7 +142,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		mismatch   *store.PayloadMismatchError
 		stateErr   *store.StateError
 		unresolved *store.SupersededUnresolvedError
-		revChanged *revisionChangedError
+		revChanged *store.RevisionChangedError
 		tenantErr  *tenantError
 	)
 	switch {
@@ -166,7 +166,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 				{Type: "STATE", Subject: name, Description: desc}}})
 	case errors.As(err, &revChanged):
 		return newStatus(codes.Aborted, "the operation changed since that revision: read it again and decide on what it is now",
-			ReasonRevisionChanged, map[string]string{"currentRevision": fmt.Sprint(revChanged.current)})
+			ReasonRevisionChanged, map[string]string{"currentRevision": fmt.Sprint(revChanged.Current)})
 	case errors.Is(err, store.ErrBeingReconciled):
 		return newStatus(codes.Aborted, "a reconciler is working on the operation at this moment: retry in a few seconds",
 			ReasonBeingReconciled, nil)

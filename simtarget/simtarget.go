@@ -350,6 +350,13 @@ func (t *Target) authorized(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// throttle answers 429 with Retry-After, as a rate limiter does before anything is
+// executed (FaultThrottle).
+func throttle(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "rate limited", "note": "the request was not executed"})
+}
+
 func hashOf(body []byte) string {
 	sum := sha256.Sum256(body)
 	return hex.EncodeToString(sum[:])
@@ -374,8 +381,7 @@ func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
 		// The rate limiter runs before the idempotency layer, as Stripe's does: nothing
 		// is executed and nothing is saved under the key.
 		t.mu.Unlock()
-		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "rate limited", "note": "the request was not executed"})
+		throttle(w)
 		return
 	}
 	if fault == FaultInProgress {
@@ -596,8 +602,7 @@ func (t *Target) writeObject(w http.ResponseWriter, r *http.Request) {
 	t.countArrival(fault, name, hash)
 	if fault == FaultThrottle {
 		t.mu.Unlock()
-		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "rate limited", "note": "the request was not executed"})
+		throttle(w)
 		return
 	}
 	if ifAbsent && (t.committed(name) || t.writing[name]) {

@@ -28,8 +28,15 @@ type ManualResolution struct {
 	Actor       string
 }
 
-// ErrRevisionChanged means the operation changed after the revision the caller read.
+// ErrRevisionChanged means the operation changed after the revision the caller read;
+// ResolveManually returns it as a *RevisionChangedError, with the revision now.
 var ErrRevisionChanged = errors.New("the operation changed since that revision")
+
+// RevisionChangedError is ErrRevisionChanged with the operation's current revision.
+type RevisionChangedError struct{ Current int64 }
+
+func (e *RevisionChangedError) Error() string { return ErrRevisionChanged.Error() }
+func (e *RevisionChangedError) Unwrap() error { return ErrRevisionChanged }
 
 // ErrBeingReconciled means a reconciler holds the operation at this moment.
 var ErrBeingReconciled = errors.New("a reconciler is working on the operation")
@@ -38,8 +45,9 @@ var ErrBeingReconciled = errors.New("a reconciler is working on the operation")
 // fence + 1, so a reconciler that held it earlier can no longer record, and an event
 // whose actor is the operator and whose observation holds the reason and evidence. It is
 // refused, recording nothing, when the operation is not UNKNOWN or ESCALATED
-// (*StateError), changed since p.Revision (ErrRevisionChanged), or is held by a
-// reconciler's live lease (ErrBeingReconciled).
+// (*StateError), changed since p.Revision (*RevisionChangedError), or is held by a
+// reconciler's live lease (ErrBeingReconciled). The resolved operation keeps its
+// Escalation when it was ESCALATED, and has none when it was UNKNOWN.
 func (q Scope) ResolveManually(ctx context.Context, p ManualResolution) (Operation, error) {
 	switch {
 	case p.State != StateSucceeded && p.State != StateFailedTerminal:
@@ -83,7 +91,7 @@ func (q Scope) ResolveManually(ctx context.Context, p ManualResolution) (Operati
 	case current.State != StateUnknown && current.State != StateEscalated:
 		return Operation{}, &StateError{Operation: current, Want: StateEscalated}
 	case current.Revision != p.Revision:
-		return Operation{}, ErrRevisionChanged
+		return Operation{}, &RevisionChangedError{Current: current.Revision}
 	}
 	return Operation{}, ErrBeingReconciled
 }
