@@ -1,7 +1,6 @@
 package dispatcher
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -43,13 +42,16 @@ type Config struct {
 	Worker string
 	// PoolSize caps concurrent sends in this process (DefaultPoolSize); a target's
 	// contract may cap its own lower. A send's slot is freed when its reply is in;
-	// Unrecorded (default 4 × PoolSize) caps the claims taken whose outcomes are not yet
-	// written, which the store writes together.
+	// Unrecorded (default the larger of 4 × PoolSize and 2 × ClaimBatch) caps the claims
+	// taken whose outcomes are not yet written: those waiting for a slot, those being
+	// sent and those whose outcomes the store is writing together.
 	PoolSize   int
 	Unrecorded int
-	// ClaimBatch caps one claim (DefaultClaimBatch); PerTenant caps one tenant's share of it
-	// (default ClaimBatch/4); MaxTenantsPerClaim caps the tenants one claim visits
-	// (default 64).
+	// ClaimBatch caps one claim (DefaultClaimBatch). A claim takes what the target's free
+	// slots can start now, and what its recent rate of sends will start within a quarter
+	// of the lease: claims run ahead of the sends, but no lease is held long for work that
+	// waits its turn. PerTenant caps one tenant's share of a claim (default ClaimBatch/4);
+	// MaxTenantsPerClaim caps the tenants one claim visits (default 64).
 	ClaimBatch         int
 	PerTenant          int
 	MaxTenantsPerClaim int
@@ -76,7 +78,7 @@ type Config struct {
 // Defaults of Config, which the broker's flags use too.
 const (
 	DefaultPoolSize      = 32
-	DefaultClaimBatch    = 64
+	DefaultClaimBatch    = 512
 	DefaultLease         = 30 * time.Second
 	DefaultShutdownGrace = 30 * time.Second
 	DefaultMaxResends    = 10
@@ -94,8 +96,8 @@ func (c *Config) setDefaults() {
 		}
 	}
 	def(&c.PoolSize, DefaultPoolSize)
-	def(&c.Unrecorded, 4*c.PoolSize)
 	def(&c.ClaimBatch, DefaultClaimBatch)
+	def(&c.Unrecorded, max(4*c.PoolSize, 2*c.ClaimBatch))
 	def(&c.PerTenant, max(1, c.ClaimBatch/4))
 	def(&c.MaxTenantsPerClaim, 64)
 	def(&c.MaxResends, DefaultMaxResends)
@@ -115,10 +117,13 @@ func (c *Config) setDefaults() {
 type Dispatcher struct {
 	cfg     Config
 	log     *slog.Logger
-	global  chan struct{}     // send slots of the process
-	held    chan struct{}     // claims taken and not yet recorded
-	limiter *target.Limiter   // each target's slots, shared with the reconciler's replays and lookups
-	cursors map[string]string // per target: the tenant the next claim starts after; owned by the claim loop
+	global  chan struct{}   // send slots of the process
+	held    chan struct{}   // claims taken and not yet recorded
+	limiter *target.Limiter // each target's slots, shared with the reconciler's replays and lookups
+	leases  leases          // of the claims held, waiting for a slot or being sent
+	// queues holds, per target, the claims waiting for a slot and the rate at which its
+	// sends start; the map and each queue's pace are owned by the claim loop.
+	queues map[string]*queue
 
 	sends  metric.Int64Counter
 	events *brokermetrics.Events // UNKNOWN entered; replays' resolutions
@@ -148,7 +153,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		global:  make(chan struct{}, cfg.PoolSize),
 		held:    make(chan struct{}, cfg.Unrecorded),
 		limiter: target.NewLimiter(cfg.Targets, cfg.PoolSize),
-		cursors: map[string]string{},
+		queues:  map[string]*queue{},
 		refused: map[string]refusal{},
 		freed:   make(chan struct{}, 1),
 	}
@@ -172,6 +177,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		})); err != nil {
 		return nil, err
 	}
+	d.leases.d = d
 	d.sendCtx, d.cancelSends = context.WithCancel(context.Background())
 	return d, nil
 }
@@ -210,6 +216,7 @@ func (d *Dispatcher) Stop() {
 		<-done
 	}
 	cancelSends()
+	d.leases.wait()
 }
 
 // calls returns the context of calls and their records, and what cancels it.
@@ -239,21 +246,49 @@ func (d *Dispatcher) claimLoop(ctx context.Context, wake <-chan struct{}) {
 	}
 }
 
-// runOnce claims what free capacity allows, for every target, and starts sending it. It
+// queue is one target's claims that wait for a slot, and the pace of its sends.
+type queue struct {
+	cursor  string       // the tenant the next claim starts after
+	waiting atomic.Int64 // claimed, not yet started (or given up)
+	started atomic.Int64 // sends started (or given up) so far
+
+	seen   int64     // started when the pace was last measured
+	seenAt time.Time // then, by the dispatcher's clock
+	pace   float64   // sends started per second over the last paceWindow or more
+}
+
+// paceWindow is the shortest time a target's pace is measured over: claims come
+// milliseconds apart, and a pace measured between two of them is noise.
+const paceWindow = 100 * time.Millisecond
+
+// claimable returns how many operations a claim for the target may take now: what its
+// free slots start at once, and what its pace starts within a quarter of the lease,
+// less the claims already waiting. Until its pace is measured, only the free slots.
+func (d *Dispatcher) claimable(contract *target.Contract, q *queue) int {
+	now, started := d.cfg.Clock(), q.started.Load()
+	if q.seenAt.IsZero() {
+		q.seen, q.seenAt = started, now
+	} else if elapsed := now.Sub(q.seenAt); elapsed >= paceWindow {
+		q.pace = float64(started-q.seen) / elapsed.Seconds()
+		q.seen, q.seenAt = started, now
+	}
+	free := min(d.limiter.Free(contract.Name), cap(d.global)-len(d.global))
+	ahead := int(q.pace * (d.cfg.Lease / 4).Seconds())
+	return min(free+ahead-int(q.waiting.Load()), cap(d.held)-len(d.held), d.cfg.ClaimBatch)
+}
+
+// runOnce claims, for every target, what claimable allows, and starts sending it. It
 // returns how many operations it claimed and whether any target's claim came back full
 // (more work is likely waiting). Sends continue in the background after it returns.
 func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err error) {
 	for _, contract := range d.cfg.Targets.All() {
-		free := min(cap(d.global)-len(d.global), cap(d.held)-len(d.held), d.cfg.ClaimBatch)
-		if free <= 0 {
-			continue
+		q := d.queues[contract.Name]
+		if q == nil {
+			q = &queue{}
+			d.queues[contract.Name] = q
 		}
-		if d.awaitingCredential(contract) {
-			continue
-		}
-		// The target's slots are taken before the claim: the reconciler's replays and
-		// lookups take them too, and a claim must not wait for one while its lease runs.
-		if free = d.limiter.Reserve(contract.Name, free); free == 0 {
+		want := d.claimable(contract, q)
+		if want <= 0 || d.awaitingCredential(contract) {
 			continue
 		}
 		asOf := d.cfg.Clock()
@@ -262,46 +297,64 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 				OperationTypes: contract.OperationTypes,
 				Worker:         d.cfg.Worker,
 				Lease:          d.cfg.Lease,
-				Limit:          free,
-				PerTenant:      min(d.cfg.PerTenant, free),
+				Limit:          want,
+				PerTenant:      min(d.cfg.PerTenant, want),
 				MaxTenants:     d.cfg.MaxTenantsPerClaim,
-				AfterTenant:    d.cursors[contract.Name],
+				AfterTenant:    q.cursor,
 			}})
-		d.limiter.Release(contract.Name, free-len(ops))
 		if claimErr != nil {
 			err = errors.Join(err, claimErr)
 			continue
 		}
-		d.cursors[contract.Name] = ""
-		if len(ops) == free {
+		q.cursor = ""
+		if len(ops) == want {
 			full = true
-			d.cursors[contract.Name] = ops[len(ops)-1].TenantID
+			q.cursor = ops[len(ops)-1].TenantID
 		}
+		q.waiting.Add(int64(len(ops)))
 		for _, op := range ops {
 			d.held <- struct{}{}
-			d.global <- struct{}{}
 			d.inFlight.Add(1)
 			go func() {
-				var sent sync.Once
-				replied := func() {
-					sent.Do(func() {
-						d.limiter.Release(contract.Name, 1)
-						<-d.global
-						d.signalFreed()
-					})
-				}
 				defer func() {
-					replied()
 					<-d.held
 					d.inFlight.Done()
 					d.signalFreed()
 				}()
-				d.deliver(contract, op, asOf, replied)
+				d.deliver(contract, op, asOf, func(ctx context.Context) (func(), error) {
+					return d.slots(ctx, contract.Name, q)
+				})
 			}()
 		}
 		claimed += len(ops)
 	}
 	return claimed, full, err
+}
+
+// slots takes one of the target's slots and one of the process's, waiting until both
+// are free or ctx ends, and counts the send as started; it returns what frees them.
+func (d *Dispatcher) slots(ctx context.Context, name string, q *queue) (func(), error) {
+	defer func() {
+		q.waiting.Add(-1)
+		q.started.Add(1)
+	}()
+	if err := d.limiter.Acquire(ctx, name); err != nil {
+		return nil, err
+	}
+	select {
+	case d.global <- struct{}{}:
+	case <-ctx.Done():
+		d.limiter.Release(name, 1)
+		return nil, ctx.Err()
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			d.limiter.Release(name, 1)
+			<-d.global
+			d.signalFreed()
+		})
+	}, nil
 }
 
 // refusal is a target's refusal of the broker's credential.
@@ -367,34 +420,53 @@ func (d *Dispatcher) Limiter() *target.Limiter { return d.limiter }
 // for the call. It blocks until the outcome is recorded. It works whether or not the
 // dispatcher was started.
 func (d *Dispatcher) Deliver(contract *target.Contract, op store.Claimed, asOf time.Time) {
-	d.deliver(contract, op, asOf, func() {})
+	d.deliver(contract, op, asOf, func(context.Context) (func(), error) { return func() {}, nil })
 }
 
-// deliver is Deliver, calling replied once the call is over (or was never made), before
-// the outcome is recorded.
-func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf time.Time, replied func()) {
-	log := d.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.FenceToken, "target", contract.Name)
+// deliver is Deliver, first waiting for the slots the send needs (acquire); what
+// acquire returns frees them once the call is over (or was never made), before the
+// outcome is recorded. The claim's lease is kept while it waits and while it is sent.
+func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf time.Time, acquire func(context.Context) (func(), error)) {
+	sendCtx, _ := d.calls()
+	callCtx, cut := context.WithCancel(sendCtx)
+	defer cut()
 	// The claim's times as deadlines on this clock: asOf precedes the database's
 	// measurement, so each falls no later than the database's.
-	leaseEnd := asOf.Add(op.LeaseLeft)
+	lease := d.leases.hold(op, contract.Name, asOf.Add(op.LeaseLeft), cut)
+	defer d.leases.drop(lease)
+	log := func() *slog.Logger { return d.opLog(contract.Name, lease.op) }
 
-	if digest, err := payload.Hash(op.ContentType, op.Payload); err != nil || !bytes.Equal(digest[:], op.PayloadSHA256) {
-		log.Error("payload does not match its recorded hash; not sending")
-		d.record(log, contract, op, target.Result{Outcome: target.Rejected, Class: "PAYLOAD_INTEGRITY",
+	replied, err := acquire(callCtx)
+	if err != nil {
+		// Cut while it waited: its fence was lost or its lease could not be kept (the
+		// sweeper makes it UNKNOWN), or the broker stopped and the grace period is over:
+		// then, never sent, it goes back to PREPARED for the next dispatcher.
+		if sendCtx.Err() != nil {
+			d.record(contract, op, target.Result{Outcome: target.NotExecuted, Class: "NOT_STARTED",
+				Summary: "the broker stopped before the claim's turn to be sent came; nothing was sent"})
+		}
+		return
+	}
+	defer replied()
+	if !payload.Matches(op.ContentType, op.Payload, op.PayloadSHA256) {
+		log().Error("payload does not match its recorded hash; not sending")
+		replied()
+		d.record(contract, op, target.Result{Outcome: target.Rejected, Class: "PAYLOAD_INTEGRITY",
 			Summary: "the stored payload does not match its recorded hash; nothing was sent"})
 		return
 	}
 	if err := crashpoint.Hit(crashpoint.DispatchAfterClaim); err != nil {
-		log.Warn("abandoning the claim", "error", err) // the lease will expire: UNKNOWN
+		log().Warn("abandoning the claim", "error", err) // the lease will expire: UNKNOWN
 		return
 	}
 	// The call is bounded by the contract's timeout and the dispatch deadline here, and
-	// by the lease through extendLease, which cuts it when the lease cannot be kept.
+	// by the lease through d.leases, which cuts it when the lease cannot be kept.
 	var timeout time.Duration
 	if op.DeadlineLeft != nil {
 		timeout = asOf.Add(*op.DeadlineLeft).Sub(d.cfg.Clock())
 		if timeout <= 0 {
-			d.record(log, contract, op, target.Result{Outcome: target.Rejected, Class: "DISPATCH_DEADLINE_PASSED",
+			replied()
+			d.record(contract, op, target.Result{Outcome: target.Rejected, Class: "DISPATCH_DEADLINE_PASSED",
 				Summary: "the dispatch deadline passed before the send; nothing was sent"})
 			return
 		}
@@ -414,8 +486,8 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	// saves only successes executes again. (A process paused between this check and the
 	// write is caught only by a target that checks the fence header.)
 	margin := max(d.cfg.Lease/10, 100*time.Millisecond)
-	if leaseEnd.Sub(d.cfg.Clock()) < margin {
-		log.Warn("the lease is over or nearly before the send; not sending (the sweeper makes it UNKNOWN)")
+	if d.leases.end(lease).Sub(d.cfg.Clock()) < margin {
+		log().Warn("the lease is over or nearly before the send; not sending (the sweeper makes it UNKNOWN)")
 		return
 	}
 	// A replay is safe only while the target still knows the key, and the key still
@@ -427,22 +499,20 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	if mayHaveExecuted(op) && (contract.Idempotency != nil || contract.Conditional != nil) {
 		switch {
 		case contract.Conditional == nil && (op.KeyWindowLeft == nil || asOf.Add(*op.KeyWindowLeft).Sub(d.cfg.Clock()) < margin):
-			log.Warn("the key's retention window closed before the replay was sent; not sending")
-			d.record(log, contract, op, target.Result{Outcome: target.Unknown, Class: "REPLAY_WINDOW_CLOSED",
+			log().Warn("the key's retention window closed before the replay was sent; not sending")
+			replied()
+			d.record(contract, op, target.Result{Outcome: target.Unknown, Class: "REPLAY_WINDOW_CLOSED",
 				Summary: "the key's retention window, fixed when it was first sent, closed before the replay was sent; nothing was sent"})
 			return
 		case op.KeyScope != contract.KeyScope():
-			log.Warn("the contract changed since the key was first sent; not sending the replay")
-			d.record(log, contract, op, target.Result{Outcome: target.Unknown, Class: "KEY_SCOPE_CHANGED",
+			log().Warn("the contract changed since the key was first sent; not sending the replay")
+			replied()
+			d.record(contract, op, target.Result{Outcome: target.Unknown, Class: "KEY_SCOPE_CHANGED",
 				Summary: "the contract changed since the key was first sent (endpoint, headers, key scope or credential); nothing was sent"})
 			return
 		}
 	}
 	credential := d.cfg.Connector.CredentialVersion(contract)
-	sendCtx, _ := d.calls()
-	callCtx, stopExtending := context.WithCancel(sendCtx)
-	extended := make(chan struct{})
-	go func() { defer close(extended); d.extendLease(callCtx, stopExtending, log, op, leaseEnd) }()
 	var sentErr atomic.Pointer[error] // set on the transport's goroutine
 	res := d.cfg.Connector.Send(callCtx, target.Request{
 		Contract: contract, Payload: op.Payload, ContentType: op.ContentType,
@@ -453,8 +523,6 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 			}
 		},
 	})
-	stopExtending()
-	<-extended
 	replied()
 	var hitErr error
 	if p := sentErr.Load(); p != nil {
@@ -463,47 +531,21 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		hitErr = crashpoint.Hit(crashpoint.DispatchAfterReply)
 	}
 	if hitErr != nil {
-		log.Warn("not recording the outcome", "error", hitErr) // the lease will expire: UNKNOWN
+		log().Warn("not recording the outcome", "error", hitErr) // the lease will expire: UNKNOWN
 		return
 	}
 	d.sends.Add(context.Background(), 1, metric.WithAttributes(attribute.String("target", contract.Name), attribute.String("class", res.Class)))
 	if res.Class == target.ClassCredentialRefused {
 		d.credentialRefused(contract, credential)
 	}
-	d.record(log, contract, op, res)
+	d.record(contract, op, res)
 	_ = crashpoint.Hit(crashpoint.DispatchAfterRecord)
 }
 
-// extendLease keeps the claim's lease ahead of a long call until ctx ends. A call never
-// outlives the lease its sender holds: when the fence is lost, or the lease cannot be
-// renewed before it runs out, the call is cut (and recorded, as evidence, as a timeout).
-func (d *Dispatcher) extendLease(ctx context.Context, cutCall context.CancelFunc, log *slog.Logger, op store.Claimed, expires time.Time) {
-	every := d.cfg.Lease / 3
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(every):
-		}
-		asked := d.cfg.Clock()
-		left, err := d.cfg.Store.AllTenants().ExtendLease(ctx, op.TenantID, op.ID, op.FenceToken, d.cfg.Lease)
-		switch {
-		case err == nil:
-			expires = asked.Add(left)
-		case ctx.Err() != nil:
-			return
-		case errors.Is(err, store.ErrFenceLost):
-			log.Warn("fence lost during the call; cutting it")
-			cutCall()
-			return
-		case expires.Sub(d.cfg.Clock()) < every:
-			log.Warn("lease cannot be renewed before it expires; cutting the call", "error", err)
-			cutCall()
-			return
-		default:
-			log.Warn("lease not extended; retrying", "error", err)
-		}
-	}
+// opLog returns the dispatcher's logger for one claim; it is made only when something
+// is logged.
+func (d *Dispatcher) opLog(target string, op store.HeldLease) *slog.Logger {
+	return d.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.Fence, "target", target)
 }
 
 // mayHaveExecuted reports whether an earlier attempt of the claim's operation may have
@@ -523,7 +565,8 @@ const (
 // PREPARED, to be sent again after the wait, while every attempt so far was answered
 // that way and the budget allows; FAILED_TERMINAL once the budget is spent (nothing
 // was executed); UNKNOWN when an earlier attempt may have executed (a replay's answer
-// says nothing of the attempts before it: the reconciler goes on).
+// says nothing of the attempts before it: the reconciler goes on). A claim never sent
+// goes back to PREPARED at once; it counts among the attempts not executed.
 func (d *Dispatcher) notExecuted(op store.Claimed, res target.Result, params *store.OutcomeParams) {
 	params.NotExecuted = true
 	answers := int(op.NotExecuted) + 1
@@ -531,6 +574,8 @@ func (d *Dispatcher) notExecuted(op store.Claimed, res target.Result, params *st
 	case mayHaveExecuted(op):
 		params.State = store.StateUnknown
 		params.Observation.Summary += "; an earlier attempt may have executed, so the reconciler resolves it"
+	case !res.Sent: // never sent (NOT_STARTED): back to PREPARED at once
+		params.State = store.StatePrepared
 	case answers >= d.cfg.MaxResends:
 		params.State = store.StateFailedTerminal
 		params.Observation.Summary += fmt.Sprintf("; %d answers documented as not executed, the resend budget: nothing was executed", answers)
@@ -546,7 +591,7 @@ func (d *Dispatcher) notExecuted(op store.Claimed, res target.Result, params *st
 // record writes a send's outcome on a context that shutdown does not cancel, retrying
 // while the database is unreachable. If it cannot, the lease expires and the sweeper
 // makes the operation UNKNOWN: never a wrong state, only a slower one.
-func (d *Dispatcher) record(log *slog.Logger, contract *target.Contract, op store.Claimed, res target.Result) {
+func (d *Dispatcher) record(contract *target.Contract, op store.Claimed, res target.Result) {
 	state := store.StateUnknown
 	switch res.Outcome {
 	case target.Succeeded:
@@ -566,23 +611,25 @@ func (d *Dispatcher) record(log *slog.Logger, contract *target.Contract, op stor
 	if res.Outcome == target.NotExecuted {
 		d.notExecuted(op, res, &params)
 	}
+	log := func() *slog.Logger {
+		return d.opLog(contract.Name, store.HeldLease{OperationKey: store.OperationKey{TenantID: op.TenantID, ID: op.ID}, Fence: op.FenceToken})
+	}
 	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 		moved, err := d.cfg.Store.AllTenants().RecordOutcome(ctx, params)
 		switch {
 		case err == nil:
 			d.events.Sent(ctx, contract, moved)
-			log.Debug("outcome recorded", "state", params.State, "class", res.Class)
 			return
 		case errors.Is(err, store.ErrFenceLost):
-			log.Warn("fence lost before the outcome was recorded; kept as evidence only", "class", res.Class)
+			log().Warn("fence lost before the outcome was recorded; kept as evidence only", "class", res.Class)
 			return
 		case !errors.Is(err, store.ErrUnavailable):
-			log.Error("outcome not recorded; the lease will expire and the operation become UNKNOWN", "error", err)
+			log().Error("outcome not recorded; the lease will expire and the operation become UNKNOWN", "error", err)
 			return
 		}
 		select {
 		case <-ctx.Done():
-			log.Error("outcome not recorded before the timeout; the lease will expire and the operation become UNKNOWN", "error", err)
+			log().Error("outcome not recorded before the timeout; the lease will expire and the operation become UNKNOWN", "error", err)
 			return
 		case <-time.After(backoff):
 		}

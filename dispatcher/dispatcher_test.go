@@ -93,6 +93,13 @@ func (b *testBundle) get(t *testing.T, op store.Operation) store.Operation {
 	return got
 }
 
+func (b *testBundle) count(t *testing.T, sql string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, sql).Scan(&n))
+	return n
+}
+
 func (b *testBundle) remoteKey(t *testing.T, op store.Operation) string {
 	t.Helper()
 	return storetest.RemoteKey(t, b.pool, op.ID)
@@ -293,6 +300,70 @@ func TestStopRecordsCallsInProgress(t *testing.T) {
 	for _, op := range ops {
 		require.Equal(t, store.StateSucceeded, b.get(t, op).State)
 	}
+}
+
+// TestStopGivesBackClaimsNeverSent: claims that wait for a slot when shutdown's grace
+// period ends are never sent; they go back to PREPARED (their attempts recorded as not
+// sent) for the next dispatcher, not to UNKNOWN.
+func TestStopGivesBackClaimsNeverSent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Latency: time.Second}, func(c *target.Contract) { c.Concurrency = 1 })
+	for i := range 6 {
+		b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprintf("q-%d", i), `{"amount":1}`)
+	}
+	d := b.dispatcher(t, dispatcher.Config{ShutdownGrace: 300 * time.Millisecond})
+	claimed, _, err := d.RunOnce(b.ctx) // the one free slot: one claim
+	require.NoError(t, err)
+	require.Equal(t, 1, claimed)
+	time.Sleep(dispatcher.PaceWindow) // its send started: the target's pace is known
+	claimed, _, err = d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 5, claimed, "claims run ahead of the one slot")
+	d.Stop()
+	// The target counts a request when its latency is over.
+	require.Eventually(t, func() bool { return b.sim.Snapshot().Requests == 1 }, 5*time.Second, 10*time.Millisecond)
+	var back, unknown int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT
+			count(*) FILTER (WHERE state = 'PREPARED' AND attempt_count = 1 AND not_executed = 1),
+			count(*) FILTER (WHERE state = 'UNKNOWN')
+		FROM operations`).Scan(&back, &unknown))
+	require.Equal(t, 5, back, "the claims never sent are PREPARED again")
+	require.Equal(t, 1, unknown, "the call cut after the grace period")
+	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM operation_attempts WHERE outcome = 'NOT_STARTED' AND NOT sent`))
+	require.Equal(t, 1, b.sim.Snapshot().Requests, "only the first was sent")
+}
+
+// TestClaimsRunAheadOnlyAsFarAsTheTargetKeeps: a claim takes what the target's slots
+// start at once and what its pace starts within a quarter of the lease, never the
+// whole backlog: a claim's lease is not held long for work that waits its turn.
+func TestClaimsRunAheadOnlyAsFarAsTheTargetKeeps(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Latency: 40 * time.Millisecond}, func(c *target.Contract) { c.Concurrency = 2 })
+	for i := range 100 {
+		b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprintf("p-%d", i), fmt.Sprintf(`{"n":%d}`, i))
+	}
+	done := make(chan struct{})
+	most := make(chan int)
+	go func() {
+		var m int
+		for {
+			select {
+			case <-done:
+				most <- m
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			var n int
+			if b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operations WHERE state = 'IN_FLIGHT'`).Scan(&n) == nil {
+				m = max(m, n)
+			}
+		}
+	}()
+	// About 50 sends a second: a quarter of the 1 s lease starts about 12.
+	drain(t, b, b.dispatcher(t, dispatcher.Config{Lease: time.Second}))
+	close(done)
+	require.LessOrEqual(t, <-most, 30, "claims held at once")
+	require.Equal(t, 100, b.count(t, `SELECT count(*) FROM operations WHERE state = 'SUCCEEDED'`))
 }
 
 func TestPayloadIntegrityFailureIsNotSent(t *testing.T) {

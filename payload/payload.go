@@ -79,6 +79,18 @@ func Hash(contentType string, body []byte) (Digest, error) {
 	return sha256.Sum256(canonical), nil
 }
 
+// Matches reports whether body, as stored, still has digest, the hash of its canonical
+// form taken when it was accepted. Bytes that hash to digest as they are were accepted
+// in canonical form, the common case, and need no canonicalising; others are
+// canonicalised and hashed again.
+func Matches(contentType string, body, digest []byte) bool {
+	if raw := sha256.Sum256(body); bytes.Equal(raw[:], digest) {
+		return true
+	}
+	d, err := Hash(contentType, body)
+	return err == nil && bytes.Equal(d[:], digest)
+}
+
 // checkNumbers walks a JSON document and rejects it when it is not well formed or when
 // any number would change value under RFC 8785's double-precision reading.
 func checkNumbers(body []byte) error {

@@ -123,3 +123,21 @@ func FuzzCanonical(f *testing.F) {
 		require.Equal(t, value, fromCanonical, "canonical form decodes to another value")
 	})
 }
+
+func TestMatches(t *testing.T) {
+	const ct = "application/json"
+	sent := []byte(`{ "b": 1, "a": "x" }`)
+	digest, err := Hash(ct, sent)
+	require.NoError(t, err)
+	canonical, err := Canonical(ct, sent)
+	require.NoError(t, err)
+	require.True(t, Matches(ct, sent, digest[:]), "the bytes as accepted")
+	require.True(t, Matches(ct, canonical, digest[:]), "their canonical form")
+	require.False(t, Matches(ct, []byte(`{"a":"x","b":2}`), digest[:]), "changed bytes")
+	require.False(t, Matches(ct, []byte(`{"a":"x","b":1`), digest[:]), "broken bytes")
+	raw := []byte("not json")
+	rawDigest, err := Hash("application/octet-stream", raw)
+	require.NoError(t, err)
+	require.True(t, Matches("application/octet-stream", raw, rawDigest[:]))
+	require.False(t, Matches("application/octet-stream", []byte("not json!"), rawDigest[:]))
+}

@@ -99,6 +99,10 @@ func rotate[C any](p FairClaim, claim func(FairClaim) ([]C, error)) ([]C, error)
 // in state, of the types $3, that are due, at most $4 per tenant, over at most $2
 // tenants after $1 (a rotating cursor), oldest first by order, locked and skipping rows
 // other claimers hold. Its arguments are constants of this package, never input.
+//
+// picked carries each row's ctid: the statement that updates what it picked finds the
+// rows by it (pickedRows), with a TID scan whatever the statistics say. A row picked is
+// locked, so its ctid stays the row's until the statement ends.
 func fairPick(state, due, order string) string {
 	return `
 		WITH RECURSIVE tenants (tenant_id, n) AS (
@@ -112,14 +116,20 @@ func fairPick(state, due, order string) string {
 				ORDER BY tenant_id LIMIT 1) next
 			 WHERE t.n < $2)
 		), picked AS (
-			SELECT p.tenant_id, p.operation_id FROM tenants t, LATERAL (
-				SELECT tenant_id, operation_id FROM operations
+			SELECT p.ctid, p.tenant_id, p.operation_id FROM tenants t, LATERAL (
+				SELECT ctid, tenant_id, operation_id FROM operations
 				WHERE tenant_id = t.tenant_id AND state = '` + state + `' AND operation_type = ANY ($3)
 				  AND ` + due + `
 				ORDER BY ` + order + `
 				LIMIT $4
 				FOR UPDATE SKIP LOCKED) p
 			LIMIT $5`
+}
+
+// pickedRows is the condition of an update of the rows in the CTE named rows, which
+// carries their ctid (fairPick); rows is a constant of this package, never input.
+func pickedRows(rows string) string {
+	return `o.ctid = ANY (ARRAY (SELECT ctid FROM ` + rows + `))`
 }
 
 // claimedColumns is what a claim returns, read by scanClaimed: the operation, its
@@ -186,8 +196,7 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 				attempt_count = o.attempt_count + 1, lease_owner = $6, lease_expires_at = now() + $7::interval,
 				first_sent_at = coalesce(o.first_sent_at, now()), next_check_at = NULL, updated_at = now(),
 				key_window_end = coalesce(o.key_window_end, now() + $9::interval), key_scope = coalesce(o.key_scope, $10)
-			FROM picked
-			WHERE o.tenant_id = picked.tenant_id AND o.operation_id = picked.operation_id AND o.state = 'PREPARED'
+			WHERE `+pickedRows("picked")+` AND o.state = 'PREPARED'
 			RETURNING o.*
 		), ev AS (`+eventsFrom("claimed", "'PREPARED'", "'dispatcher:' || $6", "NULL", "NULL")+`), att AS (
 			INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker, claimed_at)
@@ -264,8 +273,8 @@ func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, e
 
 // At most maxOutcomeBatch outcomes per statement, and outcomeWriters statements at once.
 const (
-	maxOutcomeBatch = 64
-	outcomeWriters  = 4
+	maxOutcomeBatch = 1000
+	outcomeWriters  = 2
 )
 
 // recordOutcomes writes outcomes in one statement, each under its own fence, and returns
@@ -290,7 +299,7 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Oper
 		observations[i], actors[i], outcomes[i] = string(obs), p.Actor, p.Observation.Outcome
 		statuses[i], summaries[i] = nullIfZero(p.Observation.HTTPStatus), p.Observation.Summary
 	}
-	rows := q.query(ctx, `
+	rows := q.query(withCustomPlan(ctx), `
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @fences::bigint[], @states::text[]::operation_state[],
 				@remote_refs::text[], @observations::text[]::jsonb[], @actors::text[], @outcomes::text[],
@@ -312,8 +321,7 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Oper
 		), ev AS (`+eventsFrom("upd", "'IN_FLIGHT'", "outcome_actor", "outcome_reason", "last_observation")+`), att AS (
 			UPDATE operation_attempts a SET finished_at = now(), outcome = u.outcome, http_status = u.http_status,
 				remote_ref = u.remote_ref, summary = u.summary, sent = u.sent,
-				applied = EXISTS (SELECT 1 FROM upd WHERE upd.tenant_id = u.tenant_id AND upd.operation_id = u.operation_id
-					AND upd.fence_token = u.fence)
+				applied = (u.tenant_id, u.operation_id, u.fence) IN (SELECT tenant_id, operation_id, fence_token FROM upd)
 			FROM u
 			WHERE a.tenant_id = u.tenant_id AND a.operation_id = u.operation_id AND a.fence_token = u.fence AND a.finished_at IS NULL
 		)
@@ -357,21 +365,37 @@ func nullIfZero(n int) *int {
 	return &n
 }
 
-// ExtendLease pushes the lease of a claim the caller still holds to now + lease, by the
-// database's clock, and returns what is left of it as the database measured it, or
-// ErrFenceLost.
-func (q Scope) ExtendLease(ctx context.Context, tenantID string, id uuid.UUID, fence int64, lease time.Duration) (time.Duration, error) {
-	var left int64
-	err := q.queryRow(ctx, `UPDATE operations SET lease_expires_at = now() + $4::interval
-		WHERE tenant_id = $1 AND operation_id = $2 AND state = 'IN_FLIGHT' AND fence_token = $3
-		RETURNING `+micros("lease_expires_at - now()"), tenantID, id, fence, lease).Scan(&left)
-	if err != nil {
-		if err = translate(err); errors.Is(err, ErrNotFound) {
-			return 0, ErrFenceLost
-		}
-		return 0, fmt.Errorf("store: extend lease: %w", err)
+// HeldLease names a claim its holder still holds: the operation and the fence it was
+// claimed with.
+type HeldLease struct {
+	OperationKey
+	Fence int64
+}
+
+// ExtendLeases pushes the leases of claims the caller still holds to now + lease, by
+// the database's clock, in one statement, and returns what is left of each as the
+// database measured it. A claim missing from the answer has lost its fence: another
+// claim, the sweeper or a reconciler moved the operation on.
+func (q Scope) ExtendLeases(ctx context.Context, held []HeldLease, lease time.Duration) (map[OperationKey]time.Duration, error) {
+	tenants, ids, fences := make([]string, len(held)), make([]uuid.UUID, len(held)), make([]int64, len(held))
+	for i, h := range held {
+		tenants[i], ids[i], fences[i] = h.TenantID, h.ID, h.Fence
 	}
-	return duration(left), nil
+	rows := q.query(ctx, `UPDATE operations o SET lease_expires_at = now() + $4::interval
+		FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h (tenant_id, operation_id, fence)
+		WHERE o.tenant_id = h.tenant_id AND o.operation_id = h.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = h.fence
+		RETURNING o.tenant_id, o.operation_id, `+micros("o.lease_expires_at - now()"), tenants, ids, fences, lease)
+	left := make(map[OperationKey]time.Duration, len(held))
+	var k OperationKey
+	var us int64
+	_, err := pgx.ForEachRow(rows, []any{&k.TenantID, &k.ID, &us}, func() error {
+		left[k] = duration(us)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: extend leases: %w", translate(err))
+	}
+	return left, nil
 }
 
 // SweepParams bound one pass of a sweeper.
@@ -431,7 +455,7 @@ func (q Scope) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) {
 	var n int
 	err := q.queryRow(ctx, `
 		WITH due AS (
-			SELECT tenant_id, operation_id FROM operations
+			SELECT ctid, tenant_id, operation_id FROM operations
 			WHERE `+w.due+`
 			ORDER BY `+w.order+`
 			LIMIT $2
@@ -441,7 +465,7 @@ func (q Scope) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) {
 				lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
 				next_check_at = CASE WHEN $3::operation_state = 'UNKNOWN' THEN now() END,
 				last_observation = jsonb_build_object('observed_at', now(), 'source', $5::text, 'outcome', $6::text, 'summary', $7::text)
-			FROM due WHERE o.tenant_id = due.tenant_id AND o.operation_id = due.operation_id AND o.state = $4
+			WHERE `+pickedRows("due")+` AND o.state = $4
 			RETURNING o.*
 		), ev AS (`+eventsFrom("upd", "$4", "$8", "$6", "last_observation")+`)
 		SELECT count(*) FROM upd`, p.now(), p.Limit, w.to, w.from, w.source, w.outcome, w.summary, w.actor).Scan(&n)

@@ -213,24 +213,31 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	_, err = b.pool.Exec(b.ctx, `UPDATE operation_attempts SET summary = 'rewritten' WHERE operation_id = $1`, second.ID)
 	require.Error(t, err, "a finished attempt is never rewritten")
 
-	_, err = b.all.ExtendLease(b.ctx, "acme", second.ID, 1, time.Minute)
-	require.ErrorIs(t, err, store.ErrFenceLost)
+	left, err := b.all.ExtendLeases(b.ctx, []store.HeldLease{{OperationKey: store.OperationKey{TenantID: "acme", ID: second.ID}, Fence: 1}}, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, left, "a swept claim's lease is not extended")
 }
 
-func TestExtendLease(t *testing.T) {
+func TestExtendLeases(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.prepareN(t, "acme", 1)
-	claimed, err := b.all.Claim(b.ctx, claimParams(1))
+	b.prepareN(t, "acme", 2)
+	b.prepareN(t, "beta", 1)
+	claimed, err := b.all.Claim(b.ctx, claimParams(3))
 	require.NoError(t, err)
-	left, err := b.all.ExtendLease(b.ctx, "acme", claimed[0].ID, 1, time.Hour)
+	require.Len(t, claimed, 3)
+	held := func(c store.Claimed, fence int64) store.HeldLease {
+		return store.HeldLease{OperationKey: store.OperationKey{TenantID: c.TenantID, ID: c.ID}, Fence: fence}
+	}
+	left, err := b.all.ExtendLeases(b.ctx, []store.HeldLease{held(claimed[0], 1), held(claimed[1], 2), held(claimed[2], 1)}, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, time.Hour, left, "measured by the database")
-	_, err = b.all.ExtendLease(b.ctx, "acme", claimed[0].ID, 2, time.Hour)
-	require.ErrorIs(t, err, store.ErrFenceLost)
+	require.Equal(t, map[store.OperationKey]time.Duration{
+		{TenantID: claimed[0].TenantID, ID: claimed[0].ID}: time.Hour,
+		{TenantID: claimed[2].TenantID, ID: claimed[2].ID}: time.Hour,
+	}, left, "measured by the database; the claim held with a fence it does not have is not extended")
 	n, err := b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(30 * time.Minute), Limit: 10})
 	require.NoError(t, err)
-	require.Zero(t, n, "an extended lease is not swept")
+	require.Equal(t, 1, n, "an extended lease is not swept; the other one is")
 }
 
 func TestExpireDeadlines(t *testing.T) {

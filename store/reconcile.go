@@ -39,8 +39,7 @@ func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClai
 		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at")+`
 		), claimed AS (
 			UPDATE operations o SET fence_token = o.fence_token + 1, lease_owner = $6, lease_expires_at = now() + $7::interval
-			FROM picked
-			WHERE o.tenant_id = picked.tenant_id AND o.operation_id = picked.operation_id AND o.state = 'UNKNOWN'
+			WHERE `+pickedRows("picked")+` AND o.state = 'UNKNOWN'
 			RETURNING o.*
 		)
 		SELECT `+claimedColumns+`,

@@ -282,6 +282,12 @@ ALTER TABLE ONLY opbroker.operations
 CREATE INDEX operation_events_feed_idx ON opbroker.operation_events USING btree (tenant_id, xact_id, seq);
 
 --
+-- Name: operations_claim_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operations_claim_idx ON opbroker.operations USING btree (tenant_id, operation_type, operation_id) WHERE (state = 'PREPARED'::opbroker.operation_state);
+
+--
 -- Name: operations_deadline_idx; Type: INDEX; Schema: opbroker; Owner: -
 --
 
@@ -300,22 +306,10 @@ CREATE INDEX operations_escalated_idx ON opbroker.operations USING btree (operat
 CREATE INDEX operations_lease_idx ON opbroker.operations USING btree (lease_expires_at) WHERE (state = 'IN_FLIGHT'::opbroker.operation_state);
 
 --
--- Name: operations_prepared_idx; Type: INDEX; Schema: opbroker; Owner: -
---
-
-CREATE INDEX operations_prepared_idx ON opbroker.operations USING btree (tenant_id, operation_id) WHERE (state = 'PREPARED'::opbroker.operation_state);
-
---
 -- Name: operations_purge_idx; Type: INDEX; Schema: opbroker; Owner: -
 --
 
 CREATE INDEX operations_purge_idx ON opbroker.operations USING btree (updated_at) WHERE ((payload IS NOT NULL) AND (state = ANY (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])));
-
---
--- Name: operations_tenant_state_idx; Type: INDEX; Schema: opbroker; Owner: -
---
-
-CREATE INDEX operations_tenant_state_idx ON opbroker.operations USING btree (tenant_id, state, operation_id);
 
 --
 -- Name: operations_unknown_due_idx; Type: INDEX; Schema: opbroker; Owner: -

@@ -60,14 +60,13 @@ func (s *Store) tenantsOf(scopes []string) Scope {
 // Scope, or Store.Tenant of an id that names no single tenant. It is a bug.
 var ErrNoScope = errors.New("a scope that names no single tenant (use Store.Tenant or Store.AllTenants)")
 
-// The statements sent ahead of each statement, in its transaction: its scope, and when
-// the context asks for one, its lock timeout.
-const (
-	setScope            = `SELECT set_config('opbroker.tenant', $1, true)`
-	setScopeLockTimeout = `SELECT set_config('opbroker.tenant', $1, true), set_config('lock_timeout', $2, true)`
-)
+// setScope sets a transaction's tenant scope, which row-level security reads.
+const setScope = `SELECT set_config('opbroker.tenant', $1, true)`
 
-type lockTimeoutKey struct{}
+type (
+	lockTimeoutKey struct{}
+	customPlanKey  struct{}
+)
 
 // withLockTimeout returns ctx whose statements give up waiting for a lock after d
 // (PostgreSQL's lock_timeout, for the statement's transaction only).
@@ -75,17 +74,29 @@ func withLockTimeout(ctx context.Context, d time.Duration) context.Context {
 	return context.WithValue(ctx, lockTimeoutKey{}, d)
 }
 
-// query runs one statement in the scope, in one round trip.
+// withCustomPlan returns ctx whose statements are planned for their arguments at each
+// run (PostgreSQL's plan_cache_mode, for the statement's transaction only), never from
+// a generic plan cached while the tables were small. It is for the batch statements,
+// where one planning is shared by hundreds of rows.
+func withCustomPlan(ctx context.Context) context.Context {
+	return context.WithValue(ctx, customPlanKey{}, true)
+}
+
+// query runs one statement in the scope, in one round trip: sent ahead of it, in its
+// transaction, are its scope and the settings ctx asks for.
 func (q Scope) query(ctx context.Context, sql string, args ...any) pgx.Rows {
 	if q.tenants == "" {
 		return &failedRows{err: ErrNoScope}
 	}
-	batch := &pgx.Batch{}
+	set, setArgs := setScope, []any{q.tenants}
 	if d, ok := ctx.Value(lockTimeoutKey{}).(time.Duration); ok {
-		batch.Queue(setScopeLockTimeout, q.tenants, fmt.Sprintf("%dms", max(1, d.Milliseconds())))
-	} else {
-		batch.Queue(setScope, q.tenants)
+		set, setArgs = set+`, set_config('lock_timeout', $2, true)`, append(setArgs, fmt.Sprintf("%dms", max(1, d.Milliseconds())))
 	}
+	if ctx.Value(customPlanKey{}) != nil {
+		set += `, set_config('plan_cache_mode', 'force_custom_plan', true)`
+	}
+	batch := &pgx.Batch{}
+	batch.Queue(set, setArgs...)
 	batch.Queue(sql, args...)
 	results := q.s.pool.SendBatch(ctx, batch)
 	if _, err := results.Exec(); err != nil {

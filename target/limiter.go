@@ -41,18 +41,10 @@ func (l *Limiter) of(name string) chan struct{} {
 	return s
 }
 
-// Reserve takes up to n of the target's free slots without waiting and returns how
-// many it took.
-func (l *Limiter) Reserve(name string, n int) int {
+// Free returns how many of the target's slots are free now.
+func (l *Limiter) Free(name string) int {
 	s := l.of(name)
-	for taken := range n {
-		select {
-		case s <- struct{}{}:
-		default:
-			return taken
-		}
-	}
-	return n
+	return cap(s) - len(s)
 }
 
 // Acquire takes one of the target's slots, waiting until one is free or ctx ends.
@@ -65,7 +57,7 @@ func (l *Limiter) Acquire(ctx context.Context, name string) error {
 	}
 }
 
-// Release frees n slots that Reserve or Acquire took.
+// Release frees n slots that Acquire took.
 func (l *Limiter) Release(name string, n int) {
 	s := l.of(name)
 	for range n {

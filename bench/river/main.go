@@ -124,6 +124,11 @@ func run(ctx context.Context, cfg config) (result, error) {
 	if err := insert(ctx, client, cfg.jobs); err != nil {
 		return result{}, err
 	}
+	// Statistics of the loaded table, as autovacuum's automatic ANALYZE would take them
+	// on a server where it runs (opbroker's side does the same).
+	if _, err := pool.Exec(ctx, "ANALYZE "+pgx.Identifier{schema, "river_job"}.Sanitize()); err != nil {
+		return result{}, fmt.Errorf("analyze: %w", err)
+	}
 
 	// A channel that holds every event: River drops the events a full channel cannot
 	// take, and a dropped completion would leave the count short.

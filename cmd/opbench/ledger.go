@@ -46,7 +46,7 @@ func benchLedger(ctx context.Context, cmd *cli.Command) error {
 			}
 			grown += n
 		}
-		if _, err := pool.Exec(ctx, `ANALYZE operations; ANALYZE operation_events; ANALYZE operation_attempts`); err != nil {
+		if err := analyze(ctx, pool); err != nil {
 			return err
 		}
 		var seq int

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
+	"github.com/opbroker/opbroker/dispatcher"
 	"github.com/opbroker/opbroker/embeddedpg"
 	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/provision"
@@ -54,8 +55,8 @@ func newApp() *cli.Command {
 				&cli.IntFlag{Name: "rate", Value: 1000, Usage: "intents per second offered in the steady stream"},
 				&cli.DurationFlag{Name: "period", Value: 10 * time.Second, Usage: "how long the steady stream runs"},
 				&cli.IntFlag{Name: "tenants", Value: 8},
-				&cli.IntFlag{Name: "pool-size", Value: 32, Usage: "concurrent sends"},
-				&cli.IntFlag{Name: "claim-batch", Value: 64, Usage: "operations per claim statement"},
+				&cli.IntFlag{Name: "pool-size", Value: dispatcher.DefaultPoolSize, Usage: "concurrent sends"},
+				&cli.IntFlag{Name: "claim-batch", Value: dispatcher.DefaultClaimBatch, Usage: "operations per claim statement"},
 				cpuProfileFlag(),
 				&cli.BoolFlag{Name: "rls", Value: true, Usage: "run as an ordinary role bound by row-level security, as the broker does (--rls=false: as the administrator, to measure its cost)"},
 			},
@@ -68,8 +69,8 @@ func newApp() *cli.Command {
 				&cli.IntFlag{Name: "ops", Value: 20000, Usage: "operations, and jobs, in each backlog"},
 				&cli.IntFlag{Name: "rounds", Value: 5, Usage: "rounds, each a River and an opbroker burn-down"},
 				&cli.IntFlag{Name: "tenants", Value: 8},
-				&cli.IntFlag{Name: "pool-size", Value: 32, Usage: "the dispatcher's concurrent sends"},
-				&cli.IntFlag{Name: "claim-batch", Value: 64, Usage: "operations per claim statement"},
+				&cli.IntFlag{Name: "pool-size", Value: dispatcher.DefaultPoolSize, Usage: "the dispatcher's concurrent sends"},
+				&cli.IntFlag{Name: "claim-batch", Value: dispatcher.DefaultClaimBatch, Usage: "operations per claim statement"},
 				&cli.IntFlag{Name: "river-workers", Value: 2000, Usage: "River's MaxWorkers (2,000: River's own benchmark's)"},
 				&cli.StringFlag{Name: "river-bench", Usage: "a built bench/river program (default: build ./bench/river into a temporary directory)"},
 				&cli.DurationFlag{Name: "limit", Value: 10 * time.Minute, Usage: "give up on a burn-down that takes longer"},

@@ -29,7 +29,7 @@ func TestDispatchBenchRuns(t *testing.T) {
 	app.Writer = &out
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "dispatch", "--database-url", storetest.URL(t),
 		"--ops", "50", "--rate", "100", "--period", "300ms"}))
-	require.Contains(t, out.String(), "dispatch PREPARED -> SUCCEEDED: pool size 32, claim batch 64")
+	require.Contains(t, out.String(), "dispatch PREPARED -> SUCCEEDED: pool size 32, claim batch 512")
 	for _, line := range []string{`burn-down noop +\d+ operations/s  \(50 in`, `burn-down http +\d+ operations/s  \(50 in`,
 		`steady +noop +\d+ operations/s  \(\d+ offered at 100/s`, `steady +http +\d+ operations/s  \(\d+ offered at 100/s`} {
 		require.Regexp(t, line, out.String())
