@@ -412,6 +412,17 @@ func TestSchemaRefusesIllegalStates(t *testing.T) {
 		_, err := b.pool.Exec(b.ctx, sql, done.ID)
 		require.Error(t, err, name)
 	}
+	// The state machine itself, alone: a transition it does not list is refused on the
+	// operation and in an event.
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, fence_token = fence_token + 1,
+		lease_owner = 'x', lease_expires_at = now() + interval '1 minute' WHERE operation_id = $1`, done.ID)
+	require.ErrorContains(t, err, "transition SUCCEEDED -> IN_FLIGHT is not allowed")
+	event := `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor)
+		SELECT tenant_id, operation_id, revision + 1, $2, $3, fence_token, 'test' FROM operations WHERE operation_id = $1`
+	_, err = b.pool.Exec(b.ctx, event, done.ID, "SUCCEEDED", "IN_FLIGHT")
+	require.ErrorContains(t, err, "operation_events_transition")
+	_, err = b.pool.Exec(b.ctx, event, op.ID, "PREPARED", "CANCELLED")
+	require.NoError(t, err, "a transition it lists")
 	unchanged, err := b.all.Get(b.ctx, "acme", op.ID)
 	require.NoError(t, err)
 	require.Equal(t, op, unchanged)
