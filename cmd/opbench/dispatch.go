@@ -201,6 +201,10 @@ func (r *dispatchRun) burnDown(ctx context.Context, n int) (string, error) {
 	if err := r.backlog(ctx, n); err != nil {
 		return "", err
 	}
+	cost, err := measureCost(ctx, r.reader)
+	if err != nil {
+		return "", err
+	}
 	start := time.Now()
 	if err := r.d.Start(ctx); err != nil {
 		return "", err
@@ -210,7 +214,12 @@ func (r *dispatchRun) burnDown(ctx context.Context, n int) (string, error) {
 		return "", err
 	}
 	elapsed := end.Sub(start)
-	return fmt.Sprintf("%6.0f operations/s  (%d in %s)", float64(n)/elapsed.Seconds(), n, elapsed.Round(time.Millisecond)), nil
+	spent, err := cost()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%6.0f operations/s  (%d in %s); per operation: %s", float64(n)/elapsed.Seconds(), n,
+		elapsed.Round(time.Millisecond), spent.per(n)), nil
 }
 
 // burnDownSignalled prepares a backlog of n for the noop target, then times the
@@ -219,14 +228,27 @@ func (r *dispatchRun) burnDown(ctx context.Context, n int) (string, error) {
 // operations. Until the noop sender has answered all n, outcomes are still to come and
 // a wake-up needs no look; after, each wake-up is checked with one count of the
 // operations not yet finished, and the burn-down ends at the wake-up of the commit
-// that left none. It returns the time from Dispatcher.Start to that wake-up.
-func (r *dispatchRun) burnDownSignalled(ctx context.Context, n int, limit time.Duration) (time.Duration, error) {
+// that left none. It returns the time from Dispatcher.Start to that wake-up, and what
+// PostgreSQL spent meanwhile.
+func (r *dispatchRun) burnDownSignalled(ctx context.Context, n int, limit time.Duration) (time.Duration, pgCost, error) {
 	if r.noop == nil {
-		return 0, fmt.Errorf("burn-down by completion signal: needs the noop target")
+		return 0, pgCost{}, fmt.Errorf("burn-down by completion signal: needs the noop target")
 	}
 	if err := r.backlog(ctx, n); err != nil {
-		return 0, err
+		return 0, pgCost{}, err
 	}
+	cost, err := measureCost(ctx, r.reader)
+	if err != nil {
+		return 0, pgCost{}, err
+	}
+	elapsed, err := r.untilSignalled(ctx, n, limit)
+	spent, costErr := cost()
+	return elapsed, spent, errors.Join(err, costErr)
+}
+
+// untilSignalled starts the dispatcher and waits for the wake-up of the commit that
+// left none of n unfinished (burnDownSignalled).
+func (r *dispatchRun) untilSignalled(ctx context.Context, n int, limit time.Duration) (time.Duration, error) {
 	events, unsubscribe := r.st.SubscribeEvents() // after the backlog: its wake-ups are not the dispatcher's
 	defer unsubscribe()
 	timeout := time.NewTimer(limit)

@@ -30,7 +30,7 @@ func TestDispatchBenchRuns(t *testing.T) {
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "dispatch", "--database-url", storetest.URL(t),
 		"--ops", "50", "--rate", "100", "--period", "300ms"}))
 	require.Contains(t, out.String(), "dispatch PREPARED -> SUCCEEDED: pool size 32, claim batch 512")
-	for _, line := range []string{`burn-down noop +\d+ operations/s  \(50 in`, `burn-down http +\d+ operations/s  \(50 in`,
+	for _, line := range []string{`burn-down noop +\d+ operations/s  \(50 in \S+\); per operation: PostgreSQL CPU \S+( ms)?, WAL [1-9]\d* B`, `burn-down http +\d+ operations/s  \(50 in`,
 		`steady +noop +\d+ operations/s  \(\d+ offered at 100/s`, `steady +http +\d+ operations/s  \(\d+ offered at 100/s`} {
 		require.Regexp(t, line, out.String())
 	}
@@ -52,9 +52,10 @@ echo '{"jobs":50,"seconds":0.01,"river":"v0.0.0-fake","workers":2000,"fetch_cool
 	app.Writer, app.ErrWriter = &out, &bytes.Buffer{}
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "compare-river", "--database-url", url,
 		"--ops", "50", "--rounds", "2", "--river-bench", fake}))
-	require.Regexp(t, `(?m)^1 +River +\S+ +5000 +\d+ +\d+\.\d{3}$`, out.String())
-	require.Regexp(t, `(?m)^2 +opbroker +\S+ +5000 +\d+ +\d+\.\d{3}$`, out.String())
-	require.Regexp(t, `(?m)^median +5000 +\d+ +\d+\.\d{3}$`, out.String())
+	cost := `PostgreSQL CPU (\d+\.\d{3}|-) ms, WAL [1-9]\d* B, \d\.\d{4} write transactions$`
+	require.Regexp(t, `(?m)^1 +River +\S+ +5000 +\d+ +\d+\.\d{3}  `+cost, out.String())
+	require.Regexp(t, `(?m)^2 +opbroker +\S+ +5000 +\d+ +\d+\.\d{3}  `+cost, out.String())
+	require.Regexp(t, `(?m)^median +5000 +\d+ +\d+\.\d{3}  PostgreSQL CPU \d+\.\d{3} ms, WAL [1-9]\d* B$`, out.String())
 	require.Contains(t, out.String(), "River v0.0.0-fake: its library and pgx driver (bench/river), MaxWorkers 2000")
 	require.Contains(t, out.String(), "the PostgreSQL of --database-url: autovacuum ")
 

@@ -44,13 +44,15 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 
 	fmt.Fprintf(out, "burn-down of %d no-op jobs (River) and %d no-op operations (opbroker) on the same PostgreSQL, alternating which goes first, each on a fresh schema; rounds: %d\n",
 		n, n, rounds)
-	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s\n", "round", "first", "load", "River jobs/s", "opbroker ops/s", "opbroker/River")
-	var riverRates, opRates, ratios []float64
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  %s\n", "round", "first", "load", "River jobs/s", "opbroker ops/s", "opbroker/River",
+		"opbroker: per operation")
+	var riverRates, opRates, ratios, cpus, wals []float64
 	var riverRun riverResult
 	var where, settings string
 	for round := 1; round <= rounds; round++ {
 		load := loadAverage()
 		var riverSecs, opSecs float64
+		var opCost pgCost
 		side := func(river bool) error {
 			if river {
 				res, err := runRiver(ctx, bin, url, n, cmd.Int("river-workers"), limit, errOut)
@@ -62,8 +64,8 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 				return err
 			}
 			defer run.close()
-			elapsed, err := run.burnDownSignalled(ctx, n, limit)
-			opSecs = elapsed.Seconds()
+			elapsed, cost, err := run.burnDownSignalled(ctx, n, limit)
+			opSecs, opCost = elapsed.Seconds(), cost
 			if where == "" {
 				where, settings = machine(ctx, run.pool), pgSettings(ctx, run.pool, cmd.String("database-url") == "")
 			}
@@ -78,11 +80,15 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 		}
 		riverRate, opRate := float64(n)/riverSecs, float64(n)/opSecs
 		riverRates, opRates, ratios = append(riverRates, riverRate), append(opRates, opRate), append(ratios, opRate/riverRate)
-		fmt.Fprintf(out, "%-5d  %-8s  %-8s  %14.0f  %14.0f  %14.3f\n", round, name[riverFirst], load, riverRate, opRate, opRate/riverRate)
+		cpus, wals = append(cpus, float64(opCost.cpu)/float64(time.Millisecond)/float64(n)), append(wals, float64(opCost.walBytes)/float64(n))
+		fmt.Fprintf(out, "%-5d  %-8s  %-8s  %14.0f  %14.0f  %14.3f  %s\n", round, name[riverFirst], load, riverRate, opRate, opRate/riverRate, opCost.per(n))
 	}
 	r, o, q := summarize(riverRates), summarize(opRates), summarize(ratios)
-	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14.0f  %14.0f  %14.3f\n", "median", "", "", r.median, o.median, q.median)
-	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s\n", "range", "", "", r.format("%.0f"), o.format("%.0f"), q.format("%.3f"))
+	c, w := summarize(cpus), summarize(wals)
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14.0f  %14.0f  %14.3f  PostgreSQL CPU %.3f ms, WAL %.0f B\n", "median", "", "", r.median, o.median, q.median,
+		c.median, w.median)
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  PostgreSQL CPU %s ms, WAL %s B\n", "range", "", "", r.format("%.0f"), o.format("%.0f"),
+		q.format("%.3f"), c.format("%.3f"), w.format("%.0f"))
 	fmt.Fprintf(out, "  River %s: its library and pgx driver (bench/river), MaxWorkers %d, FetchCooldown %s, FetchPollInterval %s, pool of %d connections;\n",
 		riverRun.River, riverRun.Workers, riverRun.FetchCooldown, riverRun.FetchPollInterval, riverRun.MaxConns)
 	fmt.Fprintf(out, "    jobs inserted with InsertMany, timed from Client.Start to the last job-completed event (sent after the completion's commit)\n")
@@ -90,6 +96,7 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 		rc.poolSize, rc.claimBatch, rc.tenants)
 	fmt.Fprintf(out, "    operations prepared through the store, timed from Dispatcher.Start to the events wake-up of the commit that left none unfinished\n")
 	fmt.Fprintf(out, "  load: the 1-minute load average as the round began\n")
+	fmt.Fprintf(out, "  per operation, during opbroker's burn-down: the CPU of every process named postgres on this machine (from /proc), the WAL written, the transaction ids assigned\n")
 	fmt.Fprintf(out, "  %s\n  %s\n", where, settings)
 	return nil
 }
