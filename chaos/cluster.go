@@ -172,8 +172,8 @@ func (c *cluster) startTargets() error {
 	// Lookups fail as often as a create gets any one fault: a failed lookup must never
 	// let a replay through that the key does not cover.
 	lookupFailures := c.cfg.FaultRate / float64(len(simtarget.Faults))
-	// Charges (and objects) process for a moment before they succeed, or fail when
-	// the payload asks: nothing may be SUCCEEDED while the target says processing.
+	// Charges process for a moment before they succeed, or fail when the payload asks:
+	// nothing may be SUCCEEDED while the target says processing.
 	stripeCfg := simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed, LookupFailures: lookupFailures, SlowDelay: 4 * time.Second,
 		Completion: chargeCompletion,
 		Auth:       &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: c.chargeToken}}, Credential: token}

@@ -99,11 +99,11 @@ type Config struct {
 	Latency time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
-	// Completion makes charges finish after they are made, as a card payment does:
-	// for this long their status is "processing", then "succeeded", or "failed" (final,
-	// no money moved) when the request's payload asks with {"sim": {"completes":
-	// "failed"}}. Answers and lookups carry the status; 0 finishes at once and says
-	// nothing of a status.
+	// Completion makes charges (not notifications or objects) finish after they are
+	// made, as a card payment does: for this long their status is "processing", then
+	// "succeeded", or "failed" (final, no money moved) when the request's payload asks
+	// with {"sim": {"completes": "failed"}}. Answers and lookups carry the status; 0
+	// finishes at once and says nothing of a status.
 	Completion time.Duration
 	// Auth, when set, is how every create and lookup must authenticate, and Credential
 	// the secret it must carry (not empty). Contracts gives the broker the same Auth:
@@ -416,7 +416,7 @@ func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
 	}
 	t.mu.Unlock()
 
-	status, resp := t.execute(w, fault, key, body, now)
+	status, resp := t.execute(w, fault, key, body, now, true)
 	if key != "" {
 		t.mu.Lock()
 		if s := t.keys[key]; s != nil {
@@ -440,17 +440,20 @@ func (t *Target) createCharge(w http.ResponseWriter, r *http.Request) {
 
 // execute applies the fault and, where the fault commits, the effect. It returns the
 // status and body it answered with (0 when it answered nothing).
-func (t *Target) execute(w http.ResponseWriter, fault Fault, key string, body []byte, now time.Time) (int, []byte) {
+//
+// processes says whether the effect processes for Config.Completion before it is done:
+// charges do; notifications and objects are done when they are made.
+func (t *Target) execute(w http.ResponseWriter, fault Fault, key string, body []byte, now time.Time, processes bool) (int, []byte) {
 	switch fault {
 	case FaultResetBeforeCommit:
 		reset(w)
 		return 0, nil
 	case FaultCommitThenReset:
-		t.commit(key, body, now, 0)
+		t.commit(key, body, now, 0, processes)
 		reset(w)
 		return 0, nil
 	case FaultCommitThenHang:
-		t.commit(key, body, now, 0)
+		t.commit(key, body, now, 0, processes)
 		<-t.hang
 		reset(w)
 		return 0, nil
@@ -459,14 +462,14 @@ func (t *Target) execute(w http.ResponseWriter, fault Fault, key string, body []
 		case <-time.After(t.cfg.SlowDelay):
 		case <-t.hang:
 		}
-		t.commit(key, body, t.cfg.Now(), 0)
+		t.commit(key, body, t.cfg.Now(), 0, processes)
 		resp := t.chargeBody(key)
 		writeRaw(w, http.StatusOK, resp)
 		return http.StatusOK, resp
 	case Fault5xxBeforeCommit:
 		return answer(w, http.StatusServiceUnavailable, map[string]string{"error": "unavailable"})
 	case Fault5xxAfterCommit:
-		t.commit(key, body, now, 0)
+		t.commit(key, body, now, 0, processes)
 		return answer(w, http.StatusInternalServerError, map[string]string{"error": "internal"})
 	case FaultRedirect:
 		w.Header().Set("Location", "http://127.0.0.2:1/v1/charges")
@@ -474,22 +477,26 @@ func (t *Target) execute(w http.ResponseWriter, fault Fault, key string, body []
 	case FaultDecline:
 		return answer(w, http.StatusPaymentRequired, map[string]string{"error": "card_declined", "note": "no charge was created"})
 	case FaultLookupLag:
-		t.commit(key, body, now, max(t.cfg.LookupLag, 2*time.Second))
+		t.commit(key, body, now, max(t.cfg.LookupLag, 2*time.Second), processes)
 	default:
-		t.commit(key, body, now, 0)
+		t.commit(key, body, now, 0, processes)
 	}
 	resp := t.chargeBody(key)
 	writeRaw(w, http.StatusOK, resp)
 	return http.StatusOK, resp
 }
 
-func (t *Target) commit(key string, body []byte, now time.Time, extraLag time.Duration) {
+func (t *Target) commit(key string, body []byte, now time.Time, extraLag time.Duration, processes bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.seq++
+	doneAt := now
+	if processes {
+		doneAt = now.Add(t.cfg.Completion)
+	}
 	e := &Effect{ID: fmt.Sprintf("ch_%06d", t.seq), Key: key, PayloadSHA256: hashOf(body), At: now,
 		visibleAt: now.Add(t.cfg.LookupLag + extraLag), body: body,
-		doneAt: now.Add(t.cfg.Completion), fails: completesFailed(body)}
+		doneAt: doneAt, fails: processes && completesFailed(body)}
 	t.eff[e.ID] = e
 	if key == "" {
 		t.truth.Unkeyed++
@@ -613,7 +620,7 @@ func (t *Target) writeObject(w http.ResponseWriter, r *http.Request) {
 	}
 	t.writing[name] = true
 	t.mu.Unlock()
-	t.execute(w, fault, name, body, now)
+	t.execute(w, fault, name, body, now, false)
 	t.mu.Lock()
 	delete(t.writing, name)
 	t.mu.Unlock()
@@ -667,7 +674,7 @@ func (t *Target) createNotification(w http.ResponseWriter, r *http.Request) {
 	t.mu.Lock()
 	t.countArrival(fault, key, hash)
 	t.mu.Unlock()
-	t.execute(w, fault, key, body, t.cfg.Now())
+	t.execute(w, fault, key, body, t.cfg.Now(), false)
 }
 
 func readBody(r *http.Request) ([]byte, error) {

@@ -235,3 +235,38 @@ func TestRequiresCredential(t *testing.T) {
 	}
 	require.Nil(t, DemoContracts(srv.URL)[0].Auth)
 }
+
+// TestOnlyChargesProcess: with Completion, a charge is processing until it completes;
+// an object and a notification are done when they are made, as their contracts, which
+// have no completion, read them.
+func TestOnlyChargesProcess(t *testing.T) {
+	t.Parallel()
+	target := New(Config{Completion: time.Hour})
+	srv := httptest.NewServer(target)
+	defer srv.Close()
+	defer target.Close()
+	resp, err := post(t, srv.URL, "charge-1", `{"amount":1}`)
+	require.NoError(t, err)
+	resp.Body.Close()
+	for path, header := range map[string]string{"/v1/objects/object-1": "", "/v1/notifications": "X-Request-Id"} {
+		method := http.MethodPut
+		if header != "" {
+			method = http.MethodPost
+		}
+		req, err := http.NewRequest(method, srv.URL+path, bytes.NewReader([]byte(`{"amount":1}`)))
+		require.NoError(t, err)
+		if header != "" {
+			req.Header.Set(header, "notification-1")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+	}
+	truth := target.Snapshot()
+	require.Equal(t, 1, truth.Keys["charge-1"].Processing)
+	require.Zero(t, truth.Keys["object-1"].Processing)
+	require.Equal(t, 1, truth.Keys["object-1"].Effects)
+	require.Zero(t, truth.Keys["notification-1"].Processing)
+	require.Equal(t, 1, truth.Keys["notification-1"].Effects)
+}
