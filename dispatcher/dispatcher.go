@@ -12,6 +12,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/opbroker/opbroker/brokermetrics"
 	"github.com/opbroker/opbroker/crashpoint"
@@ -19,6 +21,7 @@ import (
 	"github.com/opbroker/opbroker/startstop"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/tracing"
 )
 
 // Sender makes the one transmission of a claim. The broker's is the HTTP connector
@@ -37,6 +40,10 @@ type Config struct {
 	Connector     Sender
 	Logger        *slog.Logger
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives a span for each claim and each send (none when nil); a
+	// send links to the trace of the call that prepared its operation, and carries its
+	// own trace context to the target (package tracing).
+	TracerProvider trace.TracerProvider
 
 	// Worker names this dispatcher in leases and attempts; default host/pid/random.
 	Worker string
@@ -108,6 +115,9 @@ func (c *Config) setDefaults() {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = tracenoop.NewTracerProvider()
+	}
 	if c.Worker == "" {
 		c.Worker = store.NewWorkerName()
 	}
@@ -127,6 +137,7 @@ type Dispatcher struct {
 
 	sends  metric.Int64Counter
 	events *brokermetrics.Events // UNKNOWN entered; replays' resolutions
+	tracer trace.Tracer
 
 	// refused holds, per target whose credential it refused, the credential's version
 	// then and when: the target's operations wait until it changes, or the vendor may
@@ -156,6 +167,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		queues:  map[string]*queue{},
 		refused: map[string]refusal{},
 		freed:   make(chan struct{}, 1),
+		tracer:  cfg.TracerProvider.Tracer("github.com/opbroker/opbroker/dispatcher"),
 	}
 	var err error
 	if d.sends, err = meter.Int64Counter("opbroker.dispatch.sends",
@@ -292,7 +304,9 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			continue
 		}
 		asOf := d.cfg.Clock()
-		ops, claimErr := d.cfg.Store.AllTenants().Claim(ctx, store.ClaimParams{Target: contract.Name,
+		claimCtx, span := d.tracer.Start(ctx, "opbroker.dispatch.claim", trace.WithAttributes(
+			attribute.String("opbroker.target", contract.Name), attribute.Int("opbroker.claim.limit", want)))
+		ops, claimErr := d.cfg.Store.AllTenants().Claim(claimCtx, store.ClaimParams{Target: contract.Name,
 			KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: store.FairClaim{
 				OperationTypes: contract.OperationTypes,
 				Worker:         d.cfg.Worker,
@@ -302,6 +316,8 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 				MaxTenants:     d.cfg.MaxTenantsPerClaim,
 				AfterTenant:    q.cursor,
 			}})
+		span.SetAttributes(attribute.Int("opbroker.claim.claimed", len(ops)))
+		tracing.End(span, claimErr)
 		if claimErr != nil {
 			err = errors.Join(err, claimErr)
 			continue
@@ -514,6 +530,10 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	}
 	credential := d.cfg.Connector.CredentialVersion(contract)
 	var sentErr atomic.Pointer[error] // set on the transport's goroutine
+	callCtx, span := d.tracer.Start(callCtx, "opbroker.dispatch.send", append(tracing.LinkTo(op.TraceParent),
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attribute.String("opbroker.target", contract.Name),
+			attribute.String("opbroker.operation", op.ID.String()), attribute.Int64("opbroker.fence", op.FenceToken),
+			attribute.Int("opbroker.attempt", int(op.AttemptCount))))...)
 	res := d.cfg.Connector.Send(callCtx, target.Request{
 		Contract: contract, Payload: op.Payload, ContentType: op.ContentType,
 		RemoteKey: op.RemoteKey, Fence: op.FenceToken, Timeout: timeout,
@@ -524,6 +544,11 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		},
 	})
 	replied()
+	span.SetAttributes(attribute.String("opbroker.outcome", res.Class), attribute.Bool("opbroker.sent", res.Sent))
+	if res.HTTPStatus != 0 {
+		span.SetAttributes(attribute.Int("http.response.status_code", res.HTTPStatus))
+	}
+	span.End()
 	var hitErr error
 	if p := sentErr.Load(); p != nil {
 		hitErr = *p

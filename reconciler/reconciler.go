@@ -12,11 +12,14 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/opbroker/opbroker/brokermetrics"
 	"github.com/opbroker/opbroker/startstop"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/tracing"
 )
 
 // Looker asks a target for an operation's effect by the operation's reference
@@ -42,6 +45,9 @@ type Config struct {
 	Deliverer     Deliverer
 	Logger        *slog.Logger
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives a span for each reconciliation and each lookup (none when
+	// nil), linked to the trace of the call that prepared the operation.
+	TracerProvider trace.TracerProvider
 
 	Worker string
 	// Batch caps one claim (default 32); PerTenant one tenant's share of it (default 8);
@@ -98,6 +104,9 @@ func (c *Config) setDefaults() {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = tracenoop.NewTracerProvider()
+	}
 	if c.Worker == "" {
 		c.Worker = store.NewWorkerName()
 	}
@@ -111,6 +120,7 @@ type Reconciler struct {
 	types   []string
 	actions metric.Int64Counter
 	events  *brokermetrics.Events // resolutions
+	tracer  trace.Tracer
 
 	cursor string // the tenant the next claim starts after; owned by the loop
 
@@ -120,7 +130,8 @@ type Reconciler struct {
 // New returns a stopped reconciler.
 func New(cfg Config) (*Reconciler, error) {
 	cfg.setDefaults()
-	r := &Reconciler{cfg: cfg, log: cfg.Logger.With("component", "reconciler", "worker", cfg.Worker)}
+	r := &Reconciler{cfg: cfg, log: cfg.Logger.With("component", "reconciler", "worker", cfg.Worker),
+		tracer: cfg.TracerProvider.Tracer("github.com/opbroker/opbroker/reconciler")}
 	for _, c := range cfg.Targets.All() {
 		r.types = append(r.types, c.OperationTypes...)
 	}
@@ -207,6 +218,10 @@ func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.UnknownClaim
 func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf time.Time) {
 	ctx, cancel := context.WithTimeout(ctx, asOf.Add(op.LeaseLeft).Sub(r.cfg.Clock()))
 	defer cancel()
+	ctx, span := r.tracer.Start(ctx, "opbroker.reconcile", append(tracing.LinkTo(op.TraceParent),
+		trace.WithAttributes(attribute.String("opbroker.operation", op.ID.String()), attribute.Int64("opbroker.fence", op.FenceToken)))...)
+	var err error
+	defer func() { tracing.End(span, err) }()
 	log := r.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.FenceToken)
 	contract, ok := r.cfg.Targets.ForType(op.OperationType)
 	if !ok {
@@ -249,10 +264,11 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 	in.KeyScopeChanged = op.KeyScope != contract.KeyScope()
 
 	d := Decide(in)
+	span.SetAttributes(attribute.String("opbroker.target", contract.Name), attribute.String("opbroker.evidence", obs.Outcome),
+		attribute.String("opbroker.action", d.Action.String()), attribute.String("opbroker.reason", d.Reason))
 	r.actions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", d.Action.String())))
 	log = log.With("action", d.Action.String(), "reason", d.Reason)
 	obs.Summary = d.Reason
-	var err error
 	var resolved store.Operation // by RECORD_SUCCESS or RECORD_FAILURE
 	switch d.Action {
 	case RecordSuccess:
@@ -310,7 +326,11 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 			obs.Outcome = "LOOKUP_FAILED"
 			return Evidence{Kind: LookupFailed}, obs
 		}
-		res := r.cfg.Connector.Lookup(ctx, contract, op.RemoteKey, op.Payload)
+		lookupCtx, span := r.tracer.Start(ctx, "opbroker.reconcile.lookup", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("opbroker.target", contract.Name)))
+		res := r.cfg.Connector.Lookup(lookupCtx, contract, op.RemoteKey, op.Payload)
+		span.SetAttributes(attribute.Int("http.response.status_code", res.HTTPStatus))
+		span.End()
 		limiter.Release(contract.Name, 1)
 		obs.HTTPStatus = res.HTTPStatus
 		switch res.Outcome {

@@ -18,6 +18,7 @@ import (
 	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/tracing"
 	"github.com/opbroker/opbroker/watch"
 )
 
@@ -84,6 +85,7 @@ func (s *operationService) prepare(ctx context.Context, req *opbrokerv1.PrepareO
 		PayloadSHA256: digest[:],
 		Labels:        req.GetLabels(),
 		Actor:         clientActor(ctx),
+		TraceParent:   tracing.TraceParent(ctx),
 	}
 	if name := req.GetSupersedes(); name != "" {
 		tenant, id, err := parseOperationName("supersedes", name)

@@ -14,6 +14,8 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -29,6 +31,7 @@ import (
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/tracing"
 	"github.com/opbroker/opbroker/watch"
 )
 
@@ -44,6 +47,10 @@ type Options struct {
 	Logger  *slog.Logger
 	// MeterProvider receives the gRPC and domain metrics.
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives a span for each call (none when nil); a call's W3C trace
+	// context is read from its metadata, and PrepareOperation keeps it with the
+	// operation (package tracing).
+	TracerProvider trace.TracerProvider
 	// MaxPayloadBytes caps PrepareOperation's payload; 0 means DefaultMaxPayloadBytes.
 	MaxPayloadBytes int
 	// Now is the clock; nil means time.Now.
@@ -112,9 +119,14 @@ func New(opts Options) (*Server, error) {
 	})
 
 	admit := newAdmission(opts.Auth, validator, log, opts.Limits)
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = tracenoop.NewTracerProvider()
+	}
 	serverOpts := []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler(
 			otelgrpc.WithMeterProvider(opts.MeterProvider),
+			otelgrpc.WithTracerProvider(opts.TracerProvider),
+			otelgrpc.WithPropagators(tracing.Propagator),
 			otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(logger, logOpts...),

@@ -92,6 +92,9 @@ type Operation struct {
 	Replays            int32
 	AcceptedUnfinished bool
 	Escalation         *Escalation
+
+	// TraceParent is the W3C traceparent of the call that prepared it, or "".
+	TraceParent string
 }
 
 // Escalation records who an operation was handed to, and why.
@@ -105,7 +108,7 @@ type Escalation struct {
 const operationColumns = `tenant_id, operation_id, operation_type, intent_ref, content_type,
 	payload_sha256, state, revision, fence_token, attempt_count, not_executed, remote_key, coalesce(remote_ref, ''),
 	last_observation, supersedes_id, labels, dispatch_deadline, not_before, first_sent_at, created_at, updated_at,
-	next_check_at, checks, replays, accepted_unfinished, escalation`
+	next_check_at, checks, replays, accepted_unfinished, escalation, coalesce(trace_parent, '')`
 
 func scanOperation(row pgx.CollectableRow) (Operation, error) {
 	var op Operation
@@ -118,7 +121,8 @@ func operationDest(op *Operation) []any {
 	return []any{&op.TenantID, &op.ID, &op.OperationType, &op.IntentRef, &op.ContentType,
 		&op.PayloadSHA256, &op.State, &op.Revision, &op.FenceToken, &op.AttemptCount, &op.NotExecuted, &op.RemoteKey, &op.RemoteRef,
 		&op.LastObservation, &op.SupersedesID, &op.Labels, &op.DispatchDeadline, &op.NotBefore, &op.FirstSentAt,
-		&op.CreatedAt, &op.UpdatedAt, &op.NextCheckAt, &op.Checks, &op.Replays, &op.AcceptedUnfinished, &op.Escalation}
+		&op.CreatedAt, &op.UpdatedAt, &op.NextCheckAt, &op.Checks, &op.Replays, &op.AcceptedUnfinished, &op.Escalation,
+		&op.TraceParent}
 }
 
 // eventsFrom returns the statement that appends one event for every row of the CTE

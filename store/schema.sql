@@ -72,6 +72,7 @@ BEGIN
      OR NEW.supersedes_id IS DISTINCT FROM OLD.supersedes_id
      OR NEW.dispatch_deadline IS DISTINCT FROM OLD.dispatch_deadline
      OR NEW.not_before IS DISTINCT FROM OLD.not_before
+     OR NEW.trace_parent IS DISTINCT FROM OLD.trace_parent
      OR NEW.labels <> OLD.labels
      OR NEW.first_sent_at IS DISTINCT FROM OLD.first_sent_at AND OLD.first_sent_at IS NOT NULL
      OR NEW.key_window_end IS DISTINCT FROM OLD.key_window_end AND OLD.key_window_end IS NOT NULL
@@ -220,6 +221,7 @@ CREATE TABLE opbroker.operations (
     key_window_end timestamp with time zone,
     key_scope text,
     not_before timestamp with time zone,
+    trace_parent text,
     CONSTRAINT operations_counters CHECK (((revision >= 1) AND (fence_token >= 0) AND (attempt_count >= 0))),
     CONSTRAINT operations_deadline_after_not_before CHECK (((dispatch_deadline IS NULL) OR (not_before IS NULL) OR (dispatch_deadline > not_before))),
     CONSTRAINT operations_escalated_has_owner CHECK (((state <> 'ESCALATED'::opbroker.operation_state) OR COALESCE(((escalation ? 'owner'::text) AND (escalation ? 'reason'::text)), false))),
@@ -235,6 +237,7 @@ CREATE TABLE opbroker.operations (
     CONSTRAINT operations_supersedes_other CHECK ((supersedes_id <> operation_id)),
     CONSTRAINT operations_tenant_id_format CHECK ((tenant_id ~ '^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT operations_terminal_unleased CHECK (((state <> ALL (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])) OR ((lease_owner IS NULL) AND (lease_expires_at IS NULL)))),
+    CONSTRAINT operations_trace_parent_format CHECK ((trace_parent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text)),
     CONSTRAINT operations_unsent CHECK (((state <> ALL (ARRAY['PREPARED'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])) OR ((attempt_count = not_executed) AND ((attempt_count > 0) OR ((fence_token = 0) AND (first_sent_at IS NULL))))))
 );
 

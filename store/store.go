@@ -47,6 +47,9 @@ type PrepareParams struct {
 	NotBefore *time.Time
 	// Actor is recorded on the creation event.
 	Actor string
+	// TraceParent is the W3C traceparent of the call that prepared the intent (package
+	// tracing), or "": its sends and lookups link back to that trace.
+	TraceParent string
 	// RejectCreation, when set, is returned instead of creating an operation: an intent
 	// already recorded is still returned (or refused for another payload), a new one is
 	// not recorded. It lets a retry of a request that is no longer acceptable as new (a
@@ -213,12 +216,12 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 	tenants, ids, types, intents := make([]string, n), make([]uuid.UUID, n), make([]string, n), make([]string, n)
 	contentTypes, payloads, digests := make([]string, n), make([][]byte, n), make([][]byte, n)
 	supersedes, labels, deadlines, actors := make([]uuid.NullUUID, n), make([]string, n), make([]*time.Time, n), make([]string, n)
-	notBefore := make([]*time.Time, n)
+	notBefore, traceParents := make([]*time.Time, n), make([]*string, n)
 	for i, c := range calls {
 		tenants[i], ids[i], types[i], intents[i] = c.TenantID, c.id, c.OperationType, c.IntentRef
 		contentTypes[i], payloads[i], digests[i] = c.ContentType, c.Payload, c.PayloadSHA256
 		supersedes[i], deadlines[i], actors[i] = c.SupersedesID, c.DispatchDeadline, c.Actor
-		notBefore[i] = c.NotBefore
+		notBefore[i], traceParents[i] = c.NotBefore, nullIfEmpty(c.TraceParent)
 		l := c.Labels
 		if l == nil {
 			l = map[string]string{}
@@ -239,10 +242,12 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @operation_types::text[], @intent_refs::text[],
 				@content_types::text[], @payloads::bytea[], @payload_sha256s::bytea[], @supersedes_ids::uuid[],
-				@labels::text[]::jsonb[], @dispatch_deadlines::timestamptz[], @actors::text[], @not_befores::timestamptz[])
+				@labels::text[]::jsonb[], @dispatch_deadlines::timestamptz[], @actors::text[], @not_befores::timestamptz[],
+				@trace_parents::text[])
 				AS u (tenant_id, operation_id, operation_type, intent_ref,
 					content_type, payload, payload_sha256, supersedes_id,
-					labels, dispatch_deadline, actor, not_before)
+					labels, dispatch_deadline, actor, not_before,
+					trace_parent)
 		), sup AS (
 			SELECT o.tenant_id, o.operation_id, o.state FROM operations o
 			WHERE (o.tenant_id, o.operation_id) IN (SELECT tenant_id, supersedes_id FROM u WHERE supersedes_id IS NOT NULL)
@@ -254,9 +259,9 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 			WHERE sup.state IN `+unresolvedStates+`
 		), ins AS (
 			INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
-				payload, payload_sha256, supersedes_id, labels, dispatch_deadline, not_before, next_check_at)
+				payload, payload_sha256, supersedes_id, labels, dispatch_deadline, not_before, next_check_at, trace_parent)
 			SELECT tenant_id, operation_id, operation_type, intent_ref, content_type,
-				payload, payload_sha256, supersedes_id, labels, dispatch_deadline, not_before, not_before
+				payload, payload_sha256, supersedes_id, labels, dispatch_deadline, not_before, not_before, trace_parent
 			FROM u WHERE operation_id NOT IN (SELECT call_id FROM refused)
 			ORDER BY tenant_id, operation_type, intent_ref
 			ON CONFLICT ON CONSTRAINT operations_intent_key DO NOTHING
@@ -279,7 +284,8 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 			WHERE tenant_id = r.tenant_id AND operation_id = r.operation_id) x`,
 		pgx.NamedArgs{"tenant_ids": tenants, "operation_ids": ids, "operation_types": types, "intent_refs": intents,
 			"content_types": contentTypes, "payloads": payloads, "payload_sha256s": digests, "supersedes_ids": supersedes,
-			"labels": labels, "dispatch_deadlines": deadlines, "actors": actors, "not_befores": notBefore})
+			"labels": labels, "dispatch_deadlines": deadlines, "actors": actors, "not_befores": notBefore,
+			"trace_parents": traceParents})
 	answers := make(map[uuid.UUID]prepared, n)
 	var created bool
 	for rows.Next() {

@@ -398,6 +398,7 @@ func TestSchemaRefusesIllegalStates(t *testing.T) {
 		"payload purged before terminal":     `UPDATE operations SET payload = NULL WHERE operation_id = $1`,
 		"intent changed":                     `UPDATE operations SET intent_ref = 'other' WHERE operation_id = $1`,
 		"remote key changed":                 `UPDATE operations SET remote_key = gen_random_uuid() WHERE operation_id = $1`,
+		"trace context changed":              `UPDATE operations SET trace_parent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' WHERE operation_id = $1`,
 		"claimed without fence":              `UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, lease_owner = 'x', lease_expires_at = now(), first_sent_at = now() WHERE operation_id = $1`,
 	} {
 		_, err := b.pool.Exec(b.ctx, sql, op.ID)

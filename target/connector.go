@@ -20,6 +20,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/opbroker/opbroker/tracing"
 )
 
 // Outcome is what a send means for the operation.
@@ -327,14 +330,16 @@ func (r *route) authorize(h http.Header) error {
 	return nil
 }
 
-// setHeaders sets the User-Agent and the contract's static headers. The broker's own
+// setHeaders sets the User-Agent, the contract's static headers and the W3C trace
+// context of the span ctx carries (traceparent; none without one). The broker's own
 // headers are set after them: validation refuses a static header that would replace
 // one, and the order keeps it so for a contract that skipped validation.
-func setHeaders(h http.Header, contract *Contract) {
+func setHeaders(ctx context.Context, h http.Header, contract *Contract) {
 	h.Set("User-Agent", "opbroker")
 	for name, value := range contract.Headers {
 		h.Set(name, value)
 	}
+	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(h))
 }
 
 // Send transmits req once and classifies the answer by the contract. It never retries.
@@ -359,7 +364,7 @@ func (c *Connector) Send(ctx context.Context, req Request) Result {
 	// request on another connection: net/http would otherwise retry a request that
 	// carries an Idempotency-Key header after a failure on a reused connection.
 	httpReq.GetBody = nil
-	setHeaders(httpReq.Header, req.Contract)
+	setHeaders(ctx, httpReq.Header, req.Contract)
 	httpReq.Header.Set("Content-Type", req.ContentType)
 	if idem := req.Contract.Idempotency; idem != nil {
 		httpReq.Header.Set(idem.Header, req.RemoteKey.String())
@@ -533,7 +538,7 @@ func (c *Connector) Lookup(ctx context.Context, contract *Contract, remoteKey uu
 	if err != nil {
 		return LookupResult{Summary: "the lookup could not be built: " + err.Error()}
 	}
-	setHeaders(req.Header, contract)
+	setHeaders(ctx, req.Header, contract)
 	r := c.route(contract)
 	if err := r.authorize(req.Header); err != nil {
 		return LookupResult{Summary: "a credential cannot be read; nothing was sent: " + err.Error()}

@@ -27,6 +27,7 @@ import (
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/sweeper"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/tracing"
 	"github.com/opbroker/opbroker/watch"
 )
 
@@ -51,6 +52,7 @@ type broker struct {
 	httpLis    net.Listener
 	mux        *http.ServeMux
 	meters     *sdkmetric.MeterProvider
+	traces     *tracing.Provider
 	grace      time.Duration
 	grpcDone   chan error
 }
@@ -110,6 +112,12 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 		return fmt.Errorf("metrics: %w", err)
 	}
 	b.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	if b.traces, err = tracing.New(ctx, currentBuild().Version); err != nil {
+		return err
+	}
+	if b.traces.Exporting {
+		b.log.Info("exporting traces over OTLP")
+	}
 	b.store = store.New(b.pool)
 	b.notifier = b.store.NewNotifier(b.log, 10*time.Millisecond)
 	b.hub = watch.New(b.store, b.log, time.Second)
@@ -119,6 +127,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 		Targets:         b.targets,
 		Logger:          b.log,
 		MeterProvider:   b.meters,
+		TracerProvider:  b.traces,
 		MaxPayloadBytes: cmd.Int("max-payload-bytes"),
 		Hub:             b.hub,
 		Auth:            sec.auth,
@@ -137,7 +146,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	b.dispatch = cmd.Bool("dispatch")
 	b.dispatcher, err = dispatcher.New(dispatcher.Config{
 		Store: b.store, Targets: b.targets, Connector: connector,
-		Logger: b.log, MeterProvider: b.meters,
+		Logger: b.log, MeterProvider: b.meters, TracerProvider: b.traces,
 		PoolSize: cmd.Int("dispatch-pool-size"), ClaimBatch: cmd.Int("dispatch-claim-batch"),
 		Lease: cmd.Duration("dispatch-lease"), ShutdownGrace: b.grace, MaxResends: cmd.Int("dispatch-max-resends"),
 		Clock: clock,
@@ -153,7 +162,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	if cmd.Bool("reconcile") {
 		b.reconciler, err = reconciler.New(reconciler.Config{
 			Store: b.store, Targets: b.targets, Connector: connector, Deliverer: b.dispatcher,
-			Logger: b.log, MeterProvider: b.meters,
+			Logger: b.log, MeterProvider: b.meters, TracerProvider: b.traces,
 			MaxReplays: cmd.Int("reconcile-max-replays"), MaxLooks: cmd.Int("reconcile-max-looks"),
 			ResolutionDeadline: cmd.Duration("reconcile-deadline"), Lease: cmd.Duration("reconcile-lease"),
 			Clock: clock,
@@ -268,6 +277,13 @@ func (b *broker) close() {
 	}
 	if b.meters != nil {
 		_ = b.meters.Shutdown(context.Background())
+	}
+	if b.traces != nil {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := b.traces.Shutdown(shutdownCtx); err != nil {
+			b.log.Warn("traces not all exported", "error", err)
+		}
+		cancel()
 	}
 	b.pool.Close()
 }
