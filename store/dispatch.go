@@ -412,16 +412,33 @@ func (p SweepParams) now() *time.Time {
 	return &p.Now
 }
 
+// Swept counts the operations a sweep moved, by operation type.
+type Swept map[string]int
+
+// Total is how many operations the sweep moved.
+func (s Swept) Total() int {
+	var n int
+	for _, c := range s {
+		n += c
+	}
+	return n
+}
+
+// OutcomeLeaseExpired is the outcome class of an operation made UNKNOWN because its
+// sender's lease expired.
+const OutcomeLeaseExpired = "LEASE_EXPIRED"
+
 // SweepExpiredLeases moves IN_FLIGHT operations whose lease has expired to UNKNOWN (never
-// back to PREPARED: the holder may have sent), with an event, and returns how many.
-func (q Scope) SweepExpiredLeases(ctx context.Context, p SweepParams) (int, error) {
+// back to PREPARED: the holder may have sent), with an event, and returns how many of
+// each type.
+func (q Scope) SweepExpiredLeases(ctx context.Context, p SweepParams) (Swept, error) {
 	return q.sweep(ctx, p, sweep{
 		due:     "state = 'IN_FLIGHT' AND lease_expires_at < coalesce($1, now())",
 		order:   "lease_expires_at",
 		from:    StateInFlight,
 		to:      StateUnknown,
 		source:  "SWEEPER",
-		outcome: "LEASE_EXPIRED",
+		outcome: OutcomeLeaseExpired,
 		summary: "the sender's lease expired before it recorded an outcome; it may have sent",
 		actor:   "sweeper",
 	})
@@ -429,8 +446,8 @@ func (q Scope) SweepExpiredLeases(ctx context.Context, p SweepParams) (int, erro
 
 // ExpireDeadlines moves PREPARED operations whose dispatch deadline passed before any
 // send to FAILED_TERMINAL (nothing was sent, so nothing happened), with an event, and
-// returns how many.
-func (q Scope) ExpireDeadlines(ctx context.Context, p SweepParams) (int, error) {
+// returns how many of each type.
+func (q Scope) ExpireDeadlines(ctx context.Context, p SweepParams) (Swept, error) {
 	return q.sweep(ctx, p, sweep{
 		due:     "state = 'PREPARED' AND dispatch_deadline IS NOT NULL AND dispatch_deadline <= coalesce($1, now())",
 		order:   "dispatch_deadline",
@@ -451,9 +468,8 @@ type sweep struct {
 	source, outcome, summary, actor string
 }
 
-func (q Scope) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) {
-	var n int
-	err := q.queryRow(ctx, `
+func (q Scope) sweep(ctx context.Context, p SweepParams, w sweep) (Swept, error) {
+	rows := q.query(ctx, `
 		WITH due AS (
 			SELECT ctid, tenant_id, operation_id FROM operations
 			WHERE `+w.due+`
@@ -468,12 +484,19 @@ func (q Scope) sweep(ctx context.Context, p SweepParams, w sweep) (int, error) {
 			WHERE `+pickedRows("due")+` AND o.state = $4
 			RETURNING o.*
 		), ev AS (`+eventsFrom("upd", "$4", "$8", "$6", "last_observation")+`)
-		SELECT count(*) FROM upd`, p.now(), p.Limit, w.to, w.from, w.source, w.outcome, w.summary, w.actor).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("store: sweep %s to %s: %w", w.from, w.to, translate(err))
+		SELECT operation_type, count(*) FROM upd GROUP BY operation_type`,
+		p.now(), p.Limit, w.to, w.from, w.source, w.outcome, w.summary, w.actor)
+	swept := Swept{}
+	var typ string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&typ, &n}, func() error {
+		swept[typ] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("store: sweep %s to %s: %w", w.from, w.to, translate(err))
 	}
-	if n > 0 {
+	if len(swept) > 0 {
 		q.s.events.signal()
 	}
-	return n, nil
+	return swept, nil
 }

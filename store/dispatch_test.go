@@ -199,7 +199,7 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	// The sweeper takes the second away; the late holder's outcome is evidence only.
 	n, err := b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, 1, n.Total())
 	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: second.ID, Fence: 1,
 		State: store.StateSucceeded, RemoteRef: "ch_2", Observation: obs, Actor: "dispatcher:test"})
 	require.ErrorIs(t, err, store.ErrFenceLost)
@@ -237,7 +237,7 @@ func TestExtendLeases(t *testing.T) {
 	}, left, "measured by the database; the claim held with a fence it does not have is not extended")
 	n, err := b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(30 * time.Minute), Limit: 10})
 	require.NoError(t, err)
-	require.Equal(t, 1, n, "an extended lease is not swept; the other one is")
+	require.Equal(t, 1, n.Total(), "an extended lease is not swept; the other one is")
 }
 
 func TestExpireDeadlines(t *testing.T) {
@@ -252,7 +252,7 @@ func TestExpireDeadlines(t *testing.T) {
 
 	n, err := b.all.ExpireDeadlines(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, store.Swept{"demo.charge": 1}, n)
 	op, err := b.all.Get(b.ctx, "acme", late.ID)
 	require.NoError(t, err)
 	require.Equal(t, store.StateFailedTerminal, op.State)

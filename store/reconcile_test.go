@@ -157,7 +157,7 @@ func TestClaimUnknownReportsTheSends(t *testing.T) {
 	require.Len(t, claimed, 1)
 	swept, err := b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(2 * time.Minute), Limit: 10})
 	require.NoError(t, err)
-	require.Equal(t, 1, swept)
+	require.Equal(t, store.Swept{"demo.charge": 1}, swept, "counted by type")
 	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: stale.ID, Fence: claimed[0].FenceToken,
 		State: store.StateUnknown, NotSent: true, Observation: store.Observation{Source: "DISPATCH", Outcome: "CONNECT_FAILED"}, Actor: "stale"})
 	require.ErrorIs(t, err, store.ErrFenceLost)

@@ -19,6 +19,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/opbroker/opbroker/brokermetrics"
 	"github.com/opbroker/opbroker/startstop"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
@@ -60,6 +61,7 @@ type Sweeper struct {
 	retentions             map[string]time.Duration // operation type → its contract's data.retention
 	log                    *slog.Logger
 	swept, expired, purged metric.Int64Counter
+	events                 *brokermetrics.Events // UNKNOWN entered, cause LEASE_EXPIRED
 }
 
 // New returns a stopped sweeper.
@@ -90,6 +92,9 @@ func New(cfg Config) (*Sweeper, error) {
 	}
 	if s.purged, err = meter.Int64Counter("opbroker.payloads.purged",
 		metric.WithDescription("Payloads whose bytes were removed after the retention (hash and events kept)"), metric.WithUnit("{operation}")); err != nil {
+		return nil, err
+	}
+	if s.events, err = brokermetrics.NewEvents(cfg.MeterProvider); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -125,10 +130,15 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) error {
 	}
 	steps := []step{
 		{func() (int, error) {
-			return s.cfg.Store.AllTenants().SweepExpiredLeases(ctx, store.SweepParams{Now: now, Limit: batch})
+			swept, err := s.cfg.Store.AllTenants().SweepExpiredLeases(ctx, store.SweepParams{Now: now, Limit: batch})
+			for typ, n := range swept {
+				s.events.UnknownEntered(ctx, s.contract(typ), store.OutcomeLeaseExpired, n)
+			}
+			return swept.Total(), err
 		}, s.swept},
 		{func() (int, error) {
-			return s.cfg.Store.AllTenants().ExpireDeadlines(ctx, store.SweepParams{Now: now, Limit: batch})
+			expired, err := s.cfg.Store.AllTenants().ExpireDeadlines(ctx, store.SweepParams{Now: now, Limit: batch})
+			return expired.Total(), err
 		}, s.expired},
 	}
 	if len(s.retentions) > 0 || s.cfg.PayloadRetention > 0 {
@@ -150,4 +160,14 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) error {
 		}
 	}
 	return nil
+}
+
+// contract returns the contract that serves an operation type, or nil (no Targets, or
+// none serves it any more).
+func (s *Sweeper) contract(operationType string) *target.Contract {
+	if s.cfg.Targets == nil {
+		return nil
+	}
+	c, _ := s.cfg.Targets.ForType(operationType)
+	return c
 }

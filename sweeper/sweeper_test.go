@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric/noop"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
@@ -161,4 +163,39 @@ func TestSweepsOnItsOwn(t *testing.T) {
 		}, 10*time.Second, 10*time.Millisecond, "run %d", i)
 		s.Stop()
 	}
+}
+
+// TestExpiredLeasesCountAsUnknownEntered: an operation the sweeper makes UNKNOWN counts
+// in opbroker_unknown_entered_total under its target, with cause LEASE_EXPIRED.
+func TestExpiredLeasesCountAsUnknownEntered(t *testing.T) {
+	t.Parallel()
+	st, _ := storetest.NewStore(t)
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	s, err := sweeper.New(sweeper.Config{Store: st, Targets: demoTargets(t, time.Hour, time.Hour), Logger: slog.New(slog.DiscardHandler),
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	require.NoError(t, err)
+	for _, intent := range []string{"first", "second"} {
+		storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, intent, `{"amount":1}`)
+	}
+	_, err = st.AllTenants().Claim(ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "gone", Lease: time.Millisecond, Limit: 2, PerTenant: 2, MaxTenants: 1}})
+	require.NoError(t, err)
+	require.NoError(t, s.Sweep(ctx, time.Now().Add(time.Minute)))
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	entered := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "opbroker.unknown.entered" {
+				for _, dp := range sum.DataPoints {
+					target, _ := dp.Attributes.Value("target")
+					cause, _ := dp.Attributes.Value("cause")
+					entered[target.AsString()+" "+cause.AsString()] += dp.Value
+				}
+			}
+		}
+	}
+	require.Equal(t, map[string]int64{"demo-payments LEASE_EXPIRED": 2}, entered)
 }
