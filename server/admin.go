@@ -3,6 +3,9 @@ package server
 import (
 	"context"
 	"log/slog"
+	"strings"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/opbroker/opbroker/auth"
 	"github.com/opbroker/opbroker/brokermetrics"
@@ -46,12 +49,47 @@ func (s *adminService) ResolveOperation(ctx context.Context, req *opbrokerv1.Res
 				"is required to resolve as succeeded: the target's identifier of the effect", ReasonFieldRequired)))
 		}
 	}
-	op, err := ledger(ctx, s.store).ResolveManually(ctx, store.ManualResolution{TenantID: tenant, ID: id, Revision: req.GetRevision(),
-		State: state, RemoteRef: req.GetRemoteRef(), Reason: req.GetReason(), Evidence: req.GetEvidence(),
-		EvidenceURL: req.GetEvidenceUrl(), Actor: "operator:" + auth.FromContext(ctx).Name})
+	current, err := ledger(ctx, s.store).Get(ctx, tenant, id)
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
+	resolution := store.ManualResolution{TenantID: tenant, ID: id, Revision: req.GetRevision(),
+		State: state, RemoteRef: req.GetRemoteRef(), Reason: req.GetReason(), Evidence: req.GetEvidence(),
+		EvidenceURL: req.GetEvidenceUrl(), Actor: "operator:" + auth.FromContext(ctx).Name}
+	if contract, ok := s.targets.ForType(current.OperationType); ok && contract.SecondOperatorRequired() {
+		proposed, err := ledger(ctx, s.store).ProposeResolution(ctx, resolution, contract.ManualResolution.Window())
+		if err != nil {
+			return nil, toStatus(ctx, s.log, err)
+		}
+		s.log.WarnContext(ctx, "resolution proposed; it waits for a second operator", "principal", auth.FromContext(ctx).Name,
+			"name", req.GetName(), "state", state)
+		return &opbrokerv1.ResolveOperationResponse{Operation: operationFor(ctx, s.targets, proposed),
+			PendingResolution: pendingResolution(proposed)}, nil
+	}
+	op, err := ledger(ctx, s.store).ResolveManually(ctx, resolution)
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	s.resolved(ctx, op, req.GetName())
+	return &opbrokerv1.ResolveOperationResponse{Operation: operationFor(ctx, s.targets, op)}, nil
+}
+
+// ApproveResolution applies the resolution another operator proposed.
+func (s *adminService) ApproveResolution(ctx context.Context, req *opbrokerv1.ApproveResolutionRequest) (*opbrokerv1.ApproveResolutionResponse, error) {
+	tenant, id, err := parseOperationName("name", req.GetName())
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	op, err := ledger(ctx, s.store).ApproveResolution(ctx, tenant, id, req.GetRevision(), "operator:"+auth.FromContext(ctx).Name)
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	s.resolved(ctx, op, req.GetName())
+	return &opbrokerv1.ApproveResolutionResponse{Operation: operationFor(ctx, s.targets, op)}, nil
+}
+
+// resolved counts and logs a resolution by hand that applied.
+func (s *adminService) resolved(ctx context.Context, op store.Operation, name string) {
 	// Resolved from UNKNOWN (it was never escalated): an ESCALATED one was counted when
 	// it was escalated.
 	if op.Escalation == nil {
@@ -60,8 +98,21 @@ func (s *adminService) ResolveOperation(ctx context.Context, req *opbrokerv1.Res
 		}
 	}
 	s.log.WarnContext(ctx, "operation resolved by hand", "principal", auth.FromContext(ctx).Name,
-		"name", req.GetName(), "state", state)
-	return &opbrokerv1.ResolveOperationResponse{Operation: operationFor(ctx, s.targets, op)}, nil
+		"name", name, "state", op.State)
+}
+
+// pendingResolution is the proposal op's last observation holds, or nil.
+func pendingResolution(op store.Operation) *opbrokerv1.PendingResolution {
+	if op.LastObservation == nil || op.LastObservation.Proposal == nil {
+		return nil
+	}
+	p := op.LastObservation.Proposal
+	resolution := opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL
+	if p.State == store.StateSucceeded {
+		resolution = opbrokerv1.ResolveOperationRequest_RESOLUTION_SUCCEEDED
+	}
+	return &opbrokerv1.PendingResolution{Resolution: resolution, RemoteRef: p.RemoteRef,
+		ProposedBy: strings.TrimPrefix(p.ProposedBy, "operator:"), ExpireTime: timestamppb.New(p.ExpiresAt)}
 }
 
 // ListEscalations lists ESCALATED operations, oldest first, with who owns them and how
@@ -86,7 +137,7 @@ func (s *adminService) ListEscalations(ctx context.Context, req *opbrokerv1.List
 	resp := &opbrokerv1.ListEscalationsResponse{More: more}
 	for _, e := range escalated {
 		item := &opbrokerv1.ListEscalationsResponse_Escalation{Operation: operationFor(ctx, s.targets, e.Operation),
-			AgeSeconds: int64(e.Waited.Seconds())}
+			AgeSeconds: int64(e.Waited.Seconds()), PendingResolution: pendingResolution(e.Operation)}
 		if contract, ok := s.targets.ForType(e.OperationType); ok {
 			item.Target, item.Runbook = contract.Name, contract.Owner.Escalation
 		}

@@ -35,6 +35,7 @@ var methodRoles = map[string][]auth.Role{
 	opbrokerv1.OperationService_WatchOperations_FullMethodName:     {auth.RoleClient, auth.RoleSupportRead, auth.RoleOperator},
 	opbrokerv1.AdminService_DeleteTenantData_FullMethodName:        {auth.RoleOperator},
 	opbrokerv1.AdminService_ResolveOperation_FullMethodName:        {auth.RoleOperator},
+	opbrokerv1.AdminService_ApproveResolution_FullMethodName:       {auth.RoleOperator},
 	opbrokerv1.AdminService_ListEscalations_FullMethodName:         {auth.RoleOperator, auth.RoleSupportRead},
 	opbrokerv1.AdminService_GetTargetReadiness_FullMethodName:      {auth.RoleOperator},
 }

@@ -123,6 +123,10 @@ func TestEveryRPCAuthorises(t *testing.T) {
 				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL, Reason: "authz", Evidence: "none"})
 			return err
 		}, "acme-operator", codes.FailedPrecondition, false}, // acme's operation is PREPARED, not unsettled
+		"ApproveResolution": {func(ctx context.Context, b *testBundle, tenant string) error {
+			_, err := admin.ApproveResolution(ctx, &opbrokerv1.ApproveResolutionRequest{Name: ops[tenant], Revision: 1})
+			return err
+		}, "acme-operator", codes.FailedPrecondition, false}, // no resolution is pending
 	}
 	require.Len(t, rpcs, len(opbrokerv1.OperationService_ServiceDesc.Methods)+len(opbrokerv1.OperationService_ServiceDesc.Streams)+
 		len(opbrokerv1.AdminService_ServiceDesc.Methods), "every RPC is in the table")
@@ -147,7 +151,8 @@ func TestEveryRPCAuthorises(t *testing.T) {
 	// In an order that keeps each call's fixture: acme's operations stay open until the
 	// cancellation, last.
 	for _, name := range []string{"PrepareOperation", "GetOperation", "ListOperations", "ListOperationEvents", "WatchOperation",
-		"WatchOperations", "DeleteTenantData", "ResolveOperation", "ListEscalations", "GetTargetReadiness", "CancelOperation"} {
+		"WatchOperations", "DeleteTenantData", "ResolveOperation", "ApproveResolution", "ListEscalations", "GetTargetReadiness",
+		"CancelOperation"} {
 		rpc := rpcs[name]
 		t.Run(name+"/right principal", func(t *testing.T) {
 			ctx, cancel := context.WithCancel(b.ctx)

@@ -29,6 +29,9 @@ const (
 	ReasonSupersededUnresolved        = "SUPERSEDED_OPERATION_UNRESOLVED"
 	ReasonRevisionChanged             = "REVISION_CHANGED"
 	ReasonBeingReconciled             = "BEING_RECONCILED"
+	ReasonNoPendingResolution         = "NO_PENDING_RESOLUTION"
+	ReasonSameOperator                = "SAME_OPERATOR"
+	ReasonResolutionExpired           = "RESOLUTION_EXPIRED"
 	ReasonIntentPayloadMismatch       = "INTENT_PAYLOAD_MISMATCH"
 	ReasonOperationState              = "OPERATION_STATE"
 	ReasonDatabaseUnavailable         = "DATABASE_UNAVAILABLE"
@@ -167,6 +170,15 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.As(err, &revChanged):
 		return newStatus(codes.Aborted, "the operation changed since that revision: read it again and decide on what it is now",
 			ReasonRevisionChanged, map[string]string{"currentRevision": fmt.Sprint(revChanged.Current)})
+	case errors.Is(err, store.ErrNoProposal):
+		return newStatus(codes.FailedPrecondition, "no resolution is waiting for approval on this operation",
+			ReasonNoPendingResolution, nil)
+	case errors.Is(err, store.ErrSameOperator):
+		return newStatus(codes.FailedPrecondition, "a resolution must be approved by another operator than the one who proposed it",
+			ReasonSameOperator, nil)
+	case errors.Is(err, store.ErrProposalExpired):
+		return newStatus(codes.FailedPrecondition, "the proposed resolution expired: propose it again with ResolveOperation",
+			ReasonResolutionExpired, nil)
 	case errors.Is(err, store.ErrBeingReconciled):
 		return newStatus(codes.Aborted, "a reconciler is working on the operation at this moment: retry in a few seconds",
 			ReasonBeingReconciled, nil)

@@ -217,9 +217,13 @@ func TestEveryDocumentedReason(t *testing.T) {
 
 	// unknownOp prepares an operation on a server of its own and makes it UNKNOWN, as a
 	// dispatcher's unclear send would; held also gives a reconciler its lease.
-	unknownOp := func(t *testing.T, held bool) (*testBundle, *opbrokerv1.Operation) {
+	unknownOp := func(t *testing.T, held bool, change ...func(*server.Options)) (*testBundle, *opbrokerv1.Operation) {
 		t.Helper()
-		own := setup(t)
+		own := setupWith(t, func(o *server.Options) {
+			for _, c := range change {
+				c(o)
+			}
+		})
 		resp, err := own.client.PrepareOperation(own.ctx, prepareRequest("acme", "unclear", `{"amount":1}`))
 		require.NoError(t, err)
 		fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}
@@ -243,6 +247,11 @@ func TestEveryDocumentedReason(t *testing.T) {
 			Reason: "not at the target", Evidence: "searched the dashboard"})
 		return err
 	}
+	approve := func(own *testBundle, op *opbrokerv1.Operation, revision int64) error {
+		_, err := opbrokerv1.NewAdminServiceClient(own.conn).ApproveResolution(own.ctx, &opbrokerv1.ApproveResolutionRequest{
+			Name: op.GetName(), Revision: revision})
+		return err
+	}
 	produce := map[string]func(t *testing.T) seen{
 		server.ReasonRevisionChanged: func(t *testing.T) seen {
 			own, op := unknownOp(t, false)
@@ -251,6 +260,25 @@ func TestEveryDocumentedReason(t *testing.T) {
 		server.ReasonBeingReconciled: func(t *testing.T) seen {
 			own, op := unknownOp(t, true)
 			return received(t, resolve(own, op, op.GetRevision()))
+		},
+		server.ReasonNoPendingResolution: func(t *testing.T) seen {
+			own, op := unknownOp(t, false)
+			return received(t, approve(own, op, op.GetRevision()))
+		},
+		server.ReasonSameOperator: func(t *testing.T) seen {
+			own, op := unknownOp(t, false, func(o *server.Options) { o.Targets = fourEyesTargets(t, time.Hour) })
+			require.NoError(t, resolve(own, op, op.GetRevision())) // proposed by dev, who approves too
+			return received(t, approve(own, op, op.GetRevision()+1))
+		},
+		server.ReasonResolutionExpired: func(t *testing.T) seen {
+			own, op := unknownOp(t, false)
+			_, id, _ := strings.Cut(op.GetName(), "/operations/")
+			_, err := own.store.AllTenants().ProposeResolution(own.ctx, store.ManualResolution{TenantID: "acme", ID: uuid.MustParse(id),
+				Revision: op.GetRevision(), State: store.StateFailedTerminal, Reason: "not there", Evidence: "searched",
+				Actor: "operator:someone-else"}, time.Millisecond)
+			require.NoError(t, err)
+			time.Sleep(10 * time.Millisecond)
+			return received(t, approve(own, op, op.GetRevision()+1))
 		},
 		server.ReasonFieldRequired: func(t *testing.T) seen {
 			return received(t, prepare(&opbrokerv1.PrepareOperationRequest{}))

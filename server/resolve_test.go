@@ -14,6 +14,7 @@ import (
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/storetest"
+	"github.com/opbroker/opbroker/target"
 )
 
 // TestResolveOperation: an operator resolves an ESCALATED operation by hand; the event
@@ -54,6 +55,68 @@ func TestResolveOperation(t *testing.T) {
 
 	_, err = admin.ResolveOperation(tokens.as(b.ctx, "alice"), req)
 	requireStatus(t, err, codes.FailedPrecondition, server.ReasonOperationState)
+}
+
+// fourEyesTargets returns the demo contracts, charges needing a second operator to
+// approve a resolution by hand within window.
+func fourEyesTargets(t *testing.T, window time.Duration) *target.Targets {
+	t.Helper()
+	contracts := simtarget.DemoContracts("http://127.0.0.1:1")
+	contracts[0].ManualResolution = &target.ManualResolution{SecondOperator: true, ApprovalWindow: target.Duration(window)}
+	targets, err := target.New(contracts...)
+	require.NoError(t, err)
+	return targets
+}
+
+// TestResolutionNeedsASecondOperator: for a target whose contract asks for it, an
+// operator's resolution is only proposed, visible as pending with its proposer and
+// expiry; the proposer cannot approve it; another operator's approval, at the
+// proposal's revision, applies it.
+func TestResolutionNeedsASecondOperator(t *testing.T) {
+	t.Parallel()
+	authn, tokens := newPrincipals(t,
+		auth.PrincipalConfig{Name: "alice", Roles: []auth.Role{auth.RoleOperator}, AllTenants: true},
+		auth.PrincipalConfig{Name: "bob", Roles: []auth.Role{auth.RoleOperator}, AllTenants: true},
+		auth.PrincipalConfig{Name: "acme-client", Roles: []auth.Role{auth.RoleClient}, Tenants: []string{"acme"}})
+	b := setupWith(t, func(o *server.Options) { o.Auth, o.Targets = authn, fourEyesTargets(t, time.Hour) })
+	created, err := b.client.PrepareOperation(tokens.as(b.ctx, "acme-client"), prepareRequest("acme", "four-eyes", `{"amount":1}`))
+	require.NoError(t, err)
+	name := created.GetOperation().GetName()
+	escalated := escalate(t, b, "acme", uuid.MustParse(name[len("tenants/acme/operations/"):]))
+
+	admin := opbrokerv1.NewAdminServiceClient(b.conn)
+	resp, err := admin.ResolveOperation(tokens.as(b.ctx, "alice"), &opbrokerv1.ResolveOperationRequest{Name: name,
+		Revision: escalated.Revision, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_SUCCEEDED, RemoteRef: "ch_4",
+		Reason: "found in the dashboard", Evidence: "charge ch_4"})
+	require.NoError(t, err)
+	require.Equal(t, opbrokerv1.Operation_STATE_ESCALATED, resp.GetOperation().GetState(), "not applied yet")
+	pending := resp.GetPendingResolution()
+	require.NotNil(t, pending)
+	require.Equal(t, opbrokerv1.ResolveOperationRequest_RESOLUTION_SUCCEEDED, pending.GetResolution())
+	require.Equal(t, "ch_4", pending.GetRemoteRef())
+	require.Equal(t, "alice", pending.GetProposedBy())
+	require.WithinDuration(t, time.Now().Add(time.Hour), pending.GetExpireTime().AsTime(), time.Minute)
+
+	queue, err := admin.ListEscalations(tokens.as(b.ctx, "bob"), &opbrokerv1.ListEscalationsRequest{})
+	require.NoError(t, err)
+	require.Len(t, queue.GetEscalations(), 1)
+	require.Equal(t, "alice", queue.GetEscalations()[0].GetPendingResolution().GetProposedBy(), "the queue shows what waits")
+
+	approve := &opbrokerv1.ApproveResolutionRequest{Name: name, Revision: resp.GetOperation().GetRevision()}
+	_, err = admin.ApproveResolution(tokens.as(b.ctx, "acme-client"), approve)
+	requireStatus(t, err, codes.PermissionDenied, server.ReasonRoleRequired)
+	_, err = admin.ApproveResolution(tokens.as(b.ctx, "alice"), approve)
+	requireStatus(t, err, codes.FailedPrecondition, server.ReasonSameOperator)
+	approved, err := admin.ApproveResolution(tokens.as(b.ctx, "bob"), approve)
+	require.NoError(t, err)
+	require.Equal(t, opbrokerv1.Operation_STATE_SUCCEEDED, approved.GetOperation().GetState())
+	require.Equal(t, "ch_4", approved.GetOperation().GetRemoteRef())
+
+	history, err := b.client.ListOperationEvents(tokens.as(b.ctx, "acme-client"), &opbrokerv1.ListOperationEventsRequest{Name: name})
+	require.NoError(t, err)
+	events := history.GetEvents()
+	require.Equal(t, "operator:alice", events[len(events)-2].GetActor())
+	require.Equal(t, "operator:bob", events[len(events)-1].GetActor())
 }
 
 // TestHistoryNamesWhoDidWhat: every event records the principal that caused it, and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -49,6 +50,59 @@ var ErrBeingReconciled = errors.New("a reconciler is working on the operation")
 // reconciler's live lease (ErrBeingReconciled). The resolved operation keeps its
 // Escalation when it was ESCALATED, and has none when it was UNKNOWN.
 func (q Scope) ResolveManually(ctx context.Context, p ManualResolution) (Operation, error) {
+	return q.resolveManually(ctx, p, manualStep{})
+}
+
+// ProposeResolution records a resolution that waits for a second operator, for a target
+// that asks for one: the operation stays UNKNOWN or ESCALATED, its revision goes up by
+// one with an event (reason RESOLUTION_PROPOSED) whose actor is the proposer, and its
+// last observation holds the proposal, approvable for window by the database's clock
+// (ApproveResolution). It is refused as ResolveManually is.
+func (q Scope) ProposeResolution(ctx context.Context, p ManualResolution, window time.Duration) (Operation, error) {
+	return q.resolveManually(ctx, p, manualStep{propose: window})
+}
+
+// ErrNoProposal means no resolution waits for approval on the operation.
+var ErrNoProposal = errors.New("no resolution is waiting for approval")
+
+// ErrSameOperator means the operator approving a resolution proposed it.
+var ErrSameOperator = errors.New("a resolution must be approved by another operator than its proposer")
+
+// ErrProposalExpired means the resolution waiting for approval expired.
+var ErrProposalExpired = errors.New("the proposed resolution expired")
+
+// ApproveResolution applies the resolution proposed on the operation at revision (the
+// proposal's), as ResolveManually would, its event's actor the approver and its
+// observation naming the proposer. It is refused with ErrNoProposal, ErrSameOperator or
+// ErrProposalExpired (by the database's clock), or as ResolveManually is.
+func (q Scope) ApproveResolution(ctx context.Context, tenantID string, id uuid.UUID, revision int64, approver string) (Operation, error) {
+	op, err := q.Get(ctx, tenantID, id)
+	if err != nil {
+		return Operation{}, err
+	}
+	if op.Revision != revision {
+		return Operation{}, &RevisionChangedError{Current: op.Revision}
+	}
+	obs := op.LastObservation
+	if obs == nil || obs.Proposal == nil {
+		return Operation{}, ErrNoProposal
+	}
+	if obs.Proposal.ProposedBy == approver {
+		return Operation{}, ErrSameOperator
+	}
+	return q.resolveManually(ctx, ManualResolution{TenantID: tenantID, ID: id, Revision: revision,
+		State: obs.Proposal.State, RemoteRef: obs.Proposal.RemoteRef, Reason: obs.Summary, Evidence: obs.Evidence,
+		EvidenceURL: obs.EvidenceURL, Actor: approver}, manualStep{approve: obs.Proposal})
+}
+
+// manualStep says what resolveManually records: the resolution itself (the zero
+// value), a proposal of it valid for propose, or the approval of approve.
+type manualStep struct {
+	propose time.Duration
+	approve *Proposal
+}
+
+func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step manualStep) (Operation, error) {
 	switch {
 	case p.State != StateSucceeded && p.State != StateFailedTerminal:
 		return Operation{}, fmt.Errorf("store: resolve manually: %s is not a resolution", p.State)
@@ -63,22 +117,41 @@ func (q Scope) ResolveManually(ctx context.Context, p ManualResolution) (Operati
 	}
 	obs := Observation{Source: "OPERATOR", Outcome: "MANUAL_RESOLUTION", Summary: p.Reason,
 		Evidence: p.Evidence, EvidenceURL: p.EvidenceURL}
+	// A proposal leaves the state, the fence and the reference as they are; an
+	// approval applies only before the proposal expires.
+	newState, fence, reason := "$4::operation_state", "o.fence_token + 1", "'MANUAL_RESOLUTION'"
+	var window *time.Duration
+	var expires *time.Time
+	switch {
+	case step.propose > 0:
+		obs.Outcome = "RESOLUTION_PROPOSED"
+		obs.Proposal = &Proposal{State: p.State, RemoteRef: p.RemoteRef, ProposedBy: p.Actor}
+		newState, fence, reason, window, ref = "o.state", "o.fence_token", "'RESOLUTION_PROPOSED'", &step.propose, nil
+	case step.approve != nil:
+		obs.ProposedBy, expires = step.approve.ProposedBy, &step.approve.ExpiresAt
+	}
 	rows := q.query(ctx, `
 		WITH cur AS (
 			SELECT tenant_id, operation_id, state AS from_state FROM operations
 			WHERE tenant_id = $1 AND operation_id = $2
 			FOR UPDATE
 		), upd AS (
-			UPDATE operations o SET state = $4, revision = o.revision + 1, fence_token = o.fence_token + 1,
-				remote_ref = coalesce($5, o.remote_ref), last_observation = jsonb_set($6::jsonb, '{observed_at}', to_jsonb(now())),
-				next_check_at = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+			UPDATE operations o SET state = `+newState+`, revision = o.revision + 1, fence_token = `+fence+`,
+				remote_ref = coalesce($5, o.remote_ref),
+				last_observation = CASE WHEN $8::interval IS NULL
+					THEN jsonb_set($6::jsonb, '{observed_at}', to_jsonb(now()))
+					ELSE jsonb_set(jsonb_set($6::jsonb, '{observed_at}', to_jsonb(now())),
+						'{proposal,expires_at}', to_jsonb(now() + $8::interval)) END,
+				next_check_at = CASE WHEN $8::interval IS NULL THEN NULL ELSE o.next_check_at END,
+				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 			FROM cur
 			WHERE o.tenant_id = cur.tenant_id AND o.operation_id = cur.operation_id AND o.revision = $3
 				AND o.state IN ('UNKNOWN', 'ESCALATED') AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+				AND ($9::timestamptz IS NULL OR now() < $9) AND $4::operation_state IS NOT NULL
 			RETURNING o.*, cur.from_state
-		), ev AS (`+eventsFrom("upd", "from_state", "$7", "'MANUAL_RESOLUTION'", "last_observation")+`)
+		), ev AS (`+eventsFrom("upd", "from_state", "$7", reason, "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,
-		p.TenantID, p.ID, p.Revision, p.State, ref, obs, p.Actor)
+		p.TenantID, p.ID, p.Revision, p.State, ref, obs, p.Actor, window, expires)
 	op, err := q.collectFenced(rows, "resolve manually")
 	if !errors.Is(err, ErrFenceLost) {
 		return op, err
@@ -92,6 +165,14 @@ func (q Scope) ResolveManually(ctx context.Context, p ManualResolution) (Operati
 		return Operation{}, &StateError{Operation: current, Want: StateEscalated}
 	case current.Revision != p.Revision:
 		return Operation{}, &RevisionChangedError{Current: current.Revision}
+	case expires != nil:
+		var expired bool
+		if err := q.queryRow(ctx, `SELECT now() >= $1::timestamptz`, expires).Scan(&expired); err != nil {
+			return Operation{}, fmt.Errorf("store: resolve manually: %w", translate(err))
+		}
+		if expired {
+			return Operation{}, ErrProposalExpired
+		}
 	}
 	return Operation{}, ErrBeingReconciled
 }

@@ -85,3 +85,63 @@ func TestResolveManually(t *testing.T) {
 	_, err = b.all.ResolveManually(b.ctx, noRef)
 	require.ErrorContains(t, err, "needs the target's reference")
 }
+
+// TestTwoOperatorResolution: a proposal leaves the operation unsettled with the
+// proposal in its last observation and an event by the proposer; only another operator
+// can approve it, at the proposal's revision and before it expires; the approval
+// applies it with an event by the approver that names the proposer.
+func TestTwoOperatorResolution(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := b.unknownOp(t, "four-eyes")
+	resolution := store.ManualResolution{TenantID: "acme", ID: op.ID, Revision: op.Revision, State: store.StateSucceeded,
+		RemoteRef: "ch_9", Reason: "seen in the dashboard", Evidence: "charge ch_9", Actor: "operator:alice"}
+
+	_, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, op.Revision, "operator:bob")
+	require.ErrorIs(t, err, store.ErrNoProposal)
+
+	proposed, err := b.all.ProposeResolution(b.ctx, resolution, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, store.StateUnknown, proposed.State, "nothing applied yet")
+	require.Equal(t, op.Revision+1, proposed.Revision)
+	require.Equal(t, op.FenceToken, proposed.FenceToken)
+	require.Empty(t, proposed.RemoteRef)
+	p := proposed.LastObservation.Proposal
+	require.NotNil(t, p)
+	require.Equal(t, store.StateSucceeded, p.State)
+	require.Equal(t, "ch_9", p.RemoteRef)
+	require.Equal(t, "operator:alice", p.ProposedBy)
+	require.WithinDuration(t, time.Now().Add(time.Hour), p.ExpiresAt, time.Minute)
+
+	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:alice")
+	require.ErrorIs(t, err, store.ErrSameOperator)
+	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, op.Revision, "operator:bob")
+	require.ErrorIs(t, err, store.ErrRevisionChanged, "approved at another revision than the proposal's")
+
+	resolved, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob")
+	require.NoError(t, err)
+	require.Equal(t, store.StateSucceeded, resolved.State)
+	require.Equal(t, "ch_9", resolved.RemoteRef)
+	require.Greater(t, resolved.FenceToken, proposed.FenceToken)
+	events, err := b.all.Events(b.ctx, "acme", op.ID, op.Revision, 10)
+	require.NoError(t, err)
+	require.Len(t, events, 2)
+	require.Equal(t, "operator:alice", events[0].Actor)
+	require.Equal(t, "RESOLUTION_PROPOSED", events[0].Reason)
+	require.Equal(t, "operator:bob", events[1].Actor)
+	require.Equal(t, "MANUAL_RESOLUTION", events[1].Reason)
+	require.Equal(t, "operator:alice", events[1].Observation.ProposedBy)
+	require.Equal(t, "charge ch_9", events[1].Observation.Evidence)
+
+	// An expired proposal applies nothing.
+	late := b.unknownOp(t, "four-eyes-late")
+	resolution.ID, resolution.Revision = late.ID, late.Revision
+	proposed, err = b.all.ProposeResolution(b.ctx, resolution, time.Millisecond)
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond)
+	_, err = b.all.ApproveResolution(b.ctx, "acme", late.ID, proposed.Revision, "operator:bob")
+	require.ErrorIs(t, err, store.ErrProposalExpired)
+	got, err := b.all.Get(b.ctx, "acme", late.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateUnknown, got.State)
+}

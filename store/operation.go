@@ -53,6 +53,19 @@ type Observation struct {
 	// Evidence and EvidenceURL, for an operator's resolution: what was checked, and where.
 	Evidence    string `json:"evidence,omitempty"`
 	EvidenceURL string `json:"evidence_url,omitempty"`
+	// Proposal, on an operation whose target asks for a second operator, is the
+	// resolution proposed and waiting for approval; ProposedBy, on the resolution that
+	// approval applied, names the operator who proposed it.
+	Proposal   *Proposal `json:"proposal,omitempty"`
+	ProposedBy string    `json:"proposed_by,omitempty"`
+}
+
+// Proposal is a resolution one operator proposed and another must approve.
+type Proposal struct {
+	State      State     `json:"state"`
+	RemoteRef  string    `json:"remote_ref,omitempty"`
+	ProposedBy string    `json:"proposed_by"`
+	ExpiresAt  time.Time `json:"expires_at"`
 }
 
 // Operation is a ledger row without its payload bytes.

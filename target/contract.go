@@ -38,12 +38,43 @@ type Contract struct {
 	Responses      Responses     `yaml:"responses"`
 	Completion     *Completion   `yaml:"completion"`
 	Concurrency    int           `yaml:"concurrency"`
+	// ManualResolution governs operators' resolutions of the target's operations; nil
+	// lets one operator resolve alone.
+	ManualResolution *ManualResolution `yaml:"manual_resolution,omitempty"`
 
 	// Auth, TLS and Headers apply to every request to the target, sends and lookups.
 	// The contract names where a secret is read, never the secret (credentials.go).
 	Auth    *Auth             `yaml:"auth,omitempty"`
 	TLS     *TLS              `yaml:"tls,omitempty"`
 	Headers map[string]string `yaml:"headers,omitempty"` // sent as they are, e.g. an API version
+}
+
+// ManualResolution asks for four eyes on the resolutions operators make by hand.
+type ManualResolution struct {
+	// SecondOperator: a resolution applies only once a second, different operator
+	// approves it (AdminService.ApproveResolution).
+	SecondOperator bool `yaml:"second_operator"`
+	// ApprovalWindow is how long a proposed resolution may be approved
+	// (DefaultApprovalWindow when zero; at most a week).
+	ApprovalWindow Duration `yaml:"approval_window,omitempty"`
+}
+
+// DefaultApprovalWindow is how long a proposed resolution waits for its second operator
+// when the contract does not say.
+const DefaultApprovalWindow = time.Hour
+
+// Window returns how long a proposed resolution may be approved.
+func (m *ManualResolution) Window() time.Duration {
+	if m.ApprovalWindow <= 0 {
+		return DefaultApprovalWindow
+	}
+	return m.ApprovalWindow.D()
+}
+
+// SecondOperatorRequired reports whether an operator's resolution of the contract's
+// operations needs another operator's approval.
+func (c *Contract) SecondOperatorRequired() bool {
+	return c.ManualResolution != nil && c.ManualResolution.SecondOperator
 }
 
 // Documentation says where the contract comes from.
@@ -466,6 +497,9 @@ func (f *File) validate(file string) error {
 		}
 		if c.Completion != nil {
 			c.Completion.validate(bad)
+		}
+		if m := c.ManualResolution; m != nil && (m.ApprovalWindow < 0 || m.ApprovalWindow.D() > 7*24*time.Hour) {
+			bad("manual_resolution.approval_window", "must be between 0 (the default, %s) and a week", DefaultApprovalWindow)
 		}
 		if c.Conditional != nil {
 			c.Conditional.validate(bad)

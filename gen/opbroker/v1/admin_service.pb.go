@@ -11,6 +11,7 @@ import (
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -390,10 +391,13 @@ func (x *ResolveOperationRequest) GetEvidenceUrl() string {
 // The response of ResolveOperation.
 type ResolveOperationResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The operation as resolved.
-	Operation     *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The operation as resolved; or, when the resolution waits for a second operator,
+	// as it is with the proposal recorded (its revision is the one to approve).
+	Operation *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// Set when the resolution waits for a second operator's ApproveResolution.
+	PendingResolution *PendingResolution `protobuf:"bytes,2,opt,name=pending_resolution,json=pendingResolution,proto3" json:"pending_resolution,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ResolveOperationResponse) Reset() {
@@ -433,6 +437,187 @@ func (x *ResolveOperationResponse) GetOperation() *Operation {
 	return nil
 }
 
+func (x *ResolveOperationResponse) GetPendingResolution() *PendingResolution {
+	if x != nil {
+		return x.PendingResolution
+	}
+	return nil
+}
+
+// A resolution proposed by one operator that waits for another's approval.
+type PendingResolution struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The outcome proposed.
+	Resolution ResolveOperationRequest_Resolution `protobuf:"varint,1,opt,name=resolution,proto3,enum=opbroker.v1.ResolveOperationRequest_Resolution" json:"resolution,omitempty"`
+	// For RESOLUTION_SUCCEEDED: the target's identifier of the effect.
+	RemoteRef string `protobuf:"bytes,2,opt,name=remote_ref,json=remoteRef,proto3" json:"remote_ref,omitempty"`
+	// The proposing operator's principal name.
+	ProposedBy string `protobuf:"bytes,3,opt,name=proposed_by,json=proposedBy,proto3" json:"proposed_by,omitempty"`
+	// When the proposal stops being approvable.
+	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingResolution) Reset() {
+	*x = PendingResolution{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingResolution) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingResolution) ProtoMessage() {}
+
+func (x *PendingResolution) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingResolution.ProtoReflect.Descriptor instead.
+func (*PendingResolution) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PendingResolution) GetResolution() ResolveOperationRequest_Resolution {
+	if x != nil {
+		return x.Resolution
+	}
+	return ResolveOperationRequest_RESOLUTION_UNSPECIFIED
+}
+
+func (x *PendingResolution) GetRemoteRef() string {
+	if x != nil {
+		return x.RemoteRef
+	}
+	return ""
+}
+
+func (x *PendingResolution) GetProposedBy() string {
+	if x != nil {
+		return x.ProposedBy
+	}
+	return ""
+}
+
+func (x *PendingResolution) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+// The request for ApproveResolution.
+type ApproveResolutionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation's name, tenants/{tenant}/operations/{operation}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The operation's revision the approver looked at: the proposal's.
+	Revision      int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApproveResolutionRequest) Reset() {
+	*x = ApproveResolutionRequest{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApproveResolutionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApproveResolutionRequest) ProtoMessage() {}
+
+func (x *ApproveResolutionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApproveResolutionRequest.ProtoReflect.Descriptor instead.
+func (*ApproveResolutionRequest) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ApproveResolutionRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ApproveResolutionRequest) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// The response of ApproveResolution.
+type ApproveResolutionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation as resolved.
+	Operation     *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApproveResolutionResponse) Reset() {
+	*x = ApproveResolutionResponse{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApproveResolutionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApproveResolutionResponse) ProtoMessage() {}
+
+func (x *ApproveResolutionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApproveResolutionResponse.ProtoReflect.Descriptor instead.
+func (*ApproveResolutionResponse) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ApproveResolutionResponse) GetOperation() *Operation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
 // The request for DeleteTenantData.
 type DeleteTenantDataRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -444,7 +629,7 @@ type DeleteTenantDataRequest struct {
 
 func (x *DeleteTenantDataRequest) Reset() {
 	*x = DeleteTenantDataRequest{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[6]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -456,7 +641,7 @@ func (x *DeleteTenantDataRequest) String() string {
 func (*DeleteTenantDataRequest) ProtoMessage() {}
 
 func (x *DeleteTenantDataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[6]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -469,7 +654,7 @@ func (x *DeleteTenantDataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantDataRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTenantDataRequest) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{6}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteTenantDataRequest) GetTenant() string {
@@ -490,7 +675,7 @@ type DeleteTenantDataResponse struct {
 
 func (x *DeleteTenantDataResponse) Reset() {
 	*x = DeleteTenantDataResponse{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[7]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -502,7 +687,7 @@ func (x *DeleteTenantDataResponse) String() string {
 func (*DeleteTenantDataResponse) ProtoMessage() {}
 
 func (x *DeleteTenantDataResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[7]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -515,7 +700,7 @@ func (x *DeleteTenantDataResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantDataResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTenantDataResponse) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{7}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteTenantDataResponse) GetDeletedOperations() int64 {
@@ -535,14 +720,16 @@ type ListEscalationsResponse_Escalation struct {
 	// Seconds since it was escalated, by the database's clock.
 	AgeSeconds int64 `protobuf:"varint,3,opt,name=age_seconds,json=ageSeconds,proto3" json:"age_seconds,omitempty"`
 	// The owner's runbook or queue, from the target's contract.
-	Runbook       string `protobuf:"bytes,4,opt,name=runbook,proto3" json:"runbook,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Runbook string `protobuf:"bytes,4,opt,name=runbook,proto3" json:"runbook,omitempty"`
+	// The resolution proposed for it that waits for a second operator, if any.
+	PendingResolution *PendingResolution `protobuf:"bytes,5,opt,name=pending_resolution,json=pendingResolution,proto3" json:"pending_resolution,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ListEscalationsResponse_Escalation) Reset() {
 	*x = ListEscalationsResponse_Escalation{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[8]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +741,7 @@ func (x *ListEscalationsResponse_Escalation) String() string {
 func (*ListEscalationsResponse_Escalation) ProtoMessage() {}
 
 func (x *ListEscalationsResponse_Escalation) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[8]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,6 +785,13 @@ func (x *ListEscalationsResponse_Escalation) GetRunbook() string {
 	return ""
 }
 
+func (x *ListEscalationsResponse_Escalation) GetPendingResolution() *PendingResolution {
+	if x != nil {
+		return x.PendingResolution
+	}
+	return nil
+}
+
 // One target's readiness.
 type GetTargetReadinessResponse_Target struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -615,7 +809,7 @@ type GetTargetReadinessResponse_Target struct {
 
 func (x *GetTargetReadinessResponse_Target) Reset() {
 	*x = GetTargetReadinessResponse_Target{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[9]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +821,7 @@ func (x *GetTargetReadinessResponse_Target) String() string {
 func (*GetTargetReadinessResponse_Target) ProtoMessage() {}
 
 func (x *GetTargetReadinessResponse_Target) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[9]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +882,7 @@ type GetTargetReadinessResponse_Control struct {
 
 func (x *GetTargetReadinessResponse_Control) Reset() {
 	*x = GetTargetReadinessResponse_Control{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[10]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +894,7 @@ func (x *GetTargetReadinessResponse_Control) String() string {
 func (*GetTargetReadinessResponse_Control) ProtoMessage() {}
 
 func (x *GetTargetReadinessResponse_Control) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[10]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,24 +942,25 @@ var File_opbroker_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_opbroker_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1fopbroker/v1/admin_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bopbroker/v1/operation.proto\"\xd0\x01\n" +
+	"\x1fopbroker/v1/admin_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bopbroker/v1/operation.proto\"\xd0\x01\n" +
 	"\x16ListEscalationsRequest\x12F\n" +
 	"\x06tenant\x18\x01 \x01(\tB.\xe0A\x01\xbaH(\xd8\x01\x01r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\x12\"\n" +
 	"\x06target\x18\x02 \x01(\tB\n" +
 	"\xe0A\x01\xbaH\x04r\x02\x18?R\x06target\x12!\n" +
 	"\x05owner\x18\x03 \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\xc8\x01R\x05owner\x12'\n" +
 	"\tpage_size\x18\x04 \x01(\x05B\n" +
-	"\xe0A\x01\xbaH\x04\x1a\x02(\x00R\bpageSize\"\x98\x02\n" +
+	"\xe0A\x01\xbaH\x04\x1a\x02(\x00R\bpageSize\"\xe7\x02\n" +
 	"\x17ListEscalationsResponse\x12Q\n" +
 	"\vescalations\x18\x01 \x03(\v2/.opbroker.v1.ListEscalationsResponse.EscalationR\vescalations\x12\x12\n" +
-	"\x04more\x18\x02 \x01(\bR\x04more\x1a\x95\x01\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\x1a\xe4\x01\n" +
 	"\n" +
 	"Escalation\x124\n" +
 	"\toperation\x18\x01 \x01(\v2\x16.opbroker.v1.OperationR\toperation\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1f\n" +
 	"\vage_seconds\x18\x03 \x01(\x03R\n" +
 	"ageSeconds\x12\x18\n" +
-	"\arunbook\x18\x04 \x01(\tR\arunbook\"\x1b\n" +
+	"\arunbook\x18\x04 \x01(\tR\arunbook\x12M\n" +
+	"\x12pending_resolution\x18\x05 \x01(\v2\x1e.opbroker.v1.PendingResolutionR\x11pendingResolution\"\x1b\n" +
 	"\x19GetTargetReadinessRequest\"\x82\x03\n" +
 	"\x1aGetTargetReadinessResponse\x12H\n" +
 	"\atargets\x18\x01 \x03(\v2..opbroker.v1.GetTargetReadinessResponse.TargetR\atargets\x1a\xb6\x01\n" +
@@ -795,16 +990,34 @@ const file_opbroker_v1_admin_service_proto_rawDesc = "" +
 	"Resolution\x12\x1a\n" +
 	"\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RESOLUTION_SUCCEEDED\x10\x01\x12\x1e\n" +
-	"\x1aRESOLUTION_FAILED_TERMINAL\x10\x02\"P\n" +
+	"\x1aRESOLUTION_FAILED_TERMINAL\x10\x02\"\x9f\x01\n" +
 	"\x18ResolveOperationResponse\x124\n" +
+	"\toperation\x18\x01 \x01(\v2\x16.opbroker.v1.OperationR\toperation\x12M\n" +
+	"\x12pending_resolution\x18\x02 \x01(\v2\x1e.opbroker.v1.PendingResolutionR\x11pendingResolution\"\xe1\x01\n" +
+	"\x11PendingResolution\x12O\n" +
+	"\n" +
+	"resolution\x18\x01 \x01(\x0e2/.opbroker.v1.ResolveOperationRequest.ResolutionR\n" +
+	"resolution\x12\x1d\n" +
+	"\n" +
+	"remote_ref\x18\x02 \x01(\tR\tremoteRef\x12\x1f\n" +
+	"\vproposed_by\x18\x03 \x01(\tR\n" +
+	"proposedBy\x12;\n" +
+	"\vexpire_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\"\xd4\x01\n" +
+	"\x18ApproveResolutionRequest\x12\x8f\x01\n" +
+	"\x04name\x18\x01 \x01(\tB{\xe0A\x02\xbaHurs2q^tenants/[a-z]([a-z0-9-]{0,61}[a-z0-9])?/operations/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$R\x04name\x12&\n" +
+	"\brevision\x18\x02 \x01(\x03B\n" +
+	"\xe0A\x02\xbaH\x04\"\x02 \x00R\brevision\"Q\n" +
+	"\x19ApproveResolutionResponse\x124\n" +
 	"\toperation\x18\x01 \x01(\v2\x16.opbroker.v1.OperationR\toperation\"^\n" +
 	"\x17DeleteTenantDataRequest\x12C\n" +
 	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\"I\n" +
 	"\x18DeleteTenantDataResponse\x12-\n" +
-	"\x12deleted_operations\x18\x01 \x01(\x03R\x11deletedOperations2\xa4\x03\n" +
+	"\x12deleted_operations\x18\x01 \x01(\x03R\x11deletedOperations2\x88\x04\n" +
 	"\fAdminService\x12d\n" +
 	"\x10DeleteTenantData\x12$.opbroker.v1.DeleteTenantDataRequest\x1a%.opbroker.v1.DeleteTenantDataResponse\"\x03\x90\x02\x02\x12_\n" +
-	"\x10ResolveOperation\x12$.opbroker.v1.ResolveOperationRequest\x1a%.opbroker.v1.ResolveOperationResponse\x12a\n" +
+	"\x10ResolveOperation\x12$.opbroker.v1.ResolveOperationRequest\x1a%.opbroker.v1.ResolveOperationResponse\x12b\n" +
+	"\x11ApproveResolution\x12%.opbroker.v1.ApproveResolutionRequest\x1a&.opbroker.v1.ApproveResolutionResponse\x12a\n" +
 	"\x0fListEscalations\x12#.opbroker.v1.ListEscalationsRequest\x1a$.opbroker.v1.ListEscalationsResponse\"\x03\x90\x02\x01\x12j\n" +
 	"\x12GetTargetReadiness\x12&.opbroker.v1.GetTargetReadinessRequest\x1a'.opbroker.v1.GetTargetReadinessResponse\"\x03\x90\x02\x01B\xaa\x01\n" +
 	"\x0fcom.opbroker.v1B\x11AdminServiceProtoP\x01Z7github.com/opbroker/opbroker/gen/opbroker/v1;opbrokerv1\xa2\x02\x03OXX\xaa\x02\vOpbroker.V1\xca\x02\vOpbroker\\V1\xe2\x02\x17Opbroker\\V1\\GPBMetadata\xea\x02\fOpbroker::V1b\x06proto3"
@@ -822,7 +1035,7 @@ func file_opbroker_v1_admin_service_proto_rawDescGZIP() []byte {
 }
 
 var file_opbroker_v1_admin_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opbroker_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_opbroker_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_opbroker_v1_admin_service_proto_goTypes = []any{
 	(ResolveOperationRequest_Resolution)(0),    // 0: opbroker.v1.ResolveOperationRequest.Resolution
 	(*ListEscalationsRequest)(nil),             // 1: opbroker.v1.ListEscalationsRequest
@@ -831,33 +1044,44 @@ var file_opbroker_v1_admin_service_proto_goTypes = []any{
 	(*GetTargetReadinessResponse)(nil),         // 4: opbroker.v1.GetTargetReadinessResponse
 	(*ResolveOperationRequest)(nil),            // 5: opbroker.v1.ResolveOperationRequest
 	(*ResolveOperationResponse)(nil),           // 6: opbroker.v1.ResolveOperationResponse
-	(*DeleteTenantDataRequest)(nil),            // 7: opbroker.v1.DeleteTenantDataRequest
-	(*DeleteTenantDataResponse)(nil),           // 8: opbroker.v1.DeleteTenantDataResponse
-	(*ListEscalationsResponse_Escalation)(nil), // 9: opbroker.v1.ListEscalationsResponse.Escalation
-	(*GetTargetReadinessResponse_Target)(nil),  // 10: opbroker.v1.GetTargetReadinessResponse.Target
-	(*GetTargetReadinessResponse_Control)(nil), // 11: opbroker.v1.GetTargetReadinessResponse.Control
-	(*Operation)(nil),                          // 12: opbroker.v1.Operation
+	(*PendingResolution)(nil),                  // 7: opbroker.v1.PendingResolution
+	(*ApproveResolutionRequest)(nil),           // 8: opbroker.v1.ApproveResolutionRequest
+	(*ApproveResolutionResponse)(nil),          // 9: opbroker.v1.ApproveResolutionResponse
+	(*DeleteTenantDataRequest)(nil),            // 10: opbroker.v1.DeleteTenantDataRequest
+	(*DeleteTenantDataResponse)(nil),           // 11: opbroker.v1.DeleteTenantDataResponse
+	(*ListEscalationsResponse_Escalation)(nil), // 12: opbroker.v1.ListEscalationsResponse.Escalation
+	(*GetTargetReadinessResponse_Target)(nil),  // 13: opbroker.v1.GetTargetReadinessResponse.Target
+	(*GetTargetReadinessResponse_Control)(nil), // 14: opbroker.v1.GetTargetReadinessResponse.Control
+	(*Operation)(nil),                          // 15: opbroker.v1.Operation
+	(*timestamppb.Timestamp)(nil),              // 16: google.protobuf.Timestamp
 }
 var file_opbroker_v1_admin_service_proto_depIdxs = []int32{
-	9,  // 0: opbroker.v1.ListEscalationsResponse.escalations:type_name -> opbroker.v1.ListEscalationsResponse.Escalation
-	10, // 1: opbroker.v1.GetTargetReadinessResponse.targets:type_name -> opbroker.v1.GetTargetReadinessResponse.Target
+	12, // 0: opbroker.v1.ListEscalationsResponse.escalations:type_name -> opbroker.v1.ListEscalationsResponse.Escalation
+	13, // 1: opbroker.v1.GetTargetReadinessResponse.targets:type_name -> opbroker.v1.GetTargetReadinessResponse.Target
 	0,  // 2: opbroker.v1.ResolveOperationRequest.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
-	12, // 3: opbroker.v1.ResolveOperationResponse.operation:type_name -> opbroker.v1.Operation
-	12, // 4: opbroker.v1.ListEscalationsResponse.Escalation.operation:type_name -> opbroker.v1.Operation
-	11, // 5: opbroker.v1.GetTargetReadinessResponse.Target.controls:type_name -> opbroker.v1.GetTargetReadinessResponse.Control
-	7,  // 6: opbroker.v1.AdminService.DeleteTenantData:input_type -> opbroker.v1.DeleteTenantDataRequest
-	5,  // 7: opbroker.v1.AdminService.ResolveOperation:input_type -> opbroker.v1.ResolveOperationRequest
-	1,  // 8: opbroker.v1.AdminService.ListEscalations:input_type -> opbroker.v1.ListEscalationsRequest
-	3,  // 9: opbroker.v1.AdminService.GetTargetReadiness:input_type -> opbroker.v1.GetTargetReadinessRequest
-	8,  // 10: opbroker.v1.AdminService.DeleteTenantData:output_type -> opbroker.v1.DeleteTenantDataResponse
-	6,  // 11: opbroker.v1.AdminService.ResolveOperation:output_type -> opbroker.v1.ResolveOperationResponse
-	2,  // 12: opbroker.v1.AdminService.ListEscalations:output_type -> opbroker.v1.ListEscalationsResponse
-	4,  // 13: opbroker.v1.AdminService.GetTargetReadiness:output_type -> opbroker.v1.GetTargetReadinessResponse
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	15, // 3: opbroker.v1.ResolveOperationResponse.operation:type_name -> opbroker.v1.Operation
+	7,  // 4: opbroker.v1.ResolveOperationResponse.pending_resolution:type_name -> opbroker.v1.PendingResolution
+	0,  // 5: opbroker.v1.PendingResolution.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
+	16, // 6: opbroker.v1.PendingResolution.expire_time:type_name -> google.protobuf.Timestamp
+	15, // 7: opbroker.v1.ApproveResolutionResponse.operation:type_name -> opbroker.v1.Operation
+	15, // 8: opbroker.v1.ListEscalationsResponse.Escalation.operation:type_name -> opbroker.v1.Operation
+	7,  // 9: opbroker.v1.ListEscalationsResponse.Escalation.pending_resolution:type_name -> opbroker.v1.PendingResolution
+	14, // 10: opbroker.v1.GetTargetReadinessResponse.Target.controls:type_name -> opbroker.v1.GetTargetReadinessResponse.Control
+	10, // 11: opbroker.v1.AdminService.DeleteTenantData:input_type -> opbroker.v1.DeleteTenantDataRequest
+	5,  // 12: opbroker.v1.AdminService.ResolveOperation:input_type -> opbroker.v1.ResolveOperationRequest
+	8,  // 13: opbroker.v1.AdminService.ApproveResolution:input_type -> opbroker.v1.ApproveResolutionRequest
+	1,  // 14: opbroker.v1.AdminService.ListEscalations:input_type -> opbroker.v1.ListEscalationsRequest
+	3,  // 15: opbroker.v1.AdminService.GetTargetReadiness:input_type -> opbroker.v1.GetTargetReadinessRequest
+	11, // 16: opbroker.v1.AdminService.DeleteTenantData:output_type -> opbroker.v1.DeleteTenantDataResponse
+	6,  // 17: opbroker.v1.AdminService.ResolveOperation:output_type -> opbroker.v1.ResolveOperationResponse
+	9,  // 18: opbroker.v1.AdminService.ApproveResolution:output_type -> opbroker.v1.ApproveResolutionResponse
+	2,  // 19: opbroker.v1.AdminService.ListEscalations:output_type -> opbroker.v1.ListEscalationsResponse
+	4,  // 20: opbroker.v1.AdminService.GetTargetReadiness:output_type -> opbroker.v1.GetTargetReadinessResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_admin_service_proto_init() }
@@ -872,7 +1096,7 @@ func file_opbroker_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opbroker_v1_admin_service_proto_rawDesc), len(file_opbroker_v1_admin_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	AdminService_DeleteTenantData_FullMethodName   = "/opbroker.v1.AdminService/DeleteTenantData"
 	AdminService_ResolveOperation_FullMethodName   = "/opbroker.v1.AdminService/ResolveOperation"
+	AdminService_ApproveResolution_FullMethodName  = "/opbroker.v1.AdminService/ApproveResolution"
 	AdminService_ListEscalations_FullMethodName    = "/opbroker.v1.AdminService/ListEscalations"
 	AdminService_GetTargetReadiness_FullMethodName = "/opbroker.v1.AdminService/GetTargetReadiness"
 )
@@ -48,7 +49,20 @@ type AdminServiceClient interface {
 	// operation earlier can no longer record. The event records the operator's name, the
 	// reason and the evidence. An operation in any other state is FAILED_PRECONDITION
 	// (OPERATION_STATE).
+	//
+	// For a target whose contract asks for a second operator (manual_resolution), the
+	// resolution is not applied: it is proposed, recorded as an event with the same
+	// proposer, reason and evidence, and returned as pending_resolution, and it applies
+	// only when another operator approves it with ApproveResolution before it expires.
 	ResolveOperation(ctx context.Context, in *ResolveOperationRequest, opts ...grpc.CallOption) (*ResolveOperationResponse, error)
+	// Approves the resolution another operator proposed for an operation whose target
+	// asks for a second operator, and applies it as ResolveOperation would, the event
+	// naming the approver as its actor and the proposer in its observation. The revision
+	// is the one the approver read, the proposal's own (ABORTED, REVISION_CHANGED, when
+	// anything happened since). It is FAILED_PRECONDITION when no resolution is pending
+	// (NO_PENDING_RESOLUTION), when the approver proposed it (SAME_OPERATOR), or when it
+	// expired (RESOLUTION_EXPIRED: propose it again).
+	ApproveResolution(ctx context.Context, in *ApproveResolutionRequest, opts ...grpc.CallOption) (*ApproveResolutionResponse, error)
 	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
 	// reason, how long it has waited and the owner's runbook from the target's contract.
 	// Without a tenant it spans every tenant and needs a principal with all tenants. It
@@ -82,6 +96,16 @@ func (c *adminServiceClient) ResolveOperation(ctx context.Context, in *ResolveOp
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ResolveOperationResponse)
 	err := c.cc.Invoke(ctx, AdminService_ResolveOperation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ApproveResolution(ctx context.Context, in *ApproveResolutionRequest, opts ...grpc.CallOption) (*ApproveResolutionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApproveResolutionResponse)
+	err := c.cc.Invoke(ctx, AdminService_ApproveResolution_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +155,20 @@ type AdminServiceServer interface {
 	// operation earlier can no longer record. The event records the operator's name, the
 	// reason and the evidence. An operation in any other state is FAILED_PRECONDITION
 	// (OPERATION_STATE).
+	//
+	// For a target whose contract asks for a second operator (manual_resolution), the
+	// resolution is not applied: it is proposed, recorded as an event with the same
+	// proposer, reason and evidence, and returned as pending_resolution, and it applies
+	// only when another operator approves it with ApproveResolution before it expires.
 	ResolveOperation(context.Context, *ResolveOperationRequest) (*ResolveOperationResponse, error)
+	// Approves the resolution another operator proposed for an operation whose target
+	// asks for a second operator, and applies it as ResolveOperation would, the event
+	// naming the approver as its actor and the proposer in its observation. The revision
+	// is the one the approver read, the proposal's own (ABORTED, REVISION_CHANGED, when
+	// anything happened since). It is FAILED_PRECONDITION when no resolution is pending
+	// (NO_PENDING_RESOLUTION), when the approver proposed it (SAME_OPERATOR), or when it
+	// expired (RESOLUTION_EXPIRED: propose it again).
+	ApproveResolution(context.Context, *ApproveResolutionRequest) (*ApproveResolutionResponse, error)
 	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
 	// reason, how long it has waited and the owner's runbook from the target's contract.
 	// Without a tenant it spans every tenant and needs a principal with all tenants. It
@@ -156,6 +193,9 @@ func (UnimplementedAdminServiceServer) DeleteTenantData(context.Context, *Delete
 }
 func (UnimplementedAdminServiceServer) ResolveOperation(context.Context, *ResolveOperationRequest) (*ResolveOperationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveOperation not implemented")
+}
+func (UnimplementedAdminServiceServer) ApproveResolution(context.Context, *ApproveResolutionRequest) (*ApproveResolutionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApproveResolution not implemented")
 }
 func (UnimplementedAdminServiceServer) ListEscalations(context.Context, *ListEscalationsRequest) (*ListEscalationsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListEscalations not implemented")
@@ -220,6 +260,24 @@ func _AdminService_ResolveOperation_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ApproveResolution_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApproveResolutionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ApproveResolution(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ApproveResolution_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ApproveResolution(ctx, req.(*ApproveResolutionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_ListEscalations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListEscalationsRequest)
 	if err := dec(in); err != nil {
@@ -270,6 +328,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResolveOperation",
 			Handler:    _AdminService_ResolveOperation_Handler,
+		},
+		{
+			MethodName: "ApproveResolution",
+			Handler:    _AdminService_ApproveResolution_Handler,
 		},
 		{
 			MethodName: "ListEscalations",
