@@ -21,11 +21,13 @@ const operatorName = "oncall"
 // escalation queue through the API, checks each operation at its target (the run's
 // ground truth, by the remote key the queue shows an operator) and records what it
 // found with ResolveOperation: SUCCEEDED with the effect's id where the target made it,
-// FAILED_TERMINAL where it did not. It returns how many it resolved.
+// FAILED_TERMINAL where it did not (or where it failed). An effect the target still
+// processes may yet succeed: the operator waits for it to finish. It returns how many it
+// resolved.
 func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, error) {
-	truth := c.truth()
 	resolved := 0
 	for attempt := 0; attempt < 20 && ctx.Err() == nil; attempt++ {
+		truth := c.truth()
 		conn, err := c.client(rng)
 		if err != nil {
 			return resolved, err
@@ -41,8 +43,13 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 		if len(list.GetEscalations()) == 0 {
 			return resolved, nil
 		}
+		waiting := false
 		for _, e := range list.GetEscalations() {
 			op := e.GetOperation()
+			if kt := truth[op.GetRemoteKey()]; kt != nil && kt.Processing > 0 {
+				waiting = true // looked at again once the target has finished
+				continue
+			}
 			req := &opbrokerv1.ResolveOperationRequest{Name: op.GetName(), Revision: op.GetRevision(),
 				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
 				Reason:     "checked at the target: no effect under the operation's key",
@@ -61,6 +68,9 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 			default:
 				return resolved, fmt.Errorf("resolving %s: %w", op.GetName(), err)
 			}
+		}
+		if waiting {
+			time.Sleep(200 * time.Millisecond)
 		}
 	}
 	return resolved, nil
