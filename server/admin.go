@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -113,6 +114,52 @@ func pendingResolution(op store.Operation) *opbrokerv1.PendingResolution {
 	}
 	return &opbrokerv1.PendingResolution{Resolution: resolution, RemoteRef: p.RemoteRef,
 		ProposedBy: strings.TrimPrefix(p.ProposedBy, "operator:"), ExpireTime: timestamppb.New(p.ExpiresAt)}
+}
+
+// statsPeriod is GetStats' default period, and maxStatsPeriod the longest it answers.
+const (
+	statsPeriod    = 7 * 24 * time.Hour
+	maxStatsPeriod = 366 * 24 * time.Hour
+)
+
+// GetStats computes a period's statistics from the ledger, per tenant and target.
+func (s *adminService) GetStats(ctx context.Context, req *opbrokerv1.GetStatsRequest) (*opbrokerv1.GetStatsResponse, error) {
+	end := time.Now()
+	if req.GetEndTime() != nil {
+		end = req.GetEndTime().AsTime()
+	}
+	start := end.Add(-statsPeriod)
+	if req.GetStartTime() != nil {
+		start = req.GetStartTime().AsTime()
+	}
+	if !start.Before(end) || end.Sub(start) > maxStatsPeriod {
+		return nil, toStatus(ctx, s.log, invalidArgument(violation("start_time",
+			"must be before end_time, and the period at most 366 days", ReasonFieldInvalid)))
+	}
+	targets := map[string]string{}
+	for _, c := range s.targets.All() {
+		for _, typ := range c.OperationTypes {
+			targets[typ] = c.Name
+		}
+	}
+	// The admitted scope: the request's tenant, or every tenant for a principal with all.
+	rows, err := ledger(ctx, s.store).PeriodStats(ctx, store.PeriodParams{From: start, To: end, Targets: targets})
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	resp := &opbrokerv1.GetStatsResponse{StartTime: timestamppb.New(start), EndTime: timestamppb.New(end)}
+	for _, r := range rows {
+		row := &opbrokerv1.GetStatsResponse_Row{Tenant: r.TenantID, Target: r.Target, UnknownEnteredByDay: r.UnknownEntered,
+			Resolved: r.Resolved, MedianResolutionSeconds: r.MedianToResolution.Seconds(),
+			WorstResolutionSeconds: r.WorstToResolution.Seconds(), OpenEscalated: r.OpenEscalated,
+			OldestEscalationAgeSeconds: int64(r.OldestEscalation.Seconds()), PayloadMismatches: r.PayloadMismatches,
+			OperationsByState: map[string]int64{}}
+		for state, n := range r.ByState {
+			row.OperationsByState[stateToProto(state).String()] = n
+		}
+		resp.Rows = append(resp.Rows, row)
+	}
+	return resp, nil
 }
 
 // ListEscalations lists ESCALATED operations, oldest first, with who owns them and how

@@ -37,6 +37,7 @@ var methodRoles = map[string][]auth.Role{
 	opbrokerv1.AdminService_ResolveOperation_FullMethodName:        {auth.RoleOperator},
 	opbrokerv1.AdminService_ApproveResolution_FullMethodName:       {auth.RoleOperator},
 	opbrokerv1.AdminService_ListEscalations_FullMethodName:         {auth.RoleOperator, auth.RoleSupportRead},
+	opbrokerv1.AdminService_GetStats_FullMethodName:                {auth.RoleOperator, auth.RoleSupportRead},
 	opbrokerv1.AdminService_GetTargetReadiness_FullMethodName:      {auth.RoleOperator},
 }
 
@@ -180,8 +181,9 @@ func (a *admission) admit(ctx context.Context, method string, req any) (context.
 // tenant, for a principal with all tenants. noTenant are those that read no tenant's
 // data at all.
 var (
-	acrossTenants = map[string]bool{opbrokerv1.AdminService_ListEscalations_FullMethodName: true}
-	noTenant      = map[string]bool{opbrokerv1.AdminService_GetTargetReadiness_FullMethodName: true}
+	acrossTenants = map[string]bool{opbrokerv1.AdminService_ListEscalations_FullMethodName: true,
+		opbrokerv1.AdminService_GetStats_FullMethodName: true}
+	noTenant = map[string]bool{opbrokerv1.AdminService_GetTargetReadiness_FullMethodName: true}
 )
 
 type admittedKey struct{}

@@ -123,6 +123,10 @@ func TestEveryRPCAuthorises(t *testing.T) {
 				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL, Reason: "authz", Evidence: "none"})
 			return err
 		}, "acme-operator", codes.FailedPrecondition, false}, // acme's operation is PREPARED, not unsettled
+		"GetStats": {func(ctx context.Context, b *testBundle, tenant string) error {
+			_, err := admin.GetStats(ctx, &opbrokerv1.GetStatsRequest{Tenant: tenant})
+			return err
+		}, "acme-support", codes.OK, false},
 		"ApproveResolution": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := admin.ApproveResolution(ctx, &opbrokerv1.ApproveResolutionRequest{Name: ops[tenant], Revision: 1})
 			return err
@@ -151,8 +155,8 @@ func TestEveryRPCAuthorises(t *testing.T) {
 	// In an order that keeps each call's fixture: acme's operations stay open until the
 	// cancellation, last.
 	for _, name := range []string{"PrepareOperation", "GetOperation", "ListOperations", "ListOperationEvents", "WatchOperation",
-		"WatchOperations", "DeleteTenantData", "ResolveOperation", "ApproveResolution", "ListEscalations", "GetTargetReadiness",
-		"CancelOperation"} {
+		"WatchOperations", "DeleteTenantData", "ResolveOperation", "ApproveResolution", "ListEscalations", "GetStats",
+		"GetTargetReadiness", "CancelOperation"} {
 		rpc := rpcs[name]
 		t.Run(name+"/right principal", func(t *testing.T) {
 			ctx, cancel := context.WithCancel(b.ctx)

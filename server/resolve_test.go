@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/opbroker/opbroker/auth"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
@@ -117,6 +118,43 @@ func TestResolutionNeedsASecondOperator(t *testing.T) {
 	events := history.GetEvents()
 	require.Equal(t, "operator:alice", events[len(events)-2].GetActor())
 	require.Equal(t, "operator:bob", events[len(events)-1].GetActor())
+}
+
+// TestGetStats: the period's statistics per tenant and target, a tenant's alone or every
+// tenant's for a principal with all; a period that ends before it starts is refused.
+func TestGetStats(t *testing.T) {
+	t.Parallel()
+	authn, tokens := newPrincipals(t,
+		auth.PrincipalConfig{Name: "alice", Roles: []auth.Role{auth.RoleOperator}, AllTenants: true},
+		auth.PrincipalConfig{Name: "acme-support", Roles: []auth.Role{auth.RoleSupportRead}, Tenants: []string{"acme"}},
+		auth.PrincipalConfig{Name: "client", Roles: []auth.Role{auth.RoleClient}, AllTenants: true})
+	b := setupWith(t, func(o *server.Options) { o.Auth = authn })
+	for _, tenant := range []string{"acme", "globex"} {
+		_, err := b.client.PrepareOperation(tokens.as(b.ctx, "client"), prepareRequest(tenant, "stats", `{"amount":1}`))
+		require.NoError(t, err)
+	}
+	_, err := b.client.PrepareOperation(tokens.as(b.ctx, "client"), prepareRequest("acme", "stats", `{"amount":2}`))
+	requireStatus(t, err, codes.AlreadyExists, server.ReasonIntentPayloadMismatch)
+
+	admin := opbrokerv1.NewAdminServiceClient(b.conn)
+	all, err := admin.GetStats(tokens.as(b.ctx, "alice"), &opbrokerv1.GetStatsRequest{})
+	require.NoError(t, err)
+	require.Len(t, all.GetRows(), 2)
+	acme := all.GetRows()[0]
+	require.Equal(t, "acme", acme.GetTenant())
+	require.Equal(t, "demo-payments", acme.GetTarget())
+	require.Equal(t, int64(1), acme.GetPayloadMismatches())
+	require.Equal(t, map[string]int64{"STATE_PREPARED": 1}, acme.GetOperationsByState())
+	require.WithinDuration(t, time.Now().Add(-7*24*time.Hour), all.GetStartTime().AsTime(), time.Minute)
+
+	own, err := admin.GetStats(tokens.as(b.ctx, "acme-support"), &opbrokerv1.GetStatsRequest{Tenant: "acme"})
+	require.NoError(t, err)
+	require.Len(t, own.GetRows(), 1)
+	_, err = admin.GetStats(tokens.as(b.ctx, "acme-support"), &opbrokerv1.GetStatsRequest{})
+	requireStatus(t, err, codes.PermissionDenied, server.ReasonTenantNotPermitted)
+	_, err = admin.GetStats(tokens.as(b.ctx, "alice"), &opbrokerv1.GetStatsRequest{
+		StartTime: timestamppb.Now(), EndTime: timestamppb.New(time.Now().Add(-time.Hour))})
+	requireStatus(t, err, codes.InvalidArgument, server.ReasonFieldInvalid)
 }
 
 // TestHistoryNamesWhoDidWhat: every event records the principal that caused it, and

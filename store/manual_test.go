@@ -145,3 +145,49 @@ func TestTwoOperatorResolution(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, store.StateUnknown, got.State)
 }
+
+// TestPeriodStats: per tenant and target, the UNKNOWN operations entered by day, the
+// time from UNKNOWN to resolution, the open escalations, the payload mismatches refused
+// and the operations created, by state.
+func TestPeriodStats(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	from := time.Now().Add(-time.Minute)
+	op := b.unknownOp(t, "stats-resolved")
+	_, err := b.all.ResolveManually(b.ctx, store.ManualResolution{TenantID: "acme", ID: op.ID, Revision: op.Revision,
+		State: store.StateFailedTerminal, Reason: "not there", Evidence: "searched", Actor: "operator:alice"})
+	require.NoError(t, err)
+	b.unknownOp(t, "stats-open")
+	_, _, err = b.all.Prepare(b.ctx, prepareParams("acme", "stats-open", `{"amount":2}`))
+	require.Error(t, err, "another payload")
+	_, _, err = b.all.Prepare(b.ctx, prepareParams("globex", "stats-other", `{}`))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET state = 'ESCALATED', revision = revision + 1,
+		escalation = jsonb_build_object('owner', 'oncall', 'reason', 'test', 'escalated_at', now() - interval '1 hour')
+		WHERE intent_ref = 'stats-open'`)
+	require.NoError(t, err)
+
+	stats, err := b.all.PeriodStats(b.ctx, store.PeriodParams{From: from, To: time.Now().Add(time.Minute),
+		Targets: map[string]string{"demo.charge": "payments"}})
+	require.NoError(t, err)
+	require.Len(t, stats, 2)
+	acme, globex := stats[0], stats[1]
+	require.Equal(t, "acme", acme.TenantID)
+	require.Equal(t, "payments", acme.Target)
+	require.Equal(t, map[string]int64{time.Now().UTC().Format(time.DateOnly): 2}, acme.UnknownEntered)
+	require.Equal(t, int64(1), acme.Resolved)
+	require.Positive(t, acme.WorstToResolution)
+	require.Equal(t, acme.MedianToResolution, acme.WorstToResolution, "one resolution")
+	require.Equal(t, int64(1), acme.OpenEscalated)
+	require.InDelta(t, time.Hour.Seconds(), acme.OldestEscalation.Seconds(), 60)
+	require.Equal(t, int64(1), acme.PayloadMismatches)
+	require.Equal(t, map[store.State]int64{store.StateFailedTerminal: 1, store.StateEscalated: 1}, acme.ByState)
+	require.Equal(t, "globex", globex.TenantID)
+	require.Equal(t, map[store.State]int64{store.StatePrepared: 1}, globex.ByState)
+	require.Zero(t, globex.PayloadMismatches)
+
+	scoped, err := b.store.Tenant("globex").PeriodStats(b.ctx, store.PeriodParams{From: from, To: time.Now().Add(time.Minute)})
+	require.NoError(t, err)
+	require.Len(t, scoped, 1, "a tenant's scope reads its own")
+	require.Equal(t, "", scoped[0].Target, "a type no target serves")
+}

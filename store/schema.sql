@@ -244,6 +244,19 @@ CREATE TABLE opbroker.operations (
 ALTER TABLE ONLY opbroker.operations FORCE ROW LEVEL SECURITY;
 
 --
+-- Name: payload_mismatches; Type: TABLE; Schema: opbroker; Owner: -
+--
+
+CREATE TABLE opbroker.payload_mismatches (
+    tenant_id text NOT NULL,
+    operation_id uuid NOT NULL,
+    refused_at timestamp with time zone DEFAULT now() NOT NULL,
+    payload_sha256 bytea NOT NULL
+);
+
+ALTER TABLE ONLY opbroker.payload_mismatches FORCE ROW LEVEL SECURITY;
+
+--
 -- Name: operation_attempts operation_attempts_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
 --
 
@@ -321,6 +334,18 @@ CREATE INDEX operations_purge_idx ON opbroker.operations USING btree (updated_at
 CREATE INDEX operations_unknown_due_idx ON opbroker.operations USING btree (tenant_id, next_check_at) WHERE (state = 'UNKNOWN'::opbroker.operation_state);
 
 --
+-- Name: payload_mismatches_operation_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX payload_mismatches_operation_idx ON opbroker.payload_mismatches USING btree (tenant_id, operation_id);
+
+--
+-- Name: payload_mismatches_refused_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX payload_mismatches_refused_idx ON opbroker.payload_mismatches USING btree (refused_at);
+
+--
 -- Name: operation_attempts operation_attempts_guard; Type: TRIGGER; Schema: opbroker; Owner: -
 --
 
@@ -367,6 +392,13 @@ ALTER TABLE ONLY opbroker.operations
     ADD CONSTRAINT operations_supersedes_fkey FOREIGN KEY (tenant_id, supersedes_id) REFERENCES opbroker.operations(tenant_id, operation_id);
 
 --
+-- Name: payload_mismatches payload_mismatches_tenant_id_operation_id_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.payload_mismatches
+    ADD CONSTRAINT payload_mismatches_tenant_id_operation_id_fkey FOREIGN KEY (tenant_id, operation_id) REFERENCES opbroker.operations(tenant_id, operation_id) ON DELETE CASCADE;
+
+--
 -- Name: operation_attempts; Type: ROW SECURITY; Schema: opbroker; Owner: -
 --
 
@@ -383,6 +415,12 @@ ALTER TABLE opbroker.operation_events ENABLE ROW LEVEL SECURITY;
 --
 
 ALTER TABLE opbroker.operations ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: payload_mismatches; Type: ROW SECURITY; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE opbroker.payload_mismatches ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: operation_attempts tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
@@ -417,6 +455,20 @@ END);
 --
 
 CREATE POLICY tenant_isolation ON opbroker.operations USING (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END) WITH CHECK (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END);
+
+--
+-- Name: payload_mismatches tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
+--
+
+CREATE POLICY tenant_isolation ON opbroker.payload_mismatches USING (
 CASE current_setting('opbroker.tenant'::text, true)
     WHEN '*'::text THEN true
     ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))

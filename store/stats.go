@@ -41,8 +41,8 @@ type OpenGroup struct {
 // It reads PREPARED, IN_FLIGHT and UNKNOWN operations through their partial indexes,
 // never terminal rows, and looks up one event per ESCALATED operation (the one that
 // escalated it, by the events' primary key). ESCALATED operations have their own partial
-// index (migration 012): row-level security keeps the state out of the conditions of the
-// tenant-and-state index (enum equality is not leakproof).
+// index (migration 012): row-level security keeps the state out of an index's conditions
+// (enum equality is not leakproof), so only a partial index on the state serves them.
 func (q Scope) OpenStats(ctx context.Context, p OpenStatsParams) ([]OpenGroup, error) {
 	var now *time.Time // NULL: the database's clock
 	if !p.Now.IsZero() {

@@ -81,7 +81,7 @@ func (q Scope) Prepare(ctx context.Context, p PrepareParams) (op Operation, crea
 		if err != nil {
 			return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
 		}
-		return replay(existing, p)
+		return q.replay(ctx, existing, p)
 	}
 	id, err := uuid.NewV7()
 	if err != nil {
@@ -111,7 +111,7 @@ func (q Scope) Prepare(ctx context.Context, p PrepareParams) (op Operation, crea
 	if errors.As(err, &unresolved) {
 		// A retry of an amendment recorded earlier still gets its operation.
 		if existing, findErr := q.findByIntent(ctx, p.TenantID, p.OperationType, p.IntentRef); findErr == nil {
-			return replay(existing, p)
+			return q.replay(ctx, existing, p)
 		}
 	}
 	if err != nil {
@@ -126,7 +126,21 @@ func (q Scope) Prepare(ctx context.Context, p PrepareParams) (op Operation, crea
 	if err != nil {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
 	}
-	return replay(existing, p)
+	return q.replay(ctx, existing, p)
+}
+
+// replay is replay, counting a payload mismatch in the ledger (payload_mismatches) for
+// its statistics. The refusal stands whether or not it is counted.
+func (q Scope) replay(ctx context.Context, existing Operation, p PrepareParams) (Operation, bool, error) {
+	op, created, err := replay(existing, p)
+	var mismatch *PayloadMismatchError
+	if errors.As(err, &mismatch) {
+		if _, countErr := q.exec(ctx, `INSERT INTO payload_mismatches (tenant_id, operation_id, payload_sha256) VALUES ($1, $2, $3)`,
+			existing.TenantID, existing.ID, p.PayloadSHA256); countErr != nil {
+			return op, created, errors.Join(err, fmt.Errorf("store: prepare: counting the refusal: %w", translate(countErr)))
+		}
+	}
+	return op, created, err
 }
 
 // At most maxPrepareBatch intents per statement, and prepareWriters statements at once.

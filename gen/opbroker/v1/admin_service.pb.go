@@ -74,7 +74,7 @@ func (x ResolveOperationRequest_Resolution) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ResolveOperationRequest_Resolution.Descriptor instead.
 func (ResolveOperationRequest_Resolution) EnumDescriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{4, 0}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{6, 0}
 }
 
 // The request for ListEscalations.
@@ -205,6 +205,134 @@ func (x *ListEscalationsResponse) GetMore() bool {
 	return false
 }
 
+// The request for GetStats.
+type GetStatsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this tenant's (empty: every tenant's, for a principal with all tenants).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The period's start (default: seven days before its end).
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// The period's end, excluded (default: now). A period is at most 366 days.
+	EndTime       *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetStatsRequest) Reset() {
+	*x = GetStatsRequest{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStatsRequest) ProtoMessage() {}
+
+func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
+func (*GetStatsRequest) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GetStatsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetStatsRequest) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *GetStatsRequest) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+// The response of GetStats.
+type GetStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per tenant and target with anything to count, by tenant and target.
+	Rows []*GetStatsResponse_Row `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	// The period counted.
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// The period's end, excluded.
+	EndTime       *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetStatsResponse) Reset() {
+	*x = GetStatsResponse{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStatsResponse) ProtoMessage() {}
+
+func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
+func (*GetStatsResponse) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetStatsResponse) GetRows() []*GetStatsResponse_Row {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *GetStatsResponse) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *GetStatsResponse) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
 // The request for GetTargetReadiness.
 type GetTargetReadinessRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -214,7 +342,7 @@ type GetTargetReadinessRequest struct {
 
 func (x *GetTargetReadinessRequest) Reset() {
 	*x = GetTargetReadinessRequest{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[2]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -226,7 +354,7 @@ func (x *GetTargetReadinessRequest) String() string {
 func (*GetTargetReadinessRequest) ProtoMessage() {}
 
 func (x *GetTargetReadinessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[2]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -239,7 +367,7 @@ func (x *GetTargetReadinessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTargetReadinessRequest.ProtoReflect.Descriptor instead.
 func (*GetTargetReadinessRequest) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{2}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{4}
 }
 
 // The response of GetTargetReadiness.
@@ -253,7 +381,7 @@ type GetTargetReadinessResponse struct {
 
 func (x *GetTargetReadinessResponse) Reset() {
 	*x = GetTargetReadinessResponse{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[3]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -265,7 +393,7 @@ func (x *GetTargetReadinessResponse) String() string {
 func (*GetTargetReadinessResponse) ProtoMessage() {}
 
 func (x *GetTargetReadinessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[3]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -278,7 +406,7 @@ func (x *GetTargetReadinessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTargetReadinessResponse.ProtoReflect.Descriptor instead.
 func (*GetTargetReadinessResponse) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetTargetReadinessResponse) GetTargets() []*GetTargetReadinessResponse_Target {
@@ -311,7 +439,7 @@ type ResolveOperationRequest struct {
 
 func (x *ResolveOperationRequest) Reset() {
 	*x = ResolveOperationRequest{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[4]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +451,7 @@ func (x *ResolveOperationRequest) String() string {
 func (*ResolveOperationRequest) ProtoMessage() {}
 
 func (x *ResolveOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[4]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +464,7 @@ func (x *ResolveOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveOperationRequest.ProtoReflect.Descriptor instead.
 func (*ResolveOperationRequest) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{4}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ResolveOperationRequest) GetName() string {
@@ -402,7 +530,7 @@ type ResolveOperationResponse struct {
 
 func (x *ResolveOperationResponse) Reset() {
 	*x = ResolveOperationResponse{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[5]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -414,7 +542,7 @@ func (x *ResolveOperationResponse) String() string {
 func (*ResolveOperationResponse) ProtoMessage() {}
 
 func (x *ResolveOperationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[5]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -427,7 +555,7 @@ func (x *ResolveOperationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveOperationResponse.ProtoReflect.Descriptor instead.
 func (*ResolveOperationResponse) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{5}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ResolveOperationResponse) GetOperation() *Operation {
@@ -461,7 +589,7 @@ type PendingResolution struct {
 
 func (x *PendingResolution) Reset() {
 	*x = PendingResolution{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[6]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -473,7 +601,7 @@ func (x *PendingResolution) String() string {
 func (*PendingResolution) ProtoMessage() {}
 
 func (x *PendingResolution) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[6]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -486,7 +614,7 @@ func (x *PendingResolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingResolution.ProtoReflect.Descriptor instead.
 func (*PendingResolution) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{6}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PendingResolution) GetResolution() ResolveOperationRequest_Resolution {
@@ -530,7 +658,7 @@ type ApproveResolutionRequest struct {
 
 func (x *ApproveResolutionRequest) Reset() {
 	*x = ApproveResolutionRequest{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[7]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +670,7 @@ func (x *ApproveResolutionRequest) String() string {
 func (*ApproveResolutionRequest) ProtoMessage() {}
 
 func (x *ApproveResolutionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[7]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +683,7 @@ func (x *ApproveResolutionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveResolutionRequest.ProtoReflect.Descriptor instead.
 func (*ApproveResolutionRequest) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{7}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ApproveResolutionRequest) GetName() string {
@@ -583,7 +711,7 @@ type ApproveResolutionResponse struct {
 
 func (x *ApproveResolutionResponse) Reset() {
 	*x = ApproveResolutionResponse{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[8]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +723,7 @@ func (x *ApproveResolutionResponse) String() string {
 func (*ApproveResolutionResponse) ProtoMessage() {}
 
 func (x *ApproveResolutionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[8]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +736,7 @@ func (x *ApproveResolutionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveResolutionResponse.ProtoReflect.Descriptor instead.
 func (*ApproveResolutionResponse) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{8}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ApproveResolutionResponse) GetOperation() *Operation {
@@ -629,7 +757,7 @@ type DeleteTenantDataRequest struct {
 
 func (x *DeleteTenantDataRequest) Reset() {
 	*x = DeleteTenantDataRequest{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[9]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +769,7 @@ func (x *DeleteTenantDataRequest) String() string {
 func (*DeleteTenantDataRequest) ProtoMessage() {}
 
 func (x *DeleteTenantDataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[9]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +782,7 @@ func (x *DeleteTenantDataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantDataRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTenantDataRequest) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{9}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteTenantDataRequest) GetTenant() string {
@@ -675,7 +803,7 @@ type DeleteTenantDataResponse struct {
 
 func (x *DeleteTenantDataResponse) Reset() {
 	*x = DeleteTenantDataResponse{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[10]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +815,7 @@ func (x *DeleteTenantDataResponse) String() string {
 func (*DeleteTenantDataResponse) ProtoMessage() {}
 
 func (x *DeleteTenantDataResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[10]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +828,7 @@ func (x *DeleteTenantDataResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantDataResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTenantDataResponse) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{10}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteTenantDataResponse) GetDeletedOperations() int64 {
@@ -729,7 +857,7 @@ type ListEscalationsResponse_Escalation struct {
 
 func (x *ListEscalationsResponse_Escalation) Reset() {
 	*x = ListEscalationsResponse_Escalation{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[11]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +869,7 @@ func (x *ListEscalationsResponse_Escalation) String() string {
 func (*ListEscalationsResponse_Escalation) ProtoMessage() {}
 
 func (x *ListEscalationsResponse_Escalation) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[11]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,6 +920,133 @@ func (x *ListEscalationsResponse_Escalation) GetPendingResolution() *PendingReso
 	return nil
 }
 
+// What the ledger says of one tenant's operations of one target.
+type GetStatsResponse_Row struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The target ("" for operation types no loaded contract serves).
+	Target string `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	// Operations that became UNKNOWN in the period, by UTC day (YYYY-MM-DD).
+	UnknownEnteredByDay map[string]int64 `protobuf:"bytes,3,rep,name=unknown_entered_by_day,json=unknownEnteredByDay,proto3" json:"unknown_entered_by_day,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Operations resolved from UNKNOWN or ESCALATED in the period.
+	Resolved int64 `protobuf:"varint,4,opt,name=resolved,proto3" json:"resolved,omitempty"`
+	// The median time from an operation's first UNKNOWN to its resolution, in seconds.
+	MedianResolutionSeconds float64 `protobuf:"fixed64,5,opt,name=median_resolution_seconds,json=medianResolutionSeconds,proto3" json:"median_resolution_seconds,omitempty"`
+	// The worst such time, in seconds.
+	WorstResolutionSeconds float64 `protobuf:"fixed64,6,opt,name=worst_resolution_seconds,json=worstResolutionSeconds,proto3" json:"worst_resolution_seconds,omitempty"`
+	// Operations ESCALATED now.
+	OpenEscalated int64 `protobuf:"varint,7,opt,name=open_escalated,json=openEscalated,proto3" json:"open_escalated,omitempty"`
+	// How long the oldest of them has waited, in seconds.
+	OldestEscalationAgeSeconds int64 `protobuf:"varint,8,opt,name=oldest_escalation_age_seconds,json=oldestEscalationAgeSeconds,proto3" json:"oldest_escalation_age_seconds,omitempty"`
+	// Intents refused in the period because they were recorded with another payload.
+	PayloadMismatches int64 `protobuf:"varint,9,opt,name=payload_mismatches,json=payloadMismatches,proto3" json:"payload_mismatches,omitempty"`
+	// Operations created in the period, by their state now (STATE_*).
+	OperationsByState map[string]int64 `protobuf:"bytes,10,rep,name=operations_by_state,json=operationsByState,proto3" json:"operations_by_state,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *GetStatsResponse_Row) Reset() {
+	*x = GetStatsResponse_Row{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStatsResponse_Row) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStatsResponse_Row) ProtoMessage() {}
+
+func (x *GetStatsResponse_Row) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStatsResponse_Row.ProtoReflect.Descriptor instead.
+func (*GetStatsResponse_Row) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{3, 0}
+}
+
+func (x *GetStatsResponse_Row) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetStatsResponse_Row) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *GetStatsResponse_Row) GetUnknownEnteredByDay() map[string]int64 {
+	if x != nil {
+		return x.UnknownEnteredByDay
+	}
+	return nil
+}
+
+func (x *GetStatsResponse_Row) GetResolved() int64 {
+	if x != nil {
+		return x.Resolved
+	}
+	return 0
+}
+
+func (x *GetStatsResponse_Row) GetMedianResolutionSeconds() float64 {
+	if x != nil {
+		return x.MedianResolutionSeconds
+	}
+	return 0
+}
+
+func (x *GetStatsResponse_Row) GetWorstResolutionSeconds() float64 {
+	if x != nil {
+		return x.WorstResolutionSeconds
+	}
+	return 0
+}
+
+func (x *GetStatsResponse_Row) GetOpenEscalated() int64 {
+	if x != nil {
+		return x.OpenEscalated
+	}
+	return 0
+}
+
+func (x *GetStatsResponse_Row) GetOldestEscalationAgeSeconds() int64 {
+	if x != nil {
+		return x.OldestEscalationAgeSeconds
+	}
+	return 0
+}
+
+func (x *GetStatsResponse_Row) GetPayloadMismatches() int64 {
+	if x != nil {
+		return x.PayloadMismatches
+	}
+	return 0
+}
+
+func (x *GetStatsResponse_Row) GetOperationsByState() map[string]int64 {
+	if x != nil {
+		return x.OperationsByState
+	}
+	return nil
+}
+
 // One target's readiness.
 type GetTargetReadinessResponse_Target struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -809,7 +1064,7 @@ type GetTargetReadinessResponse_Target struct {
 
 func (x *GetTargetReadinessResponse_Target) Reset() {
 	*x = GetTargetReadinessResponse_Target{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[12]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +1076,7 @@ func (x *GetTargetReadinessResponse_Target) String() string {
 func (*GetTargetReadinessResponse_Target) ProtoMessage() {}
 
 func (x *GetTargetReadinessResponse_Target) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[12]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +1089,7 @@ func (x *GetTargetReadinessResponse_Target) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use GetTargetReadinessResponse_Target.ProtoReflect.Descriptor instead.
 func (*GetTargetReadinessResponse_Target) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{3, 0}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{5, 0}
 }
 
 func (x *GetTargetReadinessResponse_Target) GetName() string {
@@ -882,7 +1137,7 @@ type GetTargetReadinessResponse_Control struct {
 
 func (x *GetTargetReadinessResponse_Control) Reset() {
 	*x = GetTargetReadinessResponse_Control{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[13]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +1149,7 @@ func (x *GetTargetReadinessResponse_Control) String() string {
 func (*GetTargetReadinessResponse_Control) ProtoMessage() {}
 
 func (x *GetTargetReadinessResponse_Control) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[13]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +1162,7 @@ func (x *GetTargetReadinessResponse_Control) ProtoReflect() protoreflect.Message
 
 // Deprecated: Use GetTargetReadinessResponse_Control.ProtoReflect.Descriptor instead.
 func (*GetTargetReadinessResponse_Control) Descriptor() ([]byte, []int) {
-	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{3, 1}
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{5, 1}
 }
 
 func (x *GetTargetReadinessResponse_Control) GetNumber() int32 {
@@ -960,7 +1215,35 @@ const file_opbroker_v1_admin_service_proto_rawDesc = "" +
 	"\vage_seconds\x18\x03 \x01(\x03R\n" +
 	"ageSeconds\x12\x18\n" +
 	"\arunbook\x18\x04 \x01(\tR\arunbook\x12M\n" +
-	"\x12pending_resolution\x18\x05 \x01(\v2\x1e.opbroker.v1.PendingResolutionR\x11pendingResolution\"\x1b\n" +
+	"\x12pending_resolution\x18\x05 \x01(\v2\x1e.opbroker.v1.PendingResolutionR\x11pendingResolution\"\xd5\x01\n" +
+	"\x0fGetStatsRequest\x12F\n" +
+	"\x06tenant\x18\x01 \x01(\tB.\xe0A\x01\xbaH(\xd8\x01\x01r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\x12>\n" +
+	"\n" +
+	"start_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x01R\tstartTime\x12:\n" +
+	"\bend_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x01R\aendTime\"\x87\a\n" +
+	"\x10GetStatsResponse\x125\n" +
+	"\x04rows\x18\x01 \x03(\v2!.opbroker.v1.GetStatsResponse.RowR\x04rows\x129\n" +
+	"\n" +
+	"start_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x1a\xc9\x05\n" +
+	"\x03Row\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\x12o\n" +
+	"\x16unknown_entered_by_day\x18\x03 \x03(\v2:.opbroker.v1.GetStatsResponse.Row.UnknownEnteredByDayEntryR\x13unknownEnteredByDay\x12\x1a\n" +
+	"\bresolved\x18\x04 \x01(\x03R\bresolved\x12:\n" +
+	"\x19median_resolution_seconds\x18\x05 \x01(\x01R\x17medianResolutionSeconds\x128\n" +
+	"\x18worst_resolution_seconds\x18\x06 \x01(\x01R\x16worstResolutionSeconds\x12%\n" +
+	"\x0eopen_escalated\x18\a \x01(\x03R\ropenEscalated\x12A\n" +
+	"\x1doldest_escalation_age_seconds\x18\b \x01(\x03R\x1aoldestEscalationAgeSeconds\x12-\n" +
+	"\x12payload_mismatches\x18\t \x01(\x03R\x11payloadMismatches\x12h\n" +
+	"\x13operations_by_state\x18\n" +
+	" \x03(\v28.opbroker.v1.GetStatsResponse.Row.OperationsByStateEntryR\x11operationsByState\x1aF\n" +
+	"\x18UnknownEnteredByDayEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aD\n" +
+	"\x16OperationsByStateEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x1b\n" +
 	"\x19GetTargetReadinessRequest\"\x82\x03\n" +
 	"\x1aGetTargetReadinessResponse\x12H\n" +
 	"\atargets\x18\x01 \x03(\v2..opbroker.v1.GetTargetReadinessResponse.TargetR\atargets\x1a\xb6\x01\n" +
@@ -1013,12 +1296,13 @@ const file_opbroker_v1_admin_service_proto_rawDesc = "" +
 	"\x17DeleteTenantDataRequest\x12C\n" +
 	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\"I\n" +
 	"\x18DeleteTenantDataResponse\x12-\n" +
-	"\x12deleted_operations\x18\x01 \x01(\x03R\x11deletedOperations2\x88\x04\n" +
+	"\x12deleted_operations\x18\x01 \x01(\x03R\x11deletedOperations2\xd6\x04\n" +
 	"\fAdminService\x12d\n" +
 	"\x10DeleteTenantData\x12$.opbroker.v1.DeleteTenantDataRequest\x1a%.opbroker.v1.DeleteTenantDataResponse\"\x03\x90\x02\x02\x12_\n" +
 	"\x10ResolveOperation\x12$.opbroker.v1.ResolveOperationRequest\x1a%.opbroker.v1.ResolveOperationResponse\x12b\n" +
 	"\x11ApproveResolution\x12%.opbroker.v1.ApproveResolutionRequest\x1a&.opbroker.v1.ApproveResolutionResponse\x12a\n" +
-	"\x0fListEscalations\x12#.opbroker.v1.ListEscalationsRequest\x1a$.opbroker.v1.ListEscalationsResponse\"\x03\x90\x02\x01\x12j\n" +
+	"\x0fListEscalations\x12#.opbroker.v1.ListEscalationsRequest\x1a$.opbroker.v1.ListEscalationsResponse\"\x03\x90\x02\x01\x12L\n" +
+	"\bGetStats\x12\x1c.opbroker.v1.GetStatsRequest\x1a\x1d.opbroker.v1.GetStatsResponse\"\x03\x90\x02\x01\x12j\n" +
 	"\x12GetTargetReadiness\x12&.opbroker.v1.GetTargetReadinessRequest\x1a'.opbroker.v1.GetTargetReadinessResponse\"\x03\x90\x02\x01B\xaa\x01\n" +
 	"\x0fcom.opbroker.v1B\x11AdminServiceProtoP\x01Z7github.com/opbroker/opbroker/gen/opbroker/v1;opbrokerv1\xa2\x02\x03OXX\xaa\x02\vOpbroker.V1\xca\x02\vOpbroker\\V1\xe2\x02\x17Opbroker\\V1\\GPBMetadata\xea\x02\fOpbroker::V1b\x06proto3"
 
@@ -1035,53 +1319,67 @@ func file_opbroker_v1_admin_service_proto_rawDescGZIP() []byte {
 }
 
 var file_opbroker_v1_admin_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opbroker_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_opbroker_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_opbroker_v1_admin_service_proto_goTypes = []any{
 	(ResolveOperationRequest_Resolution)(0),    // 0: opbroker.v1.ResolveOperationRequest.Resolution
 	(*ListEscalationsRequest)(nil),             // 1: opbroker.v1.ListEscalationsRequest
 	(*ListEscalationsResponse)(nil),            // 2: opbroker.v1.ListEscalationsResponse
-	(*GetTargetReadinessRequest)(nil),          // 3: opbroker.v1.GetTargetReadinessRequest
-	(*GetTargetReadinessResponse)(nil),         // 4: opbroker.v1.GetTargetReadinessResponse
-	(*ResolveOperationRequest)(nil),            // 5: opbroker.v1.ResolveOperationRequest
-	(*ResolveOperationResponse)(nil),           // 6: opbroker.v1.ResolveOperationResponse
-	(*PendingResolution)(nil),                  // 7: opbroker.v1.PendingResolution
-	(*ApproveResolutionRequest)(nil),           // 8: opbroker.v1.ApproveResolutionRequest
-	(*ApproveResolutionResponse)(nil),          // 9: opbroker.v1.ApproveResolutionResponse
-	(*DeleteTenantDataRequest)(nil),            // 10: opbroker.v1.DeleteTenantDataRequest
-	(*DeleteTenantDataResponse)(nil),           // 11: opbroker.v1.DeleteTenantDataResponse
-	(*ListEscalationsResponse_Escalation)(nil), // 12: opbroker.v1.ListEscalationsResponse.Escalation
-	(*GetTargetReadinessResponse_Target)(nil),  // 13: opbroker.v1.GetTargetReadinessResponse.Target
-	(*GetTargetReadinessResponse_Control)(nil), // 14: opbroker.v1.GetTargetReadinessResponse.Control
-	(*Operation)(nil),                          // 15: opbroker.v1.Operation
-	(*timestamppb.Timestamp)(nil),              // 16: google.protobuf.Timestamp
+	(*GetStatsRequest)(nil),                    // 3: opbroker.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),                   // 4: opbroker.v1.GetStatsResponse
+	(*GetTargetReadinessRequest)(nil),          // 5: opbroker.v1.GetTargetReadinessRequest
+	(*GetTargetReadinessResponse)(nil),         // 6: opbroker.v1.GetTargetReadinessResponse
+	(*ResolveOperationRequest)(nil),            // 7: opbroker.v1.ResolveOperationRequest
+	(*ResolveOperationResponse)(nil),           // 8: opbroker.v1.ResolveOperationResponse
+	(*PendingResolution)(nil),                  // 9: opbroker.v1.PendingResolution
+	(*ApproveResolutionRequest)(nil),           // 10: opbroker.v1.ApproveResolutionRequest
+	(*ApproveResolutionResponse)(nil),          // 11: opbroker.v1.ApproveResolutionResponse
+	(*DeleteTenantDataRequest)(nil),            // 12: opbroker.v1.DeleteTenantDataRequest
+	(*DeleteTenantDataResponse)(nil),           // 13: opbroker.v1.DeleteTenantDataResponse
+	(*ListEscalationsResponse_Escalation)(nil), // 14: opbroker.v1.ListEscalationsResponse.Escalation
+	(*GetStatsResponse_Row)(nil),               // 15: opbroker.v1.GetStatsResponse.Row
+	nil,                                        // 16: opbroker.v1.GetStatsResponse.Row.UnknownEnteredByDayEntry
+	nil,                                        // 17: opbroker.v1.GetStatsResponse.Row.OperationsByStateEntry
+	(*GetTargetReadinessResponse_Target)(nil),  // 18: opbroker.v1.GetTargetReadinessResponse.Target
+	(*GetTargetReadinessResponse_Control)(nil), // 19: opbroker.v1.GetTargetReadinessResponse.Control
+	(*timestamppb.Timestamp)(nil),              // 20: google.protobuf.Timestamp
+	(*Operation)(nil),                          // 21: opbroker.v1.Operation
 }
 var file_opbroker_v1_admin_service_proto_depIdxs = []int32{
-	12, // 0: opbroker.v1.ListEscalationsResponse.escalations:type_name -> opbroker.v1.ListEscalationsResponse.Escalation
-	13, // 1: opbroker.v1.GetTargetReadinessResponse.targets:type_name -> opbroker.v1.GetTargetReadinessResponse.Target
-	0,  // 2: opbroker.v1.ResolveOperationRequest.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
-	15, // 3: opbroker.v1.ResolveOperationResponse.operation:type_name -> opbroker.v1.Operation
-	7,  // 4: opbroker.v1.ResolveOperationResponse.pending_resolution:type_name -> opbroker.v1.PendingResolution
-	0,  // 5: opbroker.v1.PendingResolution.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
-	16, // 6: opbroker.v1.PendingResolution.expire_time:type_name -> google.protobuf.Timestamp
-	15, // 7: opbroker.v1.ApproveResolutionResponse.operation:type_name -> opbroker.v1.Operation
-	15, // 8: opbroker.v1.ListEscalationsResponse.Escalation.operation:type_name -> opbroker.v1.Operation
-	7,  // 9: opbroker.v1.ListEscalationsResponse.Escalation.pending_resolution:type_name -> opbroker.v1.PendingResolution
-	14, // 10: opbroker.v1.GetTargetReadinessResponse.Target.controls:type_name -> opbroker.v1.GetTargetReadinessResponse.Control
-	10, // 11: opbroker.v1.AdminService.DeleteTenantData:input_type -> opbroker.v1.DeleteTenantDataRequest
-	5,  // 12: opbroker.v1.AdminService.ResolveOperation:input_type -> opbroker.v1.ResolveOperationRequest
-	8,  // 13: opbroker.v1.AdminService.ApproveResolution:input_type -> opbroker.v1.ApproveResolutionRequest
-	1,  // 14: opbroker.v1.AdminService.ListEscalations:input_type -> opbroker.v1.ListEscalationsRequest
-	3,  // 15: opbroker.v1.AdminService.GetTargetReadiness:input_type -> opbroker.v1.GetTargetReadinessRequest
-	11, // 16: opbroker.v1.AdminService.DeleteTenantData:output_type -> opbroker.v1.DeleteTenantDataResponse
-	6,  // 17: opbroker.v1.AdminService.ResolveOperation:output_type -> opbroker.v1.ResolveOperationResponse
-	9,  // 18: opbroker.v1.AdminService.ApproveResolution:output_type -> opbroker.v1.ApproveResolutionResponse
-	2,  // 19: opbroker.v1.AdminService.ListEscalations:output_type -> opbroker.v1.ListEscalationsResponse
-	4,  // 20: opbroker.v1.AdminService.GetTargetReadiness:output_type -> opbroker.v1.GetTargetReadinessResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	14, // 0: opbroker.v1.ListEscalationsResponse.escalations:type_name -> opbroker.v1.ListEscalationsResponse.Escalation
+	20, // 1: opbroker.v1.GetStatsRequest.start_time:type_name -> google.protobuf.Timestamp
+	20, // 2: opbroker.v1.GetStatsRequest.end_time:type_name -> google.protobuf.Timestamp
+	15, // 3: opbroker.v1.GetStatsResponse.rows:type_name -> opbroker.v1.GetStatsResponse.Row
+	20, // 4: opbroker.v1.GetStatsResponse.start_time:type_name -> google.protobuf.Timestamp
+	20, // 5: opbroker.v1.GetStatsResponse.end_time:type_name -> google.protobuf.Timestamp
+	18, // 6: opbroker.v1.GetTargetReadinessResponse.targets:type_name -> opbroker.v1.GetTargetReadinessResponse.Target
+	0,  // 7: opbroker.v1.ResolveOperationRequest.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
+	21, // 8: opbroker.v1.ResolveOperationResponse.operation:type_name -> opbroker.v1.Operation
+	9,  // 9: opbroker.v1.ResolveOperationResponse.pending_resolution:type_name -> opbroker.v1.PendingResolution
+	0,  // 10: opbroker.v1.PendingResolution.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
+	20, // 11: opbroker.v1.PendingResolution.expire_time:type_name -> google.protobuf.Timestamp
+	21, // 12: opbroker.v1.ApproveResolutionResponse.operation:type_name -> opbroker.v1.Operation
+	21, // 13: opbroker.v1.ListEscalationsResponse.Escalation.operation:type_name -> opbroker.v1.Operation
+	9,  // 14: opbroker.v1.ListEscalationsResponse.Escalation.pending_resolution:type_name -> opbroker.v1.PendingResolution
+	16, // 15: opbroker.v1.GetStatsResponse.Row.unknown_entered_by_day:type_name -> opbroker.v1.GetStatsResponse.Row.UnknownEnteredByDayEntry
+	17, // 16: opbroker.v1.GetStatsResponse.Row.operations_by_state:type_name -> opbroker.v1.GetStatsResponse.Row.OperationsByStateEntry
+	19, // 17: opbroker.v1.GetTargetReadinessResponse.Target.controls:type_name -> opbroker.v1.GetTargetReadinessResponse.Control
+	12, // 18: opbroker.v1.AdminService.DeleteTenantData:input_type -> opbroker.v1.DeleteTenantDataRequest
+	7,  // 19: opbroker.v1.AdminService.ResolveOperation:input_type -> opbroker.v1.ResolveOperationRequest
+	10, // 20: opbroker.v1.AdminService.ApproveResolution:input_type -> opbroker.v1.ApproveResolutionRequest
+	1,  // 21: opbroker.v1.AdminService.ListEscalations:input_type -> opbroker.v1.ListEscalationsRequest
+	3,  // 22: opbroker.v1.AdminService.GetStats:input_type -> opbroker.v1.GetStatsRequest
+	5,  // 23: opbroker.v1.AdminService.GetTargetReadiness:input_type -> opbroker.v1.GetTargetReadinessRequest
+	13, // 24: opbroker.v1.AdminService.DeleteTenantData:output_type -> opbroker.v1.DeleteTenantDataResponse
+	8,  // 25: opbroker.v1.AdminService.ResolveOperation:output_type -> opbroker.v1.ResolveOperationResponse
+	11, // 26: opbroker.v1.AdminService.ApproveResolution:output_type -> opbroker.v1.ApproveResolutionResponse
+	2,  // 27: opbroker.v1.AdminService.ListEscalations:output_type -> opbroker.v1.ListEscalationsResponse
+	4,  // 28: opbroker.v1.AdminService.GetStats:output_type -> opbroker.v1.GetStatsResponse
+	6,  // 29: opbroker.v1.AdminService.GetTargetReadiness:output_type -> opbroker.v1.GetTargetReadinessResponse
+	24, // [24:30] is the sub-list for method output_type
+	18, // [18:24] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_admin_service_proto_init() }
@@ -1096,7 +1394,7 @@ func file_opbroker_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opbroker_v1_admin_service_proto_rawDesc), len(file_opbroker_v1_admin_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	AdminService_ResolveOperation_FullMethodName   = "/opbroker.v1.AdminService/ResolveOperation"
 	AdminService_ApproveResolution_FullMethodName  = "/opbroker.v1.AdminService/ApproveResolution"
 	AdminService_ListEscalations_FullMethodName    = "/opbroker.v1.AdminService/ListEscalations"
+	AdminService_GetStats_FullMethodName           = "/opbroker.v1.AdminService/GetStats"
 	AdminService_GetTargetReadiness_FullMethodName = "/opbroker.v1.AdminService/GetTargetReadiness"
 )
 
@@ -69,6 +70,13 @@ type AdminServiceClient interface {
 	// returns the oldest page_size; more says that newer ones wait too: resolve the
 	// oldest and list again.
 	ListEscalations(ctx context.Context, in *ListEscalationsRequest, opts ...grpc.CallOption) (*ListEscalationsResponse, error)
+	// Computes from the ledger, for a period, per tenant and target: the operations that
+	// became UNKNOWN per day, how many were resolved and the median and worst time from
+	// UNKNOWN to resolution, the open escalations and the age of the oldest, the intents
+	// refused for a changed payload, and the operations created in the period by their
+	// state now. Without a tenant it spans every tenant and needs a principal with all
+	// tenants.
+	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
 	// Returns the go/no-go controls of every loaded target, as opbroker targets check
 	// prints them.
 	GetTargetReadiness(ctx context.Context, in *GetTargetReadinessRequest, opts ...grpc.CallOption) (*GetTargetReadinessResponse, error)
@@ -116,6 +124,16 @@ func (c *adminServiceClient) ListEscalations(ctx context.Context, in *ListEscala
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListEscalationsResponse)
 	err := c.cc.Invoke(ctx, AdminService_ListEscalations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetStatsResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetStats_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -175,6 +193,13 @@ type AdminServiceServer interface {
 	// returns the oldest page_size; more says that newer ones wait too: resolve the
 	// oldest and list again.
 	ListEscalations(context.Context, *ListEscalationsRequest) (*ListEscalationsResponse, error)
+	// Computes from the ledger, for a period, per tenant and target: the operations that
+	// became UNKNOWN per day, how many were resolved and the median and worst time from
+	// UNKNOWN to resolution, the open escalations and the age of the oldest, the intents
+	// refused for a changed payload, and the operations created in the period by their
+	// state now. Without a tenant it spans every tenant and needs a principal with all
+	// tenants.
+	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
 	// Returns the go/no-go controls of every loaded target, as opbroker targets check
 	// prints them.
 	GetTargetReadiness(context.Context, *GetTargetReadinessRequest) (*GetTargetReadinessResponse, error)
@@ -199,6 +224,9 @@ func (UnimplementedAdminServiceServer) ApproveResolution(context.Context, *Appro
 }
 func (UnimplementedAdminServiceServer) ListEscalations(context.Context, *ListEscalationsRequest) (*ListEscalationsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListEscalations not implemented")
+}
+func (UnimplementedAdminServiceServer) GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetStats not implemented")
 }
 func (UnimplementedAdminServiceServer) GetTargetReadiness(context.Context, *GetTargetReadinessRequest) (*GetTargetReadinessResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetTargetReadiness not implemented")
@@ -296,6 +324,24 @@ func _AdminService_ListEscalations_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_GetStats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetStatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetStats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetStats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetStats(ctx, req.(*GetStatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_GetTargetReadiness_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetTargetReadinessRequest)
 	if err := dec(in); err != nil {
@@ -336,6 +382,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListEscalations",
 			Handler:    _AdminService_ListEscalations_Handler,
+		},
+		{
+			MethodName: "GetStats",
+			Handler:    _AdminService_GetStats_Handler,
 		},
 		{
 			MethodName: "GetTargetReadiness",
