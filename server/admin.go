@@ -169,7 +169,11 @@ func (s *adminService) ListEscalations(ctx context.Context, req *opbrokerv1.List
 	if size == 0 {
 		size = defaultPageSize
 	}
-	params := store.EscalationsParams{TenantID: req.GetTenant(), Owner: req.GetOwner(), Limit: min(size, maxPageSize)}
+	after, err := decodeEscalationToken(req)
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	params := store.EscalationsParams{TenantID: req.GetTenant(), Owner: req.GetOwner(), Limit: min(size, maxPageSize), After: after}
 	if name := req.GetTarget(); name != "" {
 		contract, ok := s.targets.ByName(name)
 		if !ok {
@@ -182,6 +186,9 @@ func (s *adminService) ListEscalations(ctx context.Context, req *opbrokerv1.List
 		return nil, toStatus(ctx, s.log, err)
 	}
 	resp := &opbrokerv1.ListEscalationsResponse{More: more}
+	if more {
+		resp.NextPageToken = encodeEscalationToken(req, escalated[len(escalated)-1].Position)
+	}
 	for _, e := range escalated {
 		item := &opbrokerv1.ListEscalationsResponse_Escalation{Operation: operationFor(ctx, s.targets, e.Operation),
 			AgeSeconds: int64(e.Waited.Seconds()), PendingResolution: pendingResolution(e.Operation)}

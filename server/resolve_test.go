@@ -194,7 +194,8 @@ func TestHistoryNamesWhoDidWhat(t *testing.T) {
 }
 
 // TestEscalationQueue: an operator with all tenants lists every tenant's escalations,
-// oldest first, with owner, target, age and runbook; one bound to a tenant must name it.
+// oldest first, with owner, target, age and runbook, in pages; one bound to a tenant must
+// name it.
 // GetTargetReadiness gives every target's controls.
 func TestEscalationQueue(t *testing.T) {
 	t.Parallel()
@@ -228,6 +229,19 @@ func TestEscalationQueue(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.GetEscalations(), 1)
 	require.True(t, page.GetMore())
+	require.NotEmpty(t, page.GetNextPageToken())
+	next, err := admin.ListEscalations(tokens.as(b.ctx, "oncall"), &opbrokerv1.ListEscalationsRequest{PageSize: 1,
+		PageToken: page.GetNextPageToken()})
+	require.NoError(t, err)
+	require.Len(t, next.GetEscalations(), 1)
+	require.Equal(t, "globex", next.GetEscalations()[0].GetOperation().GetTenant(), "the page after the first")
+	require.False(t, next.GetMore())
+	require.Empty(t, next.GetNextPageToken(), "the end")
+	_, err = admin.ListEscalations(tokens.as(b.ctx, "oncall"), &opbrokerv1.ListEscalationsRequest{Owner: "demo",
+		PageToken: page.GetNextPageToken()})
+	requireStatus(t, err, codes.InvalidArgument, server.ReasonPageTokenMismatch)
+	_, err = admin.ListEscalations(tokens.as(b.ctx, "oncall"), &opbrokerv1.ListEscalationsRequest{PageToken: "bm90IGEgdG9rZW4"})
+	requireStatus(t, err, codes.InvalidArgument, server.ReasonPageTokenInvalid)
 
 	readiness, err := admin.GetTargetReadiness(tokens.as(b.ctx, "acme-operator"), &opbrokerv1.GetTargetReadinessRequest{})
 	require.NoError(t, err)

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/store"
 )
 
@@ -82,6 +84,39 @@ func decodePageToken(token, tenant string, states []store.State) (uuid.NullUUID,
 		return uuid.NullUUID{}, err
 	}
 	return uuid.NullUUID{UUID: tok.After, Valid: true}, nil
+}
+
+// escalationToken continues the escalation queue after an escalation.
+type escalationToken struct {
+	tokenScope
+	At     time.Time `json:"at"`
+	Tenant string    `json:"tn"`
+	After  uuid.UUID `json:"a"`
+}
+
+func (t *escalationToken) valid() bool {
+	return t.After != uuid.Nil && !t.At.IsZero() && t.Tenant != ""
+}
+
+// escalationScope binds an escalation token to its request's tenant and filters.
+func escalationScope(req *opbrokerv1.ListEscalationsRequest) tokenScope {
+	return tokenScope{Version: tokenVersion, Tenant: req.GetTenant(), Filter: "target=" + req.GetTarget() + "\x00owner=" + req.GetOwner()}
+}
+
+func encodeEscalationToken(req *opbrokerv1.ListEscalationsRequest, at store.EscalationPosition) string {
+	return encodeToken(escalationToken{tokenScope: escalationScope(req), At: at.At, Tenant: at.TenantID, After: at.ID})
+}
+
+// decodeEscalationToken returns where the queue continues, or nil from its start.
+func decodeEscalationToken(req *opbrokerv1.ListEscalationsRequest) (*store.EscalationPosition, error) {
+	if req.GetPageToken() == "" {
+		return nil, nil
+	}
+	var tok escalationToken
+	if err := decodeToken("page_token", req.GetPageToken(), escalationScope(req), &tok); err != nil {
+		return nil, err
+	}
+	return &store.EscalationPosition{At: tok.At, TenantID: tok.Tenant, ID: tok.After}, nil
 }
 
 // resumeToken continues a tenant's watch after a cursor of its feed.

@@ -87,7 +87,9 @@ type ListEscalationsRequest struct {
 	// Only those whose owner contains this text.
 	Owner string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
 	// At most this many (0 means 50; more than 1000 means 1000).
-	PageSize      int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageSize int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of a previous call with the same tenant, target and owner.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -150,13 +152,22 @@ func (x *ListEscalationsRequest) GetPageSize() int32 {
 	return 0
 }
 
+func (x *ListEscalationsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 // The response of ListEscalations.
 type ListEscalationsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The escalations, oldest first.
 	Escalations []*ListEscalationsResponse_Escalation `protobuf:"bytes,1,rep,name=escalations,proto3" json:"escalations,omitempty"`
 	// True when more escalations wait than were returned.
-	More          bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	More bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	// Pass to the next call to continue after the last one returned; empty at the end.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -203,6 +214,13 @@ func (x *ListEscalationsResponse) GetMore() bool {
 		return x.More
 	}
 	return false
+}
+
+func (x *ListEscalationsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // The request for GetStats.
@@ -1197,17 +1215,20 @@ var File_opbroker_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_opbroker_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1fopbroker/v1/admin_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bopbroker/v1/operation.proto\"\xd0\x01\n" +
+	"\x1fopbroker/v1/admin_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bopbroker/v1/operation.proto\"\xfc\x01\n" +
 	"\x16ListEscalationsRequest\x12F\n" +
 	"\x06tenant\x18\x01 \x01(\tB.\xe0A\x01\xbaH(\xd8\x01\x01r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\x12\"\n" +
 	"\x06target\x18\x02 \x01(\tB\n" +
 	"\xe0A\x01\xbaH\x04r\x02\x18?R\x06target\x12!\n" +
 	"\x05owner\x18\x03 \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\xc8\x01R\x05owner\x12'\n" +
 	"\tpage_size\x18\x04 \x01(\x05B\n" +
-	"\xe0A\x01\xbaH\x04\x1a\x02(\x00R\bpageSize\"\xe7\x02\n" +
+	"\xe0A\x01\xbaH\x04\x1a\x02(\x00R\bpageSize\x12*\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\x80\bR\tpageToken\"\x8f\x03\n" +
 	"\x17ListEscalationsResponse\x12Q\n" +
 	"\vescalations\x18\x01 \x03(\v2/.opbroker.v1.ListEscalationsResponse.EscalationR\vescalations\x12\x12\n" +
-	"\x04more\x18\x02 \x01(\bR\x04more\x1a\xe4\x01\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\x1a\xe4\x01\n" +
 	"\n" +
 	"Escalation\x124\n" +
 	"\toperation\x18\x01 \x01(\v2\x16.opbroker.v1.OperationR\toperation\x12\x16\n" +

@@ -67,8 +67,8 @@ type AdminServiceClient interface {
 	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
 	// reason, how long it has waited and the owner's runbook from the target's contract.
 	// Without a tenant it spans every tenant and needs a principal with all tenants. It
-	// returns the oldest page_size; more says that newer ones wait too: resolve the
-	// oldest and list again.
+	// returns the oldest page_size; more says that newer ones wait too, and
+	// next_page_token continues after them.
 	ListEscalations(ctx context.Context, in *ListEscalationsRequest, opts ...grpc.CallOption) (*ListEscalationsResponse, error)
 	// Computes from the ledger, for a period, per tenant and target: the operations that
 	// became UNKNOWN per day, how many were resolved and the median and worst time from
@@ -190,8 +190,8 @@ type AdminServiceServer interface {
 	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
 	// reason, how long it has waited and the owner's runbook from the target's contract.
 	// Without a tenant it spans every tenant and needs a principal with all tenants. It
-	// returns the oldest page_size; more says that newer ones wait too: resolve the
-	// oldest and list again.
+	// returns the oldest page_size; more says that newer ones wait too, and
+	// next_page_token continues after them.
 	ListEscalations(context.Context, *ListEscalationsRequest) (*ListEscalationsResponse, error)
 	// Computes from the ledger, for a period, per tenant and target: the operations that
 	// became UNKNOWN per day, how many were resolved and the median and worst time from
