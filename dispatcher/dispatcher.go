@@ -210,9 +210,11 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops claiming at once, gives calls in progress the grace period to finish and
-// records their outcomes, then cuts what is left (a cut call is recorded UNKNOWN). It
-// blocks until every outcome is recorded. It is idempotent and safe without Start.
+// Stop stops claiming at once, gives what was claimed the grace period to be sent and
+// answered and records the outcomes, then cuts what is left: a cut call is recorded
+// UNKNOWN, and a claim still waiting for its slot goes back to PREPARED, never sent
+// (NOT_STARTED). It blocks until every outcome is recorded. It is idempotent and safe
+// without Start.
 func (d *Dispatcher) Stop() {
 	d.Base.Stop()
 	done := make(chan struct{})
@@ -544,6 +546,10 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		},
 	})
 	replied()
+	// The call is over: its lease is no longer kept (as before any call, the outcome
+	// must be written within what is left of it), so the keeper's statement never
+	// contends with the outcome's for the row.
+	d.leases.drop(lease)
 	span.SetAttributes(attribute.String("opbroker.outcome", res.Class), attribute.Bool("opbroker.sent", res.Sent))
 	if res.HTTPStatus != 0 {
 		span.SetAttributes(attribute.Int("http.response.status_code", res.HTTPStatus))

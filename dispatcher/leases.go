@@ -11,8 +11,9 @@ import (
 // leases keeps the leases of the claims a dispatcher holds, waiting for a slot or being
 // sent, ahead of their expiry: every third of a lease, one statement extends them all.
 // A claim whose fence was lost, or whose lease cannot be renewed before it runs out,
-// is cut: its call ends (recorded, as evidence, as a timeout), or, not yet started, it
-// is never sent. Nothing runs while nothing is held.
+// is cut: its call ends (its outcome, a connection error, is recorded as evidence), or,
+// not yet started, it is never sent. A claim is held until its call returns. Nothing
+// runs while nothing is held.
 type leases struct {
 	d *Dispatcher
 
@@ -50,7 +51,7 @@ func (ls *leases) hold(op store.Claimed, target string, expires time.Time, cut c
 	return l
 }
 
-// drop stops keeping l.
+// drop stops keeping l; dropping it again does nothing.
 func (ls *leases) drop(l *lease) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()

@@ -101,8 +101,10 @@ func rotate[C any](p FairClaim, claim func(FairClaim) ([]C, error)) ([]C, error)
 // other claimers hold. Its arguments are constants of this package, never input.
 //
 // picked carries each row's ctid: the statement that updates what it picked finds the
-// rows by it (pickedRows), with a TID scan whatever the statistics say. A row picked is
-// locked, so its ctid stays the row's until the statement ends.
+// rows by it (pickedRows), with a TID scan whatever the statistics say. A row another
+// transaction updated after the statement began is locked in its new version, which
+// the statement's snapshot cannot see: the update skips it (it stays as it is, and the
+// next claim or sweep takes it), never updates another row.
 func fairPick(state, due, order string) string {
 	return `
 		WITH RECURSIVE tenants (tenant_id, n) AS (
@@ -365,6 +367,9 @@ func nullIfZero(n int) *int {
 	return &n
 }
 
+// extendLockWait bounds ExtendLeases' wait for a row lock.
+const extendLockWait = 100 * time.Millisecond
+
 // HeldLease names a claim its holder still holds: the operation and the fence it was
 // claimed with.
 type HeldLease struct {
@@ -376,7 +381,12 @@ type HeldLease struct {
 // the database's clock, in one statement, and returns what is left of each as the
 // database measured it. A claim missing from the answer has lost its fence: another
 // claim, the sweeper or a reconciler moved the operation on.
+//
+// It waits for a row lock at most extendLockWait, then fails (the caller tries again):
+// an outcome statement that holds some of the rows may be waiting for others this one
+// holds, and the outcome must win.
 func (q Scope) ExtendLeases(ctx context.Context, held []HeldLease, lease time.Duration) (map[OperationKey]time.Duration, error) {
+	ctx = withLockTimeout(ctx, extendLockWait)
 	tenants, ids, fences := make([]string, len(held)), make([]uuid.UUID, len(held)), make([]int64, len(held))
 	for i, h := range held {
 		tenants[i], ids[i], fences[i] = h.TenantID, h.ID, h.Fence

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -443,4 +444,29 @@ func TestKeyWindowAndScopeAreFixedAtTheFirstSend(t *testing.T) {
 	require.ErrorContains(t, err, "immutable column changed")
 	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET key_window_end = key_window_end + interval '1 day' WHERE operation_id = $1`, id)
 	require.ErrorContains(t, err, "immutable column changed")
+}
+
+// TestExtendLeasesNeverWaitsLong: a lease extension that meets a row another statement
+// holds (an outcome being written) gives up within its lock wait, so the two can never
+// wait for each other; its caller tries again later.
+func TestExtendLeasesNeverWaitsLong(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.prepareN(t, "acme", 1)
+	claimed, err := b.all.Claim(b.ctx, claimParams(1))
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = tx.Exec(b.ctx, `SELECT 1 FROM operations WHERE operation_id = $1 FOR UPDATE`, claimed[0].ID)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	began := time.Now()
+	_, err = b.all.ExtendLeases(ctx, []store.HeldLease{{OperationKey: store.OperationKey{TenantID: "acme", ID: claimed[0].ID},
+		Fence: claimed[0].FenceToken}}, time.Minute)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(began), 2*time.Second, "gave up at its lock wait")
 }

@@ -157,6 +157,20 @@ func TestPeriodStats(t *testing.T) {
 	_, err := b.all.ResolveManually(b.ctx, store.ManualResolution{TenantID: "acme", ID: op.ID, Revision: op.Revision,
 		State: store.StateFailedTerminal, Reason: "not there", Evidence: "searched", Actor: "operator:alice"})
 	require.NoError(t, err)
+	// A same-key replay whose answer is unclear again, then one that succeeds: one
+	// operation that became UNKNOWN today, resolved once.
+	replayed := b.unknownOp(t, "stats-replayed")
+	for i, state := range []store.State{store.StateUnknown, store.StateSucceeded} {
+		held, err := b.all.ClaimUnknown(b.ctx, unknownParams())
+		require.NoError(t, err)
+		require.Len(t, held, 1, "round %d", i)
+		replay, err := b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: replayed.ID, Fence: held[0].FenceToken,
+			Target: "demo", Worker: "rec", Lease: time.Minute})
+		require.NoError(t, err)
+		_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: replayed.ID, Fence: replay.FenceToken,
+			State: state, RemoteRef: "ch_r", Actor: "test", Observation: store.Observation{Outcome: "TEST"}})
+		require.NoError(t, err)
+	}
 	b.unknownOp(t, "stats-open")
 	_, _, err = b.all.Prepare(b.ctx, prepareParams("acme", "stats-open", `{"amount":2}`))
 	require.Error(t, err, "another payload")
@@ -174,14 +188,14 @@ func TestPeriodStats(t *testing.T) {
 	acme, globex := stats[0], stats[1]
 	require.Equal(t, "acme", acme.TenantID)
 	require.Equal(t, "payments", acme.Target)
-	require.Equal(t, map[string]int64{time.Now().UTC().Format(time.DateOnly): 2}, acme.UnknownEntered)
-	require.Equal(t, int64(1), acme.Resolved)
+	require.Equal(t, map[string]int64{time.Now().UTC().Format(time.DateOnly): 3}, acme.UnknownEntered, "each operation once")
+	require.Equal(t, int64(2), acme.Resolved, "by hand, and by the replay")
 	require.Positive(t, acme.WorstToResolution)
-	require.Equal(t, acme.MedianToResolution, acme.WorstToResolution, "one resolution")
+	require.GreaterOrEqual(t, acme.WorstToResolution, acme.MedianToResolution)
 	require.Equal(t, int64(1), acme.OpenEscalated)
 	require.InDelta(t, time.Hour.Seconds(), acme.OldestEscalation.Seconds(), 60)
 	require.Equal(t, int64(1), acme.PayloadMismatches)
-	require.Equal(t, map[store.State]int64{store.StateFailedTerminal: 1, store.StateEscalated: 1}, acme.ByState)
+	require.Equal(t, map[store.State]int64{store.StateFailedTerminal: 1, store.StateEscalated: 1, store.StateSucceeded: 1}, acme.ByState)
 	require.Equal(t, "globex", globex.TenantID)
 	require.Equal(t, map[store.State]int64{store.StatePrepared: 1}, globex.ByState)
 	require.Zero(t, globex.PayloadMismatches)

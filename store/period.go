@@ -23,11 +23,12 @@ type PeriodRow struct {
 	TenantID string
 	Target   string
 	// UnknownEntered counts, by UTC day (YYYY-MM-DD), the operations that became UNKNOWN
-	// within the period (a look that resolves nothing does not count again).
+	// within the period, each once a day (a look that resolves nothing, or a replay whose
+	// answer is unclear again, does not count it again).
 	UnknownEntered map[string]int64
-	// Resolved counts the operations resolved from UNKNOWN or ESCALATED within the
-	// period; MedianToResolution and WorstToResolution are the time from each one's
-	// first UNKNOWN to its resolution.
+	// Resolved counts the operations that had been UNKNOWN and became terminal within the
+	// period (a same-key replay's success included); MedianToResolution and
+	// WorstToResolution are the time from each one's first UNKNOWN to that.
 	Resolved                              int64
 	MedianToResolution, WorstToResolution time.Duration
 	// OpenEscalated is how many are ESCALATED now, and OldestEscalation how long the
@@ -71,7 +72,7 @@ func (q Scope) PeriodStats(ctx context.Context, p PeriodParams) ([]PeriodRow, er
 			dest []any
 			use  func()
 		}{{
-			`SELECT o.tenant_id, ` + target + `, to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), count(*)
+			`SELECT o.tenant_id, ` + target + `, to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), count(DISTINCT e.operation_id)
 			FROM operation_events e JOIN operations o USING (tenant_id, operation_id)
 			WHERE e.to_state = 'UNKNOWN' AND e.from_state IS DISTINCT FROM 'UNKNOWN'
 				AND e.created_at >= @from AND e.created_at < @to
@@ -83,8 +84,9 @@ func (q Scope) PeriodStats(ctx context.Context, p PeriodParams) ([]PeriodRow, er
 				max(extract(epoch FROM r.created_at - u.entered))::float8
 			FROM operation_events r JOIN operations o USING (tenant_id, operation_id)
 			CROSS JOIN LATERAL (SELECT min(e.created_at) AS entered FROM operation_events e
-				WHERE e.tenant_id = r.tenant_id AND e.operation_id = r.operation_id AND e.to_state = 'UNKNOWN') u
-			WHERE r.from_state IN ('UNKNOWN', 'ESCALATED') AND r.to_state IN ('SUCCEEDED', 'FAILED_TERMINAL')
+				WHERE e.tenant_id = r.tenant_id AND e.operation_id = r.operation_id AND e.to_state = 'UNKNOWN'
+					AND e.revision < r.revision) u
+			WHERE r.to_state IN ('SUCCEEDED', 'FAILED_TERMINAL') AND u.entered IS NOT NULL
 				AND r.created_at >= @from AND r.created_at < @to
 			GROUP BY 1, 2`,
 			[]any{&tenant, &tgt, &n, &median, &worst}, func() {

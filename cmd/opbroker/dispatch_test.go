@@ -110,7 +110,9 @@ func TestWorkerKilledAfterSendEndsUnknown(t *testing.T) {
 func TestPausedWorkerCannotRecordOverNewState(t *testing.T) {
 	t.Parallel()
 	url := storetest.Schema(t)
-	sim, simAt := simulated(t, simtarget.Config{})
+	// The target answers after the worker paused: OnSent runs once the request is
+	// written, and an answer read before the pause took effect would be recorded.
+	sim, simAt := simulated(t, simtarget.Config{Latency: 300 * time.Millisecond})
 	targets := targetsFile(t, simAt)
 
 	paused := startEnv(t, []string{crashpoint.EnvVar + "=" + crashpoint.DispatchAfterSend + "=pause"},
