@@ -271,6 +271,9 @@ type queue struct {
 	pace   float64   // sends started per second over the last paceWindow or more
 }
 
+// claimTimeout bounds one claim statement.
+const claimTimeout = 10 * time.Second
+
 // paceWindow is the shortest time a target's pace is measured over: claims come
 // milliseconds apart, and a pace measured between two of them is noise.
 const paceWindow = 100 * time.Millisecond
@@ -296,6 +299,9 @@ func (d *Dispatcher) claimable(contract *target.Contract, q *queue) int {
 // (more work is likely waiting). Sends continue in the background after it returns.
 func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err error) {
 	for _, contract := range d.cfg.Targets.All() {
+		if ctx.Err() != nil { // stopped: no new claim
+			return claimed, false, err
+		}
 		q := d.queues[contract.Name]
 		if q == nil {
 			q = &queue{}
@@ -306,7 +312,11 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			continue
 		}
 		asOf := d.cfg.Clock()
-		claimCtx, span := d.tracer.Start(ctx, "opbroker.dispatch.claim", trace.WithAttributes(
+		// A claim that commits must be worked, so Stop does not cut one short: cancelled
+		// while PostgreSQL commits it, the claims would be lost to this process and wait
+		// for their leases to expire (UNKNOWN). claimTimeout bounds it instead.
+		claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+		claimCtx, span := d.tracer.Start(claimCtx, "opbroker.dispatch.claim", trace.WithAttributes(
 			attribute.String("opbroker.target", contract.Name), attribute.Int("opbroker.claim.limit", want)))
 		ops, claimErr := d.cfg.Store.AllTenants().Claim(claimCtx, store.ClaimParams{Target: contract.Name,
 			KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: store.FairClaim{
@@ -318,6 +328,7 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 				MaxTenants:     d.cfg.MaxTenantsPerClaim,
 				AfterTenant:    q.cursor,
 			}})
+		cancelClaim()
 		span.SetAttributes(attribute.Int("opbroker.claim.claimed", len(ops)))
 		tracing.End(span, claimErr)
 		if claimErr != nil {
