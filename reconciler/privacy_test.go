@@ -1,42 +1,24 @@
 package reconciler_test
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/opbroker/opbroker/logtest"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/storetest"
 )
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestLogsNeverCarrySensitiveData: through every fault of the simulated target, for a
 // keyed and an unkeyed target, the dispatcher's and the reconciler's logs (at debug
 // level) never contain a payload's bytes, an intent reference or a remote key.
 func TestLogsNeverCarrySensitiveData(t *testing.T) {
 	t.Parallel()
-	logs := &lockedBuffer{}
+	logs := &logtest.Buffer{}
 	b := setupLogged(t, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), simtarget.Config{})
 	var secrets []string
 	for i, f := range simtarget.Faults {

@@ -15,6 +15,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/logtest"
 	"github.com/opbroker/opbroker/server"
 )
 
@@ -27,7 +28,7 @@ func TestOneLinePerCall(t *testing.T) {
 	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
 		t.Run(level.String(), func(t *testing.T) {
 			t.Parallel()
-			logs := &syncBuffer{}
+			logs := &logtest.Buffer{}
 			b := setupWith(t, func(o *server.Options) {
 				o.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
 				o.Reflection = true

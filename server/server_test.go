@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/opbroker/opbroker/clocktest"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/logtest"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
@@ -40,25 +40,8 @@ type testBundle struct {
 	conn   *grpc.ClientConn
 	pool   *pgxpool.Pool
 	store  *store.Store
-	logs   *syncBuffer
+	logs   *logtest.Buffer
 	srv    *server.Server
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 const testMaxPayload = 1024
@@ -72,7 +55,7 @@ func setup(t *testing.T) *testBundle {
 func setupWith(t *testing.T, change func(*server.Options)) *testBundle {
 	t.Helper()
 	st, pool := storetest.NewStore(t)
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	hub := watch.New(st, log, 50*time.Millisecond)
 	require.NoError(t, hub.Start(context.Background()))
@@ -545,7 +528,7 @@ func TestHealthServing(t *testing.T) {
 
 func TestPanicBecomesInternalWithErrorInfo(t *testing.T) {
 	t.Parallel()
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	conn := serve(t, server.Options{
 		Store:         nil, // every handler that touches the store panics
 		Targets:       demoTargets(t),

@@ -111,9 +111,13 @@ func (s *Sweeper) Start(ctx context.Context) error {
 				return
 			case <-ticker.C:
 			}
-			if err := s.Sweep(ctx, time.Time{}); err != nil && ctx.Err() == nil {
+			// A pass that takes ten intervals is stuck (a database that stopped answering,
+			// say): it is given up and reported, and the next one tries again.
+			passCtx, cancel := context.WithTimeout(ctx, 10*s.cfg.Interval)
+			if err := s.Sweep(passCtx, time.Time{}); err != nil && ctx.Err() == nil {
 				s.log.Warn("sweep failed", "error", err)
 			}
+			cancel()
 		}
 	})
 	return nil

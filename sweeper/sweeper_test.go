@@ -3,6 +3,7 @@ package sweeper_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/opbroker/opbroker/logtest"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/storetest"
@@ -198,4 +200,21 @@ func TestExpiredLeasesCountAsUnknownEntered(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]int64{"demo-payments LEASE_EXPIRED": 2}, entered)
+}
+
+// TestStuckSweepIsReported: a pass the database never answers (a broken network: no
+// error, no answer) is given up after ten intervals and logged, not left hanging in
+// silence.
+func TestStuckSweepIsReported(t *testing.T) {
+	t.Parallel()
+	st, _, proxy := storetest.NewStoreBehindProxy(t)
+	logs := &logtest.Buffer{}
+	s, err := sweeper.New(sweeper.Config{Store: st, Logger: slog.New(slog.NewTextHandler(logs, nil)),
+		MeterProvider: noop.NewMeterProvider(), Interval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(s.Stop)
+	proxy.Freeze()
+	t.Cleanup(proxy.Thaw)
+	require.NoError(t, s.Start(context.Background()))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "sweep failed") }, 10*time.Second, 20*time.Millisecond)
 }
