@@ -56,7 +56,7 @@ func (s *adminService) ResolveOperation(ctx context.Context, req *opbrokerv1.Res
 	}
 	resolution := store.ManualResolution{TenantID: tenant, ID: id, Revision: req.GetRevision(),
 		State: state, RemoteRef: req.GetRemoteRef(), Reason: req.GetReason(), Evidence: req.GetEvidence(),
-		EvidenceURL: req.GetEvidenceUrl(), Actor: "operator:" + auth.FromContext(ctx).Name}
+		EvidenceURL: req.GetEvidenceUrl(), Actor: operatorActor(ctx)}
 	if contract, ok := s.targets.ForType(current.OperationType); ok && contract.SecondOperatorRequired() {
 		proposed, err := ledger(ctx, s.store).ProposeResolution(ctx, resolution, contract.ManualResolution.Window())
 		if err != nil {
@@ -81,13 +81,20 @@ func (s *adminService) ApproveResolution(ctx context.Context, req *opbrokerv1.Ap
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
-	op, err := ledger(ctx, s.store).ApproveResolution(ctx, tenant, id, req.GetRevision(), "operator:"+auth.FromContext(ctx).Name)
+	op, err := ledger(ctx, s.store).ApproveResolution(ctx, tenant, id, req.GetRevision(), operatorActor(ctx))
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
 	s.resolved(ctx, op, req.GetName())
 	return &opbrokerv1.ApproveResolutionResponse{Operation: operationFor(ctx, s.targets, op)}, nil
 }
+
+// operatorPrefix starts the actor of what an operator does by hand, before the
+// principal's name.
+const operatorPrefix = "operator:"
+
+// operatorActor is the actor the ledger records for the calling operator.
+func operatorActor(ctx context.Context) string { return operatorPrefix + auth.FromContext(ctx).Name }
 
 // resolved counts and logs a resolution by hand that applied.
 func (s *adminService) resolved(ctx context.Context, op store.Operation, name string) {
@@ -113,7 +120,7 @@ func pendingResolution(op store.Operation) *opbrokerv1.PendingResolution {
 		resolution = opbrokerv1.ResolveOperationRequest_RESOLUTION_SUCCEEDED
 	}
 	return &opbrokerv1.PendingResolution{Resolution: resolution, RemoteRef: p.RemoteRef,
-		ProposedBy: strings.TrimPrefix(p.ProposedBy, "operator:"), ExpireTime: timestamppb.New(p.ExpiresAt)}
+		ProposedBy: strings.TrimPrefix(p.ProposedBy, operatorPrefix), ExpireTime: timestamppb.New(p.ExpiresAt)}
 }
 
 // statsPeriod is GetStats' default period, and maxStatsPeriod the longest it answers.

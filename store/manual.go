@@ -102,6 +102,36 @@ type manualStep struct {
 	approve *Proposal
 }
 
+// manualResolution is the statement of resolveManually: $1, $2 the operation, $3 the
+// revision read, $4 the state resolved to, $5 the target's reference, $6 the
+// observation, whose outcome is the event's reason, $7 the operator. With a window $8 it
+// only proposes: the state, the fence and the reference stay, and the observation's
+// proposal expires after the window. With $9 it is an approval, applied only before $9.
+var manualResolution = `
+	WITH cur AS (
+		SELECT tenant_id, operation_id, state AS from_state FROM operations
+		WHERE tenant_id = $1 AND operation_id = $2
+		FOR UPDATE
+	), upd AS (
+		UPDATE operations o SET
+			state = CASE WHEN $8::interval IS NULL THEN $4::operation_state ELSE o.state END,
+			revision = o.revision + 1,
+			fence_token = CASE WHEN $8::interval IS NULL THEN o.fence_token + 1 ELSE o.fence_token END,
+			remote_ref = coalesce($5, o.remote_ref),
+			last_observation = CASE WHEN $8::interval IS NULL
+				THEN jsonb_set($6::jsonb, '{observed_at}', to_jsonb(now()))
+				ELSE jsonb_set(jsonb_set($6::jsonb, '{observed_at}', to_jsonb(now())),
+					'{proposal,expires_at}', to_jsonb(now() + $8::interval)) END,
+			next_check_at = CASE WHEN $8::interval IS NULL THEN NULL ELSE o.next_check_at END,
+			lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+		FROM cur
+		WHERE o.tenant_id = cur.tenant_id AND o.operation_id = cur.operation_id AND o.revision = $3
+			AND o.state IN ('UNKNOWN', 'ESCALATED') AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+			AND ($9::timestamptz IS NULL OR now() < $9)
+		RETURNING o.*, cur.from_state
+	), ev AS (` + eventsFrom("upd", "from_state", "$7", "$6::jsonb->>'outcome'", "last_observation") + `)
+	SELECT ` + operationColumns + ` FROM upd`
+
 func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step manualStep) (Operation, error) {
 	switch {
 	case p.State != StateSucceeded && p.State != StateFailedTerminal:
@@ -117,41 +147,17 @@ func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step man
 	}
 	obs := Observation{Source: "OPERATOR", Outcome: "MANUAL_RESOLUTION", Summary: p.Reason,
 		Evidence: p.Evidence, EvidenceURL: p.EvidenceURL}
-	// A proposal leaves the state, the fence and the reference as they are; an
-	// approval applies only before the proposal expires.
-	newState, fence, reason := "$4::operation_state", "o.fence_token + 1", "'MANUAL_RESOLUTION'"
-	var window *time.Duration
-	var expires *time.Time
+	var window *time.Duration // set for a proposal
+	var expires *time.Time    // set for an approval
 	switch {
 	case step.propose > 0:
 		obs.Outcome = "RESOLUTION_PROPOSED"
 		obs.Proposal = &Proposal{State: p.State, RemoteRef: p.RemoteRef, ProposedBy: p.Actor}
-		newState, fence, reason, window, ref = "o.state", "o.fence_token", "'RESOLUTION_PROPOSED'", &step.propose, nil
+		window, ref = &step.propose, nil
 	case step.approve != nil:
 		obs.ProposedBy, expires = step.approve.ProposedBy, &step.approve.ExpiresAt
 	}
-	rows := q.query(ctx, `
-		WITH cur AS (
-			SELECT tenant_id, operation_id, state AS from_state FROM operations
-			WHERE tenant_id = $1 AND operation_id = $2
-			FOR UPDATE
-		), upd AS (
-			UPDATE operations o SET state = `+newState+`, revision = o.revision + 1, fence_token = `+fence+`,
-				remote_ref = coalesce($5, o.remote_ref),
-				last_observation = CASE WHEN $8::interval IS NULL
-					THEN jsonb_set($6::jsonb, '{observed_at}', to_jsonb(now()))
-					ELSE jsonb_set(jsonb_set($6::jsonb, '{observed_at}', to_jsonb(now())),
-						'{proposal,expires_at}', to_jsonb(now() + $8::interval)) END,
-				next_check_at = CASE WHEN $8::interval IS NULL THEN NULL ELSE o.next_check_at END,
-				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-			FROM cur
-			WHERE o.tenant_id = cur.tenant_id AND o.operation_id = cur.operation_id AND o.revision = $3
-				AND o.state IN ('UNKNOWN', 'ESCALATED') AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-				AND ($9::timestamptz IS NULL OR now() < $9) AND $4::operation_state IS NOT NULL
-			RETURNING o.*, cur.from_state
-		), ev AS (`+eventsFrom("upd", "from_state", "$7", reason, "last_observation")+`)
-		SELECT `+operationColumns+` FROM upd`,
-		p.TenantID, p.ID, p.Revision, p.State, ref, obs, p.Actor, window, expires)
+	rows := q.query(ctx, manualResolution, p.TenantID, p.ID, p.Revision, p.State, ref, obs, p.Actor, window, expires)
 	op, err := q.collectFenced(rows, "resolve manually")
 	if !errors.Is(err, ErrFenceLost) {
 		return op, err
