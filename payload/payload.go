@@ -21,7 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"iter"
 	"math/big"
 	"mime"
 	"strconv"
@@ -91,33 +91,50 @@ func Matches(contentType string, body, digest []byte) bool {
 	return err == nil && bytes.Equal(d[:], digest)
 }
 
-// checkNumbers walks a JSON document and rejects it when it is not well formed or when
-// any number would change value under RFC 8785's double-precision reading.
+// checkNumbers rejects body when it is not exactly one well-formed JSON value, or when
+// any number in it would change value under RFC 8785's double-precision reading.
 func checkNumbers(body []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	for {
-		tok, err := dec.Token()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("%w: not well-formed JSON", ErrInvalid)
-		}
-		if num, ok := tok.(json.Number); ok && !exactAsDouble(string(num)) {
+	if !json.Valid(body) {
+		return fmt.Errorf("%w: not a single well-formed JSON value", ErrInvalid)
+	}
+	for num := range numbers(body) {
+		if !exactAsDouble(num) {
 			return fmt.Errorf("%w: JSON number cannot be represented exactly as an IEEE 754 double (RFC 8785); send it as a string", ErrInvalid)
 		}
 	}
-	// Token accepts a stream of values; a payload is exactly one.
-	if err := json.Unmarshal(body, new(json.RawMessage)); err != nil {
-		return fmt.Errorf("%w: not a single well-formed JSON value", ErrInvalid)
-	}
 	return nil
+}
+
+// numbers yields the number literals of body, a well-formed JSON value: outside
+// strings, a number is the only token that holds a digit or a minus sign.
+func numbers(body []byte) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		inString := false
+		for i := 0; i < len(body); i++ {
+			switch c := body[i]; {
+			case inString && c == '\\':
+				i++ // the escaped character
+			case c == '"':
+				inString = !inString
+			case !inString && (c == '-' || '0' <= c && c <= '9'):
+				start := i
+				for i+1 < len(body) && strings.IndexByte("0123456789+-.eE", body[i+1]) >= 0 {
+					i++
+				}
+				if !yield(string(body[start : i+1])) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // exactAsDouble reports whether the decimal number text denotes the same value as its
 // RFC 8785 serialisation.
 func exactAsDouble(text string) bool {
+	if digits := strings.TrimPrefix(text, "-"); len(digits) <= 15 && strings.Trim(digits, "0123456789") == "" {
+		return true // an integer of at most 15 digits is a double exactly
+	}
 	f, err := strconv.ParseFloat(text, 64)
 	if err != nil { // out of range
 		return false

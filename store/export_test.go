@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // PrepareTogether records intents as one combined statement would, as if they had
@@ -28,4 +29,19 @@ func (s *Store) PrepareTogether(ctx context.Context, ps []PrepareParams, allTena
 		ops[i], created[i], errs[i] = results[i].op, results[i].created, results[i].err
 	}
 	return ops, created, errs
+}
+
+// MigrateTo brings the schema to version, as an older binary's `opbroker migrate` did:
+// for tests that populate a ledger at an earlier version and migrate it forward.
+func MigrateTo(ctx context.Context, pool *pgxpool.Pool, version int32) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	m, err := newMigrator(ctx, conn)
+	if err != nil {
+		return err
+	}
+	return m.MigrateTo(ctx, version)
 }

@@ -282,7 +282,7 @@ ALTER TABLE ONLY opbroker.operation_transitions
 --
 
 ALTER TABLE ONLY opbroker.operations
-    ADD CONSTRAINT operations_intent_key UNIQUE (tenant_id, operation_type, intent_ref);
+    ADD CONSTRAINT operations_intent_key UNIQUE (operation_type, intent_ref, tenant_id);
 
 --
 -- Name: operations operations_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
