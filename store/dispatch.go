@@ -134,6 +134,24 @@ func pickedRows(rows string) string {
 	return `o.ctid = ANY (ARRAY (SELECT ctid FROM ` + rows + `))`
 }
 
+// keyedRows is the condition that a row of table, under alias, is one of the rows that
+// keys (a from-item that names its rows k) names, where match relates a row r of table
+// to a key k. Each key is looked up on its own (the LIMIT keeps the planner from making
+// the lookups a join, which statistics taken earlier could have it plan as a scan of
+// the whole table), and the rows found are read by ctid, with a TID scan. A row another
+// transaction changed meanwhile is read in its latest version and held to the
+// statement's other conditions. The arguments are constants of this package.
+func keyedRows(alias, table, keys, match string) string {
+	return alias + `.ctid = ANY (ARRAY (SELECT r.ctid FROM ` + keys + ` CROSS JOIN LATERAL (
+		SELECT ctid FROM ` + table + ` r WHERE ` + match + ` LIMIT 1) r))`
+}
+
+// operationKey and attemptKey match a row r to a key k.
+const (
+	operationKey = `r.tenant_id = k.tenant_id AND r.operation_id = k.operation_id`
+	attemptKey   = operationKey + ` AND r.fence_token = k.fence`
+)
+
 // claimedColumns is what a claim returns, read by scanClaimed: the operation, its
 // payload and key, and the durations of Claimed, in microseconds.
 var claimedColumns = operationColumns + `, payload, ` +
@@ -318,14 +336,16 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Oper
 				not_executed = o.not_executed + u.not_executed::int,
 				next_check_at = CASE u.state WHEN 'UNKNOWN' THEN now() WHEN 'PREPARED' THEN now() + u.send_again_after END
 			FROM u
-			WHERE o.tenant_id = u.tenant_id AND o.operation_id = u.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = u.fence
+			WHERE `+keyedRows("o", "operations", "u AS k", operationKey)+`
+				AND o.tenant_id = u.tenant_id AND o.operation_id = u.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = u.fence
 			RETURNING o.*, u.actor AS outcome_actor, u.outcome AS outcome_reason
 		), ev AS (`+eventsFrom("upd", "'IN_FLIGHT'", "outcome_actor", "outcome_reason", "last_observation")+`), att AS (
 			UPDATE operation_attempts a SET finished_at = now(), outcome = u.outcome, http_status = u.http_status,
 				remote_ref = u.remote_ref, summary = u.summary, sent = u.sent,
 				applied = (u.tenant_id, u.operation_id, u.fence) IN (SELECT tenant_id, operation_id, fence_token FROM upd)
 			FROM u
-			WHERE a.tenant_id = u.tenant_id AND a.operation_id = u.operation_id AND a.fence_token = u.fence AND a.finished_at IS NULL
+			WHERE `+keyedRows("a", "operation_attempts", "u AS k", attemptKey)+`
+				AND a.tenant_id = u.tenant_id AND a.operation_id = u.operation_id AND a.fence_token = u.fence AND a.finished_at IS NULL
 		)
 		SELECT `+operationColumns+` FROM upd`,
 		pgx.NamedArgs{"tenant_ids": tenants, "operation_ids": ids, "fences": fences, "states": states,
@@ -391,9 +411,10 @@ func (q Scope) ExtendLeases(ctx context.Context, held []HeldLease, lease time.Du
 	for i, h := range held {
 		tenants[i], ids[i], fences[i] = h.TenantID, h.ID, h.Fence
 	}
-	rows := q.query(ctx, `UPDATE operations o SET lease_expires_at = now() + $4::interval
-		FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h (tenant_id, operation_id, fence)
-		WHERE o.tenant_id = h.tenant_id AND o.operation_id = h.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = h.fence
+	rows := q.query(ctx, `WITH h AS (SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h (tenant_id, operation_id, fence))
+		UPDATE operations o SET lease_expires_at = now() + $4::interval
+		FROM h
+		WHERE `+keyedRows("o", "operations", "h AS k", operationKey)+` AND o.tenant_id = h.tenant_id AND o.operation_id = h.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = h.fence
 		RETURNING o.tenant_id, o.operation_id, `+micros("o.lease_expires_at - now()"), tenants, ids, fences, lease)
 	left := make(map[OperationKey]time.Duration, len(held))
 	var k OperationKey

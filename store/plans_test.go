@@ -3,9 +3,13 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,7 +47,7 @@ func (l *planLog) reset() {
 
 // explainingStore returns a store on url whose every statement's plan, as executed,
 // lands in the returned log.
-func explainingStore(t *testing.T, url string) (*store.Store, *planLog) {
+func explainingStore(t *testing.T, url string, settings ...string) (*store.Store, *planLog) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -54,6 +58,9 @@ func explainingStore(t *testing.T, url string) (*store.Store, *planLog) {
 		"auto_explain.log_level":             "notice",
 	} {
 		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	for i := 0; i+1 < len(settings); i += 2 {
+		cfg.ConnConfig.RuntimeParams[settings[i]] = settings[i+1]
 	}
 	log := &planLog{}
 	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
@@ -110,4 +117,188 @@ func TestForeignKeyChecksUseThePrimaryKey(t *testing.T) {
 			require.NotContains(t, p, "Filter:", "at %d operations:\n%s", size, p)
 		}
 	}
+}
+
+// ledgerRows is how many finished operations TestPlansStayOnTheKeys loads beneath its
+// workload: OPBROKER_TEST_LEDGER_ROWS when set (CI sets a million), else 20,000.
+func ledgerRows(t *testing.T) int {
+	v := os.Getenv("OPBROKER_TEST_LEDGER_ROWS")
+	if v == "" {
+		return 20_000
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(t, err, "OPBROKER_TEST_LEDGER_ROWS")
+	return n
+}
+
+var (
+	bigTableScan    = regexp.MustCompile(`Seq Scan on (operations|operation_events|operation_attempts) `)
+	removedByFilter = regexp.MustCompile(`Rows Removed by (?:Filter|Join Filter|Index Recheck): (\d+)`)
+)
+
+// Over a ledger of finished operations, analyzed when they were loaded (as autovacuum
+// would) and then changed by the workload, every statement of the workload reads by a
+// key: no sequential scan of a ledger table, and no node that reads and discards more
+// than a batch's worth of rows. Only the statistics of GetStats read a period's events
+// whole.
+func TestPlansStayOnTheKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := storetest.Schema(t)
+	admin := storetest.Pool(t, storetest.AdminURL(t, url))
+	rows := ledgerRows(t)
+	start := time.Now()
+	tx, err := admin.Begin(ctx)
+	require.NoError(t, err)
+	// Loaded as finished work: one operation, its last event and its attempt each,
+	// spread over 50 tenants and 30 days. Foreign keys are not checked for the load.
+	for _, sql := range []string{
+		`SET LOCAL session_replication_role = replica`,
+		`INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type, payload_sha256,
+				state, revision, fence_token, attempt_count, remote_ref, first_sent_at, created_at, updated_at)
+			SELECT 'load-' || i % 50, gen_random_uuid(), 'demo.charge', 'loaded-' || i, 'application/json', sha256('{}'),
+				'SUCCEEDED', 3, 1, 1, 'ch_' || i, t, t, t
+			FROM generate_series(1, $1) i, LATERAL (SELECT now() - interval '30 days' * i / $1 AS t) x`,
+		`INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor,
+				remote_ref, attempt_count, created_at)
+			SELECT tenant_id, operation_id, 3, 'IN_FLIGHT', 'SUCCEEDED', 1, 'dispatcher:load', remote_ref, 1, updated_at
+			FROM operations`,
+		`INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker, claimed_at, finished_at,
+				outcome, remote_ref, applied, sent)
+			SELECT tenant_id, operation_id, 1, 'demo', 'load', updated_at, updated_at, 'VERIFIED_SUCCESS', remote_ref, true, true
+			FROM operations`,
+	} {
+		var args []any
+		if strings.Contains(sql, "$1") {
+			args = append(args, rows)
+		}
+		_, err := tx.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit(ctx))
+	_, err = admin.Exec(ctx, `ANALYZE operations; ANALYZE operation_events; ANALYZE operation_attempts`)
+	require.NoError(t, err)
+	t.Logf("loaded %d finished operations in %s", rows, time.Since(start).Round(time.Millisecond))
+
+	st, plans := explainingStore(t, url, "auto_explain.log_analyze", "on", "auto_explain.log_timing", "off")
+	workload(t, st)
+
+	var violations []string
+	for _, p := range plans.matching("") {
+		query, _, _ := strings.Cut(p, "\n")
+		if strings.Contains(p, "opbroker_schema_version") || strings.HasPrefix(strings.TrimSpace(query), "SELECT set_config") {
+			continue
+		}
+		if strings.Contains(p, "percentile_cont") || strings.Contains(p, "count(DISTINCT e.operation_id)") ||
+			strings.Contains(p, "FROM payload_mismatches m JOIN") || strings.Contains(p, "o.created_at >= $") {
+			continue // GetStats' period statistics
+		}
+		bad := bigTableScan.MatchString(p)
+		for _, m := range removedByFilter.FindAllStringSubmatch(p, -1) {
+			if n, _ := strconv.Atoi(m[1]); n > 1000 {
+				bad = true
+			}
+		}
+		if bad {
+			violations = append(violations, p)
+		}
+	}
+	require.Empty(t, violations, "statements that left the keys over %d operations", rows)
+}
+
+// workload runs every kind of statement the broker's hot paths run, for one target:
+// intents prepared together, claims, outcomes of each kind, lease extension, both
+// sweeps, the reconciler's claim, check and resolution, reads, the feed and the purge.
+func workload(t *testing.T, st *store.Store) {
+	ctx := context.Background()
+	all := st.AllTenants()
+	var ps []store.PrepareParams
+	for i := range 400 {
+		p := prepareParams(fmt.Sprintf("work-%d", i%4), fmt.Sprintf("work-%d", i), `{"amount":1}`)
+		if i%10 == 0 {
+			deadline := time.Now().Add(time.Minute)
+			p.DispatchDeadline = &deadline
+		}
+		ps = append(ps, p)
+	}
+	_, _, errs := st.PrepareTogether(ctx, ps, true)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	one, _, err := all.Prepare(ctx, prepareParams("work-0", "work-alone", `{"amount":2}`))
+	require.NoError(t, err)
+	_, err = all.Get(ctx, one.TenantID, one.ID)
+	require.NoError(t, err)
+	_, _, err = all.List(ctx, store.ListParams{TenantID: "load-7", Limit: 50})
+	require.NoError(t, err)
+	_, err = all.Events(ctx, one.TenantID, one.ID, 0, 100)
+	require.NoError(t, err)
+
+	claimed, err := all.Claim(ctx, claimParams(300))
+	require.NoError(t, err)
+	require.NotEmpty(t, claimed)
+	held := make([]store.HeldLease, len(claimed))
+	for i, c := range claimed {
+		held[i] = store.HeldLease{OperationKey: store.OperationKey{TenantID: c.TenantID, ID: c.ID}, Fence: c.FenceToken}
+	}
+	_, err = all.ExtendLeases(ctx, held, time.Minute)
+	require.NoError(t, err)
+	keys := make([]store.OperationKey, len(held))
+	for i, h := range held {
+		keys[i] = h.OperationKey
+	}
+	_, err = all.Revisions(ctx, keys)
+	require.NoError(t, err)
+	obs := store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS", HTTPStatus: 200}
+	var wg sync.WaitGroup
+	for i, c := range claimed[:200] {
+		p := store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken, State: store.StateSucceeded,
+			RemoteRef: "ch_" + c.ID.String(), Observation: obs, Actor: "dispatcher:test"}
+		switch i % 4 {
+		case 1:
+			p.State, p.RemoteRef = store.StateUnknown, ""
+		case 2:
+			p.State, p.RemoteRef, p.NotExecuted, p.SendAgainAfter = store.StatePrepared, "", true, time.Second
+		}
+		wg.Go(func() {
+			_, err := all.RecordOutcome(ctx, p)
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	_, err = all.SweepExpiredLeases(ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 500})
+	require.NoError(t, err)
+	_, err = all.ExpireDeadlines(ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 500})
+	require.NoError(t, err)
+
+	unknown, err := all.ClaimUnknown(ctx, store.FairClaim{OperationTypes: []string{"demo.charge"}, Worker: "test-reconciler",
+		Lease: time.Minute, Limit: 100, PerTenant: 100, MaxTenants: 100})
+	require.NoError(t, err)
+	require.NotEmpty(t, unknown)
+	for i, u := range unknown {
+		look := store.Observation{ObservedAt: time.Now(), Source: "LOOKUP", Outcome: "NOT_FOUND"}
+		if i%2 == 0 {
+			_, err = all.RecordCheck(ctx, store.CheckParams{TenantID: u.TenantID, ID: u.ID, Fence: u.FenceToken,
+				Observation: look, CheckAfter: time.Second, Actor: "reconciler:test"})
+		} else {
+			look.Outcome = "FOUND"
+			_, err = all.ResolveUnknown(ctx, store.ResolveParams{TenantID: u.TenantID, ID: u.ID, Fence: u.FenceToken,
+				State: store.StateSucceeded, RemoteRef: "ch_found", Observation: look, Actor: "reconciler:test"})
+		}
+		require.NoError(t, err)
+		_, _, err = all.StaleSuccess(ctx, u.TenantID, u.ID)
+		require.NoError(t, err)
+	}
+	head, err := all.FeedHead(ctx)
+	require.NoError(t, err)
+	_, err = all.ReadFeed(ctx, store.FeedParams{TenantID: "work-1", Limit: 100}, head)
+	require.NoError(t, err)
+	_, err = all.PurgePayloads(ctx, store.PurgeParams{Default: time.Nanosecond, Limit: 100})
+	require.NoError(t, err)
+	_, err = all.PeriodStats(ctx, store.PeriodParams{From: time.Now().Add(-7 * 24 * time.Hour), To: time.Now()})
+	require.NoError(t, err)
+	_, _, err = all.Escalations(ctx, store.EscalationsParams{Limit: 50})
+	require.NoError(t, err)
+	_, err = all.OpenStats(ctx, store.OpenStatsParams{})
+	require.NoError(t, err)
 }

@@ -63,9 +63,13 @@ var ErrNoScope = errors.New("a scope that names no single tenant (use Store.Tena
 // setScope sets a transaction's tenant scope, which row-level security reads.
 const setScope = `SELECT set_config('opbroker.tenant', $1, true)`
 
+// noSeqScan is withIndexScans' setting.
+const noSeqScan = `set_config('enable_seqscan', 'off', true)`
+
 type (
 	lockTimeoutKey struct{}
 	customPlanKey  struct{}
+	indexScanKey   struct{}
 )
 
 // withLockTimeout returns ctx whose statements give up waiting for a lock after d
@@ -82,6 +86,16 @@ func withCustomPlan(ctx context.Context) context.Context {
 	return context.WithValue(ctx, customPlanKey{}, true)
 }
 
+// withIndexScans returns ctx whose statements never scan a table sequentially
+// (PostgreSQL's enable_seqscan, for the statement's transaction only). It is for the
+// statements that find rows of one state through the state's partial index without a
+// condition on its columns: under row-level security the planner cannot use the state
+// column's statistics (enum equality is not leakproof), takes every row for one of that
+// state, and at a million rows prefers a scan of the table to the partial index.
+func withIndexScans(ctx context.Context) context.Context {
+	return context.WithValue(ctx, indexScanKey{}, true)
+}
+
 // query runs one statement in the scope, in one round trip: sent ahead of it, in its
 // transaction, are its scope and the settings ctx asks for.
 func (q Scope) query(ctx context.Context, sql string, args ...any) pgx.Rows {
@@ -94,6 +108,9 @@ func (q Scope) query(ctx context.Context, sql string, args ...any) pgx.Rows {
 	}
 	if ctx.Value(customPlanKey{}) != nil {
 		set += `, set_config('plan_cache_mode', 'force_custom_plan', true)`
+	}
+	if ctx.Value(indexScanKey{}) != nil {
+		set += `, ` + noSeqScan
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(set, setArgs...)
