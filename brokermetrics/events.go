@@ -3,7 +3,6 @@ package brokermetrics
 import (
 	"context"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/opbroker/opbroker/store"
@@ -26,12 +25,14 @@ var resolutionBuckets = []float64{1, 5, 15, 60, 300, 900, 1800, 3600, 3 * 3600, 
 type Events struct {
 	unknownEntered metric.Int64Counter
 	resolutions    metric.Float64Histogram
+	byCause        *Pairs // target, cause
+	byState        *Pairs // target, state
 }
 
 // NewEvents returns the instruments of mp.
 func NewEvents(mp metric.MeterProvider) (*Events, error) {
 	meter := mp.Meter(meterName)
-	e := &Events{}
+	e := &Events{byCause: NewPairs("target", "cause"), byState: NewPairs("target", "state")}
 	var err error
 	if e.unknownEntered, err = meter.Int64Counter("opbroker.unknown.entered", metric.WithUnit("{operation}"),
 		metric.WithDescription("Operations that became UNKNOWN, by target and cause (the outcome class of the observation that made them UNKNOWN)")); err != nil {
@@ -81,7 +82,7 @@ func (e *Events) Resolved(ctx context.Context, contract *target.Contract, op sto
 		return
 	}
 	e.resolutions.Record(ctx, max(0, op.UpdatedAt.Sub(*op.FirstSentAt).Seconds()),
-		metric.WithAttributes(attribute.String("target", targetName(contract)), attribute.String("state", string(op.State))))
+		e.byState.Of(targetName(contract), string(op.State)))
 }
 
 // UnknownEntered counts n operations of the contract's that became UNKNOWN because of
@@ -93,7 +94,7 @@ func (e *Events) UnknownEntered(ctx context.Context, contract *target.Contract, 
 	if cause == "" {
 		cause = "UNSPECIFIED"
 	}
-	e.unknownEntered.Add(ctx, int64(n), metric.WithAttributes(attribute.String("target", targetName(contract)), attribute.String("cause", cause)))
+	e.unknownEntered.Add(ctx, int64(n), e.byCause.Of(targetName(contract), cause))
 }
 
 func targetName(c *target.Contract) string {

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/opbroker/opbroker/target"
@@ -26,6 +25,7 @@ type Connector interface {
 type TimedConnector struct {
 	Connector
 	duration metric.Float64Histogram
+	byKind   *Pairs // target, kind
 }
 
 // TimeRequests returns c timed into mp's opbroker.target.request.duration.
@@ -36,7 +36,7 @@ func TimeRequests(c Connector, mp metric.MeterProvider) (*TimedConnector, error)
 	if err != nil {
 		return nil, err
 	}
-	return &TimedConnector{Connector: c, duration: h}, nil
+	return &TimedConnector{Connector: c, duration: h, byKind: NewPairs("target", "kind")}, nil
 }
 
 // Send sends through the wrapped Connector and records how long it took.
@@ -58,6 +58,5 @@ func (t *TimedConnector) Lookup(ctx context.Context, contract *target.Contract, 
 func (t *TimedConnector) record(contract *target.Contract, kind string, start time.Time) {
 	// A context of its own: the call's may be cancelled by now, and a measurement is not
 	// part of the call.
-	t.duration.Record(context.Background(), time.Since(start).Seconds(),
-		metric.WithAttributes(attribute.String("target", targetName(contract)), attribute.String("kind", kind)))
+	t.duration.Record(context.Background(), time.Since(start).Seconds(), t.byKind.Of(targetName(contract), kind))
 }

@@ -135,9 +135,11 @@ type Dispatcher struct {
 	// sends start; the map and each queue's pace are owned by the claim loop.
 	queues map[string]*queue
 
-	sends  metric.Int64Counter
-	events *brokermetrics.Events // UNKNOWN entered; replays' resolutions
-	tracer trace.Tracer
+	sends metric.Int64Counter
+	// sendsBy is sends' attributes: target, class.
+	sendsBy *brokermetrics.Pairs
+	events  *brokermetrics.Events // UNKNOWN entered; replays' resolutions
+	tracer  trace.Tracer
 
 	// refused holds, per target whose credential it refused, the credential's version
 	// then and when: the target's operations wait until it changes, or the vendor may
@@ -168,6 +170,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		refused: map[string]refusal{},
 		freed:   make(chan struct{}, 1),
 		tracer:  cfg.TracerProvider.Tracer("github.com/opbroker/opbroker/dispatcher"),
+		sendsBy: brokermetrics.NewPairs("target", "class"),
 	}
 	var err error
 	if d.sends, err = meter.Int64Counter("opbroker.dispatch.sends",
@@ -576,7 +579,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		log().Warn("not recording the outcome", "error", hitErr) // the lease will expire: UNKNOWN
 		return
 	}
-	d.sends.Add(context.Background(), 1, metric.WithAttributes(attribute.String("target", contract.Name), attribute.String("class", res.Class)))
+	d.sends.Add(context.Background(), 1, d.sendsBy.Of(contract.Name, res.Class))
 	if res.Class == target.ClassCredentialRefused {
 		d.credentialRefused(contract, credential)
 	}
