@@ -139,8 +139,11 @@ func pickedRows(rows string) string {
 // to a key k. Each key is looked up on its own (the LIMIT keeps the planner from making
 // the lookups a join, which statistics taken earlier could have it plan as a scan of
 // the whole table), and the rows found are read by ctid, with a TID scan. A row another
-// transaction changed meanwhile is read in its latest version and held to the
-// statement's other conditions. The arguments are constants of this package.
+// transaction changed after the statement's snapshot is skipped: its latest version has
+// another ctid. So it serves only statements for which such a row is one they must not
+// change anyway (a lease extension: the operation moved on; an attempt record: only its
+// own outcome finishes it), never the outcome's move of the operation, which a lease
+// extension may have touched. The arguments are constants of this package.
 func keyedRows(alias, table, keys, match string) string {
 	return alias + `.ctid = ANY (ARRAY (SELECT r.ctid FROM ` + keys + ` CROSS JOIN LATERAL (
 		SELECT ctid FROM ` + table + ` r WHERE ` + match + ` LIMIT 1) r))`
@@ -336,8 +339,7 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Oper
 				not_executed = o.not_executed + u.not_executed::int,
 				next_check_at = CASE u.state WHEN 'UNKNOWN' THEN now() WHEN 'PREPARED' THEN now() + u.send_again_after END
 			FROM u
-			WHERE `+keyedRows("o", "operations", "u AS k", operationKey)+`
-				AND o.tenant_id = u.tenant_id AND o.operation_id = u.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = u.fence
+			WHERE o.tenant_id = u.tenant_id AND o.operation_id = u.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = u.fence
 			RETURNING o.*, u.actor AS outcome_actor, u.outcome AS outcome_reason
 		), ev AS (`+eventsFrom("upd", "'IN_FLIGHT'", "outcome_actor", "outcome_reason", "last_observation")+`), att AS (
 			UPDATE operation_attempts a SET finished_at = now(), outcome = u.outcome, http_status = u.http_status,

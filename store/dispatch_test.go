@@ -241,6 +241,40 @@ func TestExtendLeases(t *testing.T) {
 	require.Equal(t, 1, n.Total(), "an extended lease is not swept; the other one is")
 }
 
+// An outcome that waits for the row while its lease is being extended records once the
+// extension commits: the extension changed the row, not the fence.
+func TestOutcomeAfterAConcurrentLeaseExtension(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.prepareN(t, "acme", 1)
+	claimed, err := b.all.Claim(b.ctx, claimParams(1))
+	require.NoError(t, err)
+	c := claimed[0]
+
+	extension, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = extension.Rollback(b.ctx) }()
+	_, err = extension.Exec(b.ctx, `UPDATE operations SET lease_expires_at = now() + interval '1 minute'
+		WHERE operation_id = $1 AND fence_token = $2`, c.ID, c.FenceToken)
+	require.NoError(t, err)
+
+	recorded := make(chan error, 1)
+	go func() {
+		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+			State: store.StateSucceeded, RemoteRef: "ch_1", Actor: "dispatcher:test",
+			Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS"}})
+		recorded <- err
+	}()
+	require.Eventually(t, func() bool { // the outcome waits for the extension's row lock
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%last_observation%'`) > 0
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, extension.Commit(b.ctx))
+	require.NoError(t, <-recorded, "the fence held")
+	op, err := b.all.Get(b.ctx, c.TenantID, c.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateSucceeded, op.State)
+}
+
 func TestExpireDeadlines(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
