@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -78,10 +79,11 @@ func explainingStore(t *testing.T, url string, settings ...string) (*store.Store
 	return store.New(pool), log
 }
 
-// The foreign-key checks of every event, attempt and refusal look the operation up by
-// the primary key, whatever the table's size when the connection planned them: an index
-// that also leads with the tenant once won that plan and read the tenant's every
-// operation for each check.
+// The foreign-key checks that remain on operations (a refused payload's record, an
+// amendment's reference to what it supersedes) look the operation up by the primary key,
+// whatever the table's size when the connection planned them: an index that also led
+// with the tenant once won that plan and read the tenant's every operation for each
+// check. So do the checks that an event or attempt has its operation.
 func TestForeignKeyChecksUseThePrimaryKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -94,10 +96,17 @@ func TestForeignKeyChecksUseThePrimaryKey(t *testing.T) {
 		for i := range ps {
 			ps[i] = prepareParams("acme", fmt.Sprintf("%s-%d", round, i), `{"amount":1}`)
 		}
-		_, _, errs := st.PrepareTogether(ctx, ps, false)
+		ops, _, errs := st.PrepareTogether(ctx, ps, false)
 		for _, err := range errs {
 			require.NoError(t, err)
 		}
+		amendment := prepareParams("acme", round+"-amended", `{"amount":2}`)
+		amendment.SupersedesID = uuid.NullUUID{UUID: ops[0].ID, Valid: true}
+		_, _, err := st.Tenant("acme").Prepare(ctx, amendment)
+		require.NoError(t, err)
+		_, _, err = st.Tenant("acme").Prepare(ctx, prepareParams("acme", ps[1].IntentRef, `{"amount":3}`))
+		var mismatch *store.PayloadMismatchError
+		require.ErrorAs(t, err, &mismatch)
 	}
 	for _, size := range []int{0, 40, 4000} {
 		_, err := admin.Exec(ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref,
@@ -110,11 +119,16 @@ func TestForeignKeyChecksUseThePrimaryKey(t *testing.T) {
 		for round := range 8 { // past the five custom plans a cached plan starts with
 			prepare(8, fmt.Sprintf("size-%d-round-%d", size, round))
 		}
-		checks := plans.matching(`FOR KEY SHARE OF x`)
-		require.NotEmpty(t, checks, "no foreign-key check was reported at %d operations", size)
-		for _, p := range checks {
-			require.Contains(t, p, "Index Scan using operations_pkey", "at %d operations:\n%s", size, p)
-			require.NotContains(t, p, "Filter:", "at %d operations:\n%s", size, p)
+		for _, query := range []string{
+			`FOR KEY SHARE OF x`, // foreign-key checks
+			`FROM new_rows n`,    // an event or attempt has its operation
+		} {
+			checks := plans.matching(query)
+			require.NotEmpty(t, checks, "no %q was reported at %d operations", query, size)
+			for _, p := range checks {
+				require.Contains(t, p, "Scan using operations_pkey on operations", "at %d operations:\n%s", size, p)
+				require.NotContains(t, p, "Rows Removed by Filter", "at %d operations:\n%s", size, p)
+			}
 		}
 	}
 }

@@ -25,6 +25,25 @@ CREATE TYPE opbroker.operation_state AS ENUM (
 );
 
 --
+-- Name: history_has_operations(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.history_has_operations() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM new_rows n LEFT JOIN LATERAL (
+      SELECT true AS found FROM operations o
+      WHERE o.tenant_id = n.tenant_id AND o.operation_id = n.operation_id LIMIT 1) o ON true
+    WHERE o.found IS NULL) THEN
+    RAISE EXCEPTION '%: a row for an operation that does not exist', TG_TABLE_NAME
+      USING ERRCODE = 'foreign_key_violation';
+  END IF;
+  RETURN NULL;
+END;
+$$;
+
+--
 -- Name: operation_attempts_guard(); Type: FUNCTION; Schema: opbroker; Owner: -
 --
 
@@ -54,6 +73,20 @@ CREATE FUNCTION opbroker.operation_events_append_only() RETURNS trigger
     AS $$
 BEGIN
   RAISE EXCEPTION 'operation_events is append-only' USING ERRCODE = 'integrity_constraint_violation';
+END;
+$$;
+
+--
+-- Name: operations_delete_history(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.operations_delete_history() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  DELETE FROM operation_events e USING old_rows o WHERE e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id;
+  DELETE FROM operation_attempts a USING old_rows o WHERE a.tenant_id = o.tenant_id AND a.operation_id = o.operation_id;
+  RETURN NULL;
 END;
 $$;
 
@@ -157,7 +190,8 @@ CREATE TABLE opbroker.operation_events (
     escalation jsonb,
     xact_id xid8 DEFAULT pg_current_xact_id() NOT NULL,
     seq bigint NOT NULL,
-    CONSTRAINT operation_events_creation CHECK (((from_state IS NULL) = (revision = 1)))
+    CONSTRAINT operation_events_creation CHECK (((from_state IS NULL) = (revision = 1))),
+    CONSTRAINT operation_events_transition CHECK (((from_state IS NULL) OR ((((((((((((((((from_state = 'PREPARED'::opbroker.operation_state) AND (to_state = 'IN_FLIGHT'::opbroker.operation_state)) OR ((from_state = 'PREPARED'::opbroker.operation_state) AND (to_state = 'CANCELLED'::opbroker.operation_state))) OR ((from_state = 'PREPARED'::opbroker.operation_state) AND (to_state = 'FAILED_TERMINAL'::opbroker.operation_state))) OR ((from_state = 'IN_FLIGHT'::opbroker.operation_state) AND (to_state = 'SUCCEEDED'::opbroker.operation_state))) OR ((from_state = 'IN_FLIGHT'::opbroker.operation_state) AND (to_state = 'FAILED_TERMINAL'::opbroker.operation_state))) OR ((from_state = 'IN_FLIGHT'::opbroker.operation_state) AND (to_state = 'UNKNOWN'::opbroker.operation_state))) OR ((from_state = 'IN_FLIGHT'::opbroker.operation_state) AND (to_state = 'PREPARED'::opbroker.operation_state))) OR ((from_state = 'UNKNOWN'::opbroker.operation_state) AND (to_state = 'IN_FLIGHT'::opbroker.operation_state))) OR ((from_state = 'UNKNOWN'::opbroker.operation_state) AND (to_state = 'SUCCEEDED'::opbroker.operation_state))) OR ((from_state = 'UNKNOWN'::opbroker.operation_state) AND (to_state = 'FAILED_TERMINAL'::opbroker.operation_state))) OR ((from_state = 'UNKNOWN'::opbroker.operation_state) AND (to_state = 'ESCALATED'::opbroker.operation_state))) OR ((from_state = 'UNKNOWN'::opbroker.operation_state) AND (to_state = 'UNKNOWN'::opbroker.operation_state))) OR ((from_state = 'ESCALATED'::opbroker.operation_state) AND (to_state = 'SUCCEEDED'::opbroker.operation_state))) OR ((from_state = 'ESCALATED'::opbroker.operation_state) AND (to_state = 'FAILED_TERMINAL'::opbroker.operation_state))) OR ((from_state = 'ESCALATED'::opbroker.operation_state) AND (to_state = 'ESCALATED'::opbroker.operation_state)))))
 );
 
 ALTER TABLE ONLY opbroker.operation_events FORCE ROW LEVEL SECURITY;
@@ -352,37 +386,34 @@ CREATE INDEX payload_mismatches_refused_idx ON opbroker.payload_mismatches USING
 CREATE TRIGGER operation_attempts_guard BEFORE UPDATE ON opbroker.operation_attempts FOR EACH ROW EXECUTE FUNCTION opbroker.operation_attempts_guard();
 
 --
+-- Name: operation_attempts operation_attempts_have_operations; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operation_attempts_have_operations AFTER INSERT ON opbroker.operation_attempts REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION opbroker.history_has_operations();
+
+--
 -- Name: operation_events operation_events_append_only; Type: TRIGGER; Schema: opbroker; Owner: -
 --
 
 CREATE TRIGGER operation_events_append_only BEFORE UPDATE ON opbroker.operation_events FOR EACH ROW EXECUTE FUNCTION opbroker.operation_events_append_only();
 
 --
+-- Name: operation_events operation_events_have_operations; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operation_events_have_operations AFTER INSERT ON opbroker.operation_events REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION opbroker.history_has_operations();
+
+--
+-- Name: operations operations_delete_history; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operations_delete_history AFTER DELETE ON opbroker.operations REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION opbroker.operations_delete_history();
+
+--
 -- Name: operations operations_guard; Type: TRIGGER; Schema: opbroker; Owner: -
 --
 
 CREATE TRIGGER operations_guard BEFORE UPDATE ON opbroker.operations FOR EACH ROW EXECUTE FUNCTION opbroker.operations_guard();
-
---
--- Name: operation_attempts operation_attempts_tenant_id_operation_id_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -
---
-
-ALTER TABLE ONLY opbroker.operation_attempts
-    ADD CONSTRAINT operation_attempts_tenant_id_operation_id_fkey FOREIGN KEY (tenant_id, operation_id) REFERENCES opbroker.operations(tenant_id, operation_id) ON DELETE CASCADE;
-
---
--- Name: operation_events operation_events_tenant_id_operation_id_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -
---
-
-ALTER TABLE ONLY opbroker.operation_events
-    ADD CONSTRAINT operation_events_tenant_id_operation_id_fkey FOREIGN KEY (tenant_id, operation_id) REFERENCES opbroker.operations(tenant_id, operation_id) ON DELETE CASCADE;
-
---
--- Name: operation_events operation_events_transition_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -
---
-
-ALTER TABLE ONLY opbroker.operation_events
-    ADD CONSTRAINT operation_events_transition_fkey FOREIGN KEY (from_state, to_state) REFERENCES opbroker.operation_transitions(from_state, to_state);
 
 --
 -- Name: operations operations_supersedes_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -

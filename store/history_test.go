@@ -1,0 +1,74 @@
+package store_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+)
+
+// Every event is an allowed move: the events' CHECK accepts exactly the pairs of
+// operation_transitions, which the operations' guard follows.
+func TestEventsFollowTheTransitions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := b.prepareN(t, "acme", 1)[0]
+	rows, _ := b.pool.Query(b.ctx, `SELECT f::text, t::text,
+			EXISTS (SELECT 1 FROM operation_transitions WHERE from_state = f AND to_state = t)
+		FROM unnest(enum_range(NULL::operation_state)) f, unnest(enum_range(NULL::operation_state)) t`)
+	type move struct {
+		From, To string
+		Allowed  bool
+	}
+	moves, err := pgx.CollectRows(rows, pgx.RowToStructByPos[move])
+	require.NoError(t, err)
+	require.Len(t, moves, 49)
+	for i, m := range moves {
+		_, err := b.pool.Exec(b.ctx, `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state,
+				fence_token, actor) VALUES ('acme', $1, $2, $3, $4, 0, 'test')`, op, 100+i, m.From, m.To)
+		if m.Allowed {
+			require.NoError(t, err, "%s -> %s", m.From, m.To)
+		} else {
+			require.Error(t, err, "%s -> %s is not a transition", m.From, m.To)
+		}
+	}
+}
+
+// Every event and attempt belongs to an operation, and an operation's deletion takes its
+// history with it.
+func TestHistoryBelongsToOperations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := b.prepareN(t, "acme", 2)
+	_, err := b.all.Claim(b.ctx, claimParams(2))
+	require.NoError(t, err)
+	isForeignKeyViolation := func(err error) bool {
+		var pgErr *pgconn.PgError
+		return errors.As(err, &pgErr) && pgErr.Code == "23503"
+	}
+
+	stranger := uuid.New()
+	for what, sql := range map[string]string{
+		"an event": `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor)
+			VALUES ('acme', $1, 9, 'PREPARED', 'IN_FLIGHT', 1, 'test'), ('acme', $2, 9, 'PREPARED', 'IN_FLIGHT', 1, 'test')`,
+		"an attempt": `INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker)
+			VALUES ('acme', $1, 9, 'demo', 'test'), ('acme', $2, 9, 'demo', 'test')`,
+	} {
+		_, err := b.pool.Exec(b.ctx, sql, ids[0], stranger)
+		require.True(t, isForeignKeyViolation(err), "%s of an operation that does not exist: %v", what, err)
+		_, err = b.pool.Exec(b.ctx, sql, ids[0], ids[1])
+		require.NoError(t, err, what)
+	}
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1`, stranger))
+
+	_, err = b.pool.Exec(b.ctx, `DELETE FROM operations WHERE operation_id = $1`, ids[0])
+	require.NoError(t, err)
+	for _, table := range []string{"operation_events", "operation_attempts"} {
+		require.Zero(t, b.count(t, fmt.Sprintf(`SELECT count(*) FROM %s WHERE operation_id = $1`, table), ids[0]), table)
+		require.Positive(t, b.count(t, fmt.Sprintf(`SELECT count(*) FROM %s WHERE operation_id = $1`, table), ids[1]), table)
+	}
+}
