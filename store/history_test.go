@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -32,9 +33,12 @@ func TestEventsFollowTheTransitions(t *testing.T) {
 				fence_token, actor) VALUES ('acme', $1, $2, $3, $4, 0, 'test')`, op, 100+i, m.From, m.To)
 		if m.Allowed {
 			require.NoError(t, err, "%s -> %s", m.From, m.To)
-		} else {
-			require.Error(t, err, "%s -> %s is not a transition", m.From, m.To)
+			continue
 		}
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, "%s -> %s is not a transition", m.From, m.To)
+		require.Equal(t, "23514", pgErr.Code, "%s -> %s", m.From, m.To) // check_violation
+		require.Equal(t, "operation_events_transition", pgErr.ConstraintName)
 	}
 }
 
@@ -63,7 +67,6 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 		_, err = b.pool.Exec(b.ctx, sql, ids[0], ids[1])
 		require.NoError(t, err, what)
 	}
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1`, stranger))
 
 	_, err = b.pool.Exec(b.ctx, `DELETE FROM operations WHERE operation_id = $1`, ids[0])
 	require.NoError(t, err)
@@ -71,4 +74,30 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 		require.Zero(t, b.count(t, fmt.Sprintf(`SELECT count(*) FROM %s WHERE operation_id = $1`, table), ids[0]), table)
 		require.Positive(t, b.count(t, fmt.Sprintf(`SELECT count(*) FROM %s WHERE operation_id = $1`, table), ids[1]), table)
 	}
+
+	// An event written while its operation is being deleted: the deletion waits for the
+	// event's transaction, or the event sees the deletion and is refused.
+	deletion, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = deletion.Rollback(b.ctx) }()
+	_, err = deletion.Exec(b.ctx, `DELETE FROM operations WHERE operation_id = $1`, ids[1])
+	require.NoError(t, err)
+	written := make(chan error, 1)
+	go func() {
+		_, err := b.pool.Exec(b.ctx, `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state,
+			fence_token, actor) VALUES ('acme', $1, 10, 'IN_FLIGHT', 'UNKNOWN', 1, 'test')`, ids[1])
+		written <- err
+	}()
+	require.Eventually(t, func() bool { // the event waits for the deletion's row lock
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO operation_events%'`) > 0
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, deletion.Commit(b.ctx))
+	require.True(t, isForeignKeyViolation(<-written), "an event of an operation deleted meanwhile")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1`, ids[1]))
+
+	// Truncating operations truncates the history.
+	b.prepareN(t, "beta", 1)
+	_, err = b.pool.Exec(b.ctx, `TRUNCATE operations CASCADE`)
+	require.NoError(t, err)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events`)+b.count(t, `SELECT count(*) FROM operation_attempts`))
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/store"
@@ -57,8 +59,19 @@ func TestMigrationsCarryAPopulatedLedger(t *testing.T) {
 	require.ErrorAs(t, err, &mismatchErr)
 	before := ledgerDigest(t, b)
 
-	require.NoError(t, store.Migrate(ctx, storetest.Pool(t, url)))
-	require.NoError(t, store.CheckSchema(ctx, storetest.Pool(t, url)))
+	// As docs/operations.md says to on a large ledger: 016's index built beforehand,
+	// without holding off writes, by the broker's role.
+	app := storetest.Pool(t, url)
+	_, err = app.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY operations_intent_key_new
+		ON operations (operation_type, intent_ref, tenant_id)`)
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx, app))
+	require.NoError(t, store.CheckSchema(ctx, app))
+	rows, _ := b.pool.Query(ctx, `SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'operations'::regclass
+		AND indisunique AND NOT indisprimary`)
+	indexes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"operations_intent_key"}, indexes, "the index built beforehand is the intent key")
 	require.Equal(t, before, ledgerDigest(t, b), "no row changed")
 
 	// The intent key still holds, for the tenant and type only.
@@ -69,7 +82,10 @@ func TestMigrationsCarryAPopulatedLedger(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
 		payload, payload_sha256) SELECT tenant_id, gen_random_uuid(), operation_type, intent_ref, content_type, payload,
 		payload_sha256 FROM operations LIMIT 1`)
-	require.Error(t, err, "a second operation for one intent is refused by the schema")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "a second operation for one intent is refused by the schema")
+	require.Equal(t, "23505", pgErr.Code) // unique_violation
+	require.Equal(t, "operations_intent_key", pgErr.ConstraintName)
 	_, created, err = b.all.Prepare(ctx, prepareParams("initech", "acme-1", `{"n":1}`))
 	require.NoError(t, err)
 	require.True(t, created, "another tenant's intent of the same reference is its own")

@@ -30,11 +30,12 @@ CREATE TYPE opbroker.operation_state AS ENUM (
 
 CREATE FUNCTION opbroker.history_has_operations() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'opbroker'
     AS $$
 BEGIN
   IF EXISTS (SELECT 1 FROM new_rows n LEFT JOIN LATERAL (
       SELECT true AS found FROM operations o
-      WHERE o.tenant_id = n.tenant_id AND o.operation_id = n.operation_id LIMIT 1) o ON true
+      WHERE o.tenant_id = n.tenant_id AND o.operation_id = n.operation_id LIMIT 1 FOR KEY SHARE) o ON true
     WHERE o.found IS NULL) THEN
     RAISE EXCEPTION '%: a row for an operation that does not exist', TG_TABLE_NAME
       USING ERRCODE = 'foreign_key_violation';
@@ -82,6 +83,7 @@ $$;
 
 CREATE FUNCTION opbroker.operations_delete_history() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'opbroker'
     AS $$
 BEGIN
   DELETE FROM operation_events e USING old_rows o WHERE e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id;
@@ -134,6 +136,20 @@ BEGIN
     END IF;
   END IF;
   RETURN NEW;
+END;
+$$;
+
+--
+-- Name: operations_truncate_history(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.operations_truncate_history() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'opbroker'
+    AS $$
+BEGIN
+  TRUNCATE operation_events, operation_attempts;
+  RETURN NULL;
 END;
 $$;
 
@@ -414,6 +430,12 @@ CREATE TRIGGER operations_delete_history AFTER DELETE ON opbroker.operations REF
 --
 
 CREATE TRIGGER operations_guard BEFORE UPDATE ON opbroker.operations FOR EACH ROW EXECUTE FUNCTION opbroker.operations_guard();
+
+--
+-- Name: operations operations_truncate_history; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operations_truncate_history AFTER TRUNCATE ON opbroker.operations FOR EACH STATEMENT EXECUTE FUNCTION opbroker.operations_truncate_history();
 
 --
 -- Name: operations operations_supersedes_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -

@@ -6,5 +6,18 @@
 -- benchmark. Led by the operation type and the intent reference, the intent key has no
 -- condition on the tenant to start from, so only the primary key can answer the check.
 -- Every statement that uses the intent key gives all three columns.
-ALTER TABLE operations DROP CONSTRAINT operations_intent_key;
-ALTER TABLE operations ADD CONSTRAINT operations_intent_key UNIQUE (operation_type, intent_ref, tenant_id);
+--
+-- Building the new index holds off writes to operations while it runs. On a large
+-- ledger, build it beforehand without blocking (docs/operations.md, "Upgrading"):
+--   CREATE UNIQUE INDEX CONCURRENTLY operations_intent_key_new
+--     ON operations (operation_type, intent_ref, tenant_id);
+-- and this migration only swaps it in.
+DO $$
+BEGIN
+  IF to_regclass('operations_intent_key_new') IS NULL THEN
+    CREATE UNIQUE INDEX operations_intent_key_new ON operations (operation_type, intent_ref, tenant_id);
+  END IF;
+END
+$$;
+ALTER TABLE operations DROP CONSTRAINT operations_intent_key,
+  ADD CONSTRAINT operations_intent_key UNIQUE USING INDEX operations_intent_key_new;
