@@ -141,9 +141,11 @@ func pickedRows(rows string) string {
 // the whole table), and the rows found are read by ctid, with a TID scan. A row another
 // transaction changed after the statement's snapshot is skipped: its latest version has
 // another ctid. So it serves only statements for which such a row is one they must not
-// change anyway (a lease extension: the operation moved on; an attempt record: only its
-// own outcome finishes it), never the outcome's move of the operation, which a lease
-// extension may have touched. The arguments are constants of this package.
+// change anyway (a lease extension: the operation moved on, as long as no two
+// extensions of one lease run at once, which one lease keeper per dispatcher ensures; an
+// attempt record: only its own outcome finishes it), never the outcome's move of the
+// operation, which a lease extension may have touched. The arguments are constants of
+// this package.
 func keyedRows(alias, table, keys, match string) string {
 	return alias + `.ctid = ANY (ARRAY (SELECT r.ctid FROM ` + keys + ` CROSS JOIN LATERAL (
 		SELECT ctid FROM ` + table + ` r WHERE ` + match + ` LIMIT 1) r))`

@@ -86,8 +86,8 @@ func withCustomPlan(ctx context.Context) context.Context {
 	return context.WithValue(ctx, customPlanKey{}, true)
 }
 
-// withIndexScans returns ctx whose statements never scan a table sequentially
-// (PostgreSQL's enable_seqscan, for the statement's transaction only). It is for the
+// withIndexScans returns ctx whose statements scan a table sequentially only when no
+// index applies (PostgreSQL's enable_seqscan off, for the statement's transaction only). It is for the
 // statements that find rows of one state through the state's partial index without a
 // condition on its columns: under row-level security the planner cannot use the state
 // column's statistics (enum equality is not leakproof), takes every row for one of that

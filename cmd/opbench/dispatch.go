@@ -318,7 +318,7 @@ func (r *dispatchRun) backlog(ctx context.Context, n int) error {
 
 // analyze takes statistics of the loaded ledger, as autovacuum's automatic ANALYZE
 // would on a server where it runs. Without them, plans made while the tables were empty
-// stay: foreign-key checks scan instead of using the primary key.
+// stay: the outcome's attempt update, say, scans instead of using the primary key.
 func analyze(ctx context.Context, admin *pgxpool.Pool) error {
 	_, err := admin.Exec(ctx, `ANALYZE operations; ANALYZE operation_events; ANALYZE operation_attempts`)
 	return err
