@@ -12,21 +12,30 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// move is a pair of states and whether operation_transitions allows it.
+type move struct {
+	From, To string
+	Allowed  bool
+}
+
+// moves returns every pair of states, each with whether operation_transitions allows it.
+func (b *testBundle) moves(t *testing.T) []move {
+	t.Helper()
+	rows, _ := b.pool.Query(b.ctx, `SELECT f::text, t::text,
+			EXISTS (SELECT 1 FROM operation_transitions WHERE from_state = f AND to_state = t)
+		FROM unnest(enum_range(NULL::operation_state)) f, unnest(enum_range(NULL::operation_state)) t`)
+	moves, err := pgx.CollectRows(rows, pgx.RowToStructByPos[move])
+	require.NoError(t, err)
+	return moves
+}
+
 // Every event is an allowed move: the events' CHECK accepts exactly the pairs of
 // operation_transitions, which the operations' guard follows.
 func TestEventsFollowTheTransitions(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	op := b.prepareN(t, "acme", 1)[0]
-	rows, _ := b.pool.Query(b.ctx, `SELECT f::text, t::text,
-			EXISTS (SELECT 1 FROM operation_transitions WHERE from_state = f AND to_state = t)
-		FROM unnest(enum_range(NULL::operation_state)) f, unnest(enum_range(NULL::operation_state)) t`)
-	type move struct {
-		From, To string
-		Allowed  bool
-	}
-	moves, err := pgx.CollectRows(rows, pgx.RowToStructByPos[move])
-	require.NoError(t, err)
+	moves := b.moves(t)
 	require.Len(t, moves, 49)
 	for i, m := range moves {
 		_, err := b.pool.Exec(b.ctx, `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state,

@@ -1,0 +1,95 @@
+package store_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+)
+
+// An operation written straight into the table in any state, with every column the
+// schema's checks ask of some state, so that an update's state is judged by the guard.
+const anyStateOperation = `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
+		payload, payload_sha256, state, revision, fence_token, attempt_count, not_executed, remote_ref, first_sent_at,
+		key_window_end, key_scope, escalation, lease_owner, lease_expires_at)
+	VALUES ('acme', gen_random_uuid(), 'demo.charge', $1, 'application/json', '{}', sha256('{}'), $2::operation_state,
+		5, 2, 2, 2, 'r', now(), now() + interval '1 day', 'scope', '{"owner": "o", "reason": "r"}',
+		CASE WHEN $2::operation_state = 'IN_FLIGHT' THEN 'w' END,
+		CASE WHEN $2::operation_state = 'IN_FLIGHT' THEN now() + interval '1 minute' END)
+	RETURNING operation_id`
+
+// isGuardRefusal reports whether err is the guard of table naming a broken rule.
+func isGuardRefusal(err error, table string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23000" && strings.Contains(pgErr.Where, table+"_guard")
+}
+
+// The guard allows exactly the moves of operation_transitions.
+func TestGuardFollowsTheTransitions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, m := range b.moves(t) {
+		if m.From == m.To {
+			continue // no change of state: the guard's transition rule does not apply
+		}
+		var id string
+		require.NoError(t, b.pool.QueryRow(b.ctx, anyStateOperation, m.From+"-"+m.To, m.From).Scan(&id))
+		_, err := b.pool.Exec(b.ctx, `UPDATE operations SET state = $2::operation_state, revision = revision + 1,
+				lease_owner = CASE WHEN $2::operation_state = 'IN_FLIGHT' THEN 'w' END,
+				lease_expires_at = CASE WHEN $2::operation_state = 'IN_FLIGHT' THEN now() + interval '1 minute' END
+			WHERE operation_id = $1`, id, m.To)
+		if m.Allowed {
+			require.NoError(t, err, "%s -> %s", m.From, m.To)
+		} else {
+			require.True(t, isGuardRefusal(err, "operations"), "%s -> %s is not a transition: %v", m.From, m.To, err)
+		}
+	}
+}
+
+// Every other rule of the guards: what never changes, what never decreases, what is
+// fixed once set, a payload only purged, a change of state that bumps the revision by
+// one; and an attempt never changes once finished, nor its identity.
+func TestGuardRefusesEachChange(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i, set := range []string{
+		"tenant_id = 'other'", "operation_id = gen_random_uuid()", "operation_type = 'other'", "intent_ref = 'other'",
+		"content_type = 'text/plain'", "payload_sha256 = sha256('other')", "remote_key = gen_random_uuid()",
+		"created_at = created_at - interval '1 second'", "supersedes_id = gen_random_uuid()",
+		"dispatch_deadline = now() + interval '1 hour'", "not_before = now() - interval '1 hour'",
+		"trace_parent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'", `labels = '{"a": "b"}'`,
+		"first_sent_at = first_sent_at + interval '1 second'", "key_window_end = key_window_end + interval '1 second'",
+		"key_scope = 'other'", "payload = 'other'", "fence_token = fence_token - 1", "revision = revision - 1",
+		"attempt_count = attempt_count - 1", "not_executed = not_executed - 1",
+		"state = 'ESCALATED'", "state = 'ESCALATED', revision = revision + 2",
+	} {
+		var id string
+		require.NoError(t, b.pool.QueryRow(b.ctx, anyStateOperation, fmt.Sprintf("rule-%d", i), "UNKNOWN").Scan(&id))
+		_, err := b.pool.Exec(b.ctx, `UPDATE operations SET `+set+` WHERE operation_id = $1`, id)
+		require.True(t, isGuardRefusal(err, "operations"), "%s: %v", set, err)
+	}
+	var id string
+	require.NoError(t, b.pool.QueryRow(b.ctx, anyStateOperation, "allowed", "UNKNOWN").Scan(&id))
+	_, err := b.pool.Exec(b.ctx, `UPDATE operations SET checks = checks + 1, fence_token = fence_token + 1,
+		revision = revision + 1, state = 'ESCALATED', payload = NULL WHERE operation_id = $1`, id)
+	require.Error(t, err, "a payload is purged only after a terminal state (its own check)")
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET checks = checks + 1, fence_token = fence_token + 1,
+		revision = revision + 1, state = 'ESCALATED' WHERE operation_id = $1`, id)
+	require.NoError(t, err, "what the rules allow")
+
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker)
+		VALUES ('acme', $1, 3, 'demo', 'w'), ('acme', $1, 4, 'demo', 'w')`, id)
+	require.NoError(t, err)
+	for _, set := range []string{"fence_token = 9", "target = 'other'", "worker = 'other'", "claimed_at = claimed_at - interval '1 second'"} {
+		_, err := b.pool.Exec(b.ctx, `UPDATE operation_attempts SET `+set+` WHERE operation_id = $1 AND fence_token = 3`, id)
+		require.True(t, isGuardRefusal(err, "operation_attempts"), "%s: %v", set, err)
+	}
+	_, err = b.pool.Exec(b.ctx, `UPDATE operation_attempts SET finished_at = now(), outcome = 'TIMEOUT', applied = true
+		WHERE operation_id = $1 AND fence_token = 3`, id)
+	require.NoError(t, err, "finishing an attempt")
+	_, err = b.pool.Exec(b.ctx, `UPDATE operation_attempts SET summary = 'rewritten' WHERE operation_id = $1 AND fence_token = 3`, id)
+	require.True(t, isGuardRefusal(err, "operation_attempts"), "a finished attempt: %v", err)
+}
