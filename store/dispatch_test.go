@@ -265,9 +265,7 @@ func TestOutcomeAfterAConcurrentLeaseExtension(t *testing.T) {
 			Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS"}})
 		recorded <- err
 	}()
-	require.Eventually(t, func() bool { // the outcome waits for the extension's row lock
-		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%last_observation%'`) > 0
-	}, 10*time.Second, 5*time.Millisecond)
+	b.waitedOn(t, extension) // the outcome waits for the extension's row lock
 	require.NoError(t, extension.Commit(b.ctx))
 	require.NoError(t, <-recorded, "the fence held")
 	op, err := b.all.Get(b.ctx, c.TenantID, c.ID)

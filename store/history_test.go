@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -97,9 +96,7 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 			fence_token, actor) VALUES ('acme', $1, 10, 'IN_FLIGHT', 'UNKNOWN', 1, 'test')`, ids[1])
 		written <- err
 	}()
-	require.Eventually(t, func() bool { // the event waits for the deletion's row lock
-		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO operation_events%'`) > 0
-	}, 10*time.Second, 5*time.Millisecond)
+	b.waitedOn(t, deletion) // the event waits for the deletion's row lock
 	require.NoError(t, deletion.Commit(b.ctx))
 	require.True(t, isForeignKeyViolation(<-written), "an event of an operation deleted meanwhile")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1`, ids[1]))

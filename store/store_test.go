@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,6 +45,18 @@ func prepareParams(tenant, intent string, body string) store.PrepareParams {
 		PayloadSHA256: sum[:],
 		Actor:         "test",
 	}
+}
+
+// waitedOn waits until another transaction waits for tx's locks: tx's transaction id,
+// not a statement's text, names the wait, whatever other tests run meanwhile.
+func (b *testBundle) waitedOn(t *testing.T, tx pgx.Tx) {
+	t.Helper()
+	var xid string
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT pg_current_xact_id()::xid::text`).Scan(&xid))
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted
+			AND transactionid::text = $1`, xid) > 0
+	}, 10*time.Second, 5*time.Millisecond)
 }
 
 func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
