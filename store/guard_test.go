@@ -1,13 +1,19 @@
 package store_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
 )
 
 // An operation written straight into the table in any state, with every column the
@@ -65,9 +71,24 @@ func TestGuardRefusesEachChange(t *testing.T) {
 		"key_scope = 'other'", "payload = 'other'", "fence_token = fence_token - 1", "revision = revision - 1",
 		"attempt_count = attempt_count - 1", "not_executed = not_executed - 1",
 		"state = 'ESCALATED'", "state = 'ESCALATED', revision = revision + 2",
+		"first_sent_at = NULL", "key_window_end = NULL", "key_scope = NULL",
 	} {
 		var id string
 		require.NoError(t, b.pool.QueryRow(b.ctx, anyStateOperation, fmt.Sprintf("rule-%d", i), "UNKNOWN").Scan(&id))
+		_, err := b.pool.Exec(b.ctx, `UPDATE operations SET `+set+` WHERE operation_id = $1`, id)
+		require.True(t, isGuardRefusal(err, "operations"), "%s: %v", set, err)
+	}
+	// Set at creation, never cleared; a purged payload never comes back.
+	var first string
+	require.NoError(t, b.pool.QueryRow(b.ctx, anyStateOperation, "superseded", "UNKNOWN").Scan(&first))
+	for i, set := range []string{"dispatch_deadline = NULL", "not_before = NULL", "supersedes_id = NULL", "payload = '{}'"} {
+		var id string
+		require.NoError(t, b.pool.QueryRow(b.ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref,
+				content_type, payload_sha256, state, revision, fence_token, attempt_count, remote_ref, first_sent_at,
+				dispatch_deadline, not_before, supersedes_id)
+			VALUES ('acme', gen_random_uuid(), 'demo.charge', $1, 'application/json', sha256('{}'), 'SUCCEEDED', 3, 1, 1,
+				'r', now(), now() + interval '1 hour', now() - interval '1 hour', $2)
+			RETURNING operation_id`, fmt.Sprintf("set-%d", i), first).Scan(&id))
 		_, err := b.pool.Exec(b.ctx, `UPDATE operations SET `+set+` WHERE operation_id = $1`, id)
 		require.True(t, isGuardRefusal(err, "operations"), "%s: %v", set, err)
 	}
@@ -75,7 +96,9 @@ func TestGuardRefusesEachChange(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, anyStateOperation, "allowed", "UNKNOWN").Scan(&id))
 	_, err := b.pool.Exec(b.ctx, `UPDATE operations SET checks = checks + 1, fence_token = fence_token + 1,
 		revision = revision + 1, state = 'ESCALATED', payload = NULL WHERE operation_id = $1`, id)
-	require.Error(t, err, "a payload is purged only after a terminal state (its own check)")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "a payload is purged only after a terminal state (its own check)")
+	require.Equal(t, "operations_payload_kept_until_terminal", pgErr.ConstraintName)
 	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET checks = checks + 1, fence_token = fence_token + 1,
 		revision = revision + 1, state = 'ESCALATED' WHERE operation_id = $1`, id)
 	require.NoError(t, err, "what the rules allow")
@@ -92,4 +115,50 @@ func TestGuardRefusesEachChange(t *testing.T) {
 	require.NoError(t, err, "finishing an attempt")
 	_, err = b.pool.Exec(b.ctx, `UPDATE operation_attempts SET summary = 'rewritten' WHERE operation_id = $1 AND fence_token = 3`, id)
 	require.True(t, isGuardRefusal(err, "operation_attempts"), "a finished attempt: %v", err)
+}
+
+// The guards' functions run only to name a broken rule: claims, outcomes and lease
+// extensions, every update of the hot paths, never call them. (A WHEN condition that
+// fired on them would keep every rule but lose what 019 gained.)
+func TestGuardFunctionsRunOnlyOnRefusals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := storetest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["track_functions"] = "pl"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	all := store.New(pool).AllTenants()
+	admin := storetest.Pool(t, storetest.AdminURL(t, url))
+
+	b := &testBundle{ctx: ctx, all: all, pool: admin}
+	b.prepareN(t, "acme", 4)
+	claimed, err := all.Claim(ctx, claimParams(4))
+	require.NoError(t, err)
+	held := []store.HeldLease{{OperationKey: store.OperationKey{TenantID: "acme", ID: claimed[3].ID}, Fence: claimed[3].FenceToken}}
+	_, err = all.ExtendLeases(ctx, held, time.Minute)
+	require.NoError(t, err)
+	obs := store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS"}
+	for i, c := range claimed[:3] {
+		p := store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken, State: store.StateSucceeded,
+			RemoteRef: "ch", Observation: obs, Actor: "dispatcher:test"}
+		if i == 1 {
+			p.State, p.RemoteRef = store.StateUnknown, ""
+		}
+		_, err := all.RecordOutcome(ctx, p)
+		require.NoError(t, err)
+	}
+	pool.Close() // the backends' statistics are flushed when they end
+	calls := func(function string) int64 {
+		var n int64
+		require.NoError(t, admin.QueryRow(ctx, `SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions
+			WHERE schemaname = current_schema() AND funcname = $1`, function).Scan(&n))
+		return n
+	}
+	// The check that events have their operations ran for every statement that wrote
+	// events: function calls are counted, so the zeros below can tell.
+	require.Eventually(t, func() bool { return calls("history_has_operations") > 0 }, 5*time.Second, 20*time.Millisecond)
+	require.Zero(t, calls("operations_guard"), "the hot paths' updates never called the operations' guard")
+	require.Zero(t, calls("operation_attempts_guard"), "the hot paths' updates never called the attempts' guard")
 }

@@ -72,6 +72,10 @@ func TestMigrationsCarryAPopulatedLedger(t *testing.T) {
 	indexes, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"operations_intent_key"}, indexes, "the index built beforehand is the intent key")
+	var validated bool
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT convalidated FROM pg_constraint
+		WHERE conname = 'operation_events_transition'`).Scan(&validated))
+	require.True(t, validated, "018 validated the events written before 017")
 	require.Equal(t, before, ledgerDigest(t, b), "no row changed")
 
 	// The intent key still holds, for the tenant and type only.
@@ -89,4 +93,22 @@ func TestMigrationsCarryAPopulatedLedger(t *testing.T) {
 	_, created, err = b.all.Prepare(ctx, prepareParams("initech", "acme-1", `{"n":1}`))
 	require.NoError(t, err)
 	require.True(t, created, "another tenant's intent of the same reference is its own")
+}
+
+// An index built beforehand for migration 016 that is not the intent key it needs is
+// refused, not swapped in: the migration stops and says how to build it again.
+func TestIntentKeyBuiltBeforehandMustBeTheRightOne(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := storetest.EmptySchema(t)
+	app := storetest.Pool(t, url)
+	require.NoError(t, store.MigrateTo(ctx, app, 15))
+	_, err := app.Exec(ctx, `CREATE UNIQUE INDEX operations_intent_key_new ON operations (tenant_id, intent_ref, operation_type)`)
+	require.NoError(t, err)
+	require.ErrorContains(t, store.Migrate(ctx, app), "DROP INDEX CONCURRENTLY operations_intent_key_new")
+	_, err = app.Exec(ctx, `DROP INDEX operations_intent_key_new`)
+	require.NoError(t, err)
+	_, err = app.Exec(ctx, `CREATE UNIQUE INDEX operations_intent_key_new ON operations (operation_type, intent_ref, tenant_id)`)
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx, app))
 }

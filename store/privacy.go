@@ -21,7 +21,9 @@ var ErrTenantHasOpenOperations = errors.New("the tenant has operations that are 
 // terminal it deletes nothing and returns ErrTenantHasOpenOperations.
 func (q Scope) DeleteTenant(ctx context.Context, tenantID string) (int64, error) {
 	var deleted int64
-	err := q.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	// Read committed: the deletion's trigger then deletes the history as it is when the
+	// operations are deleted, including events committed since the transaction began.
+	err := q.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var open bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM operations
 			WHERE tenant_id = $1 AND state NOT IN `+terminalStates+`)`, tenantID).Scan(&open); err != nil {

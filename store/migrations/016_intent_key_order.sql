@@ -13,9 +13,17 @@
 --     ON operations (operation_type, intent_ref, tenant_id);
 -- and this migration only swaps it in.
 DO $$
+DECLARE
+  built regclass := to_regclass('operations_intent_key_new');
 BEGIN
-  IF to_regclass('operations_intent_key_new') IS NULL THEN
+  IF built IS NULL THEN
     CREATE UNIQUE INDEX operations_intent_key_new ON operations (operation_type, intent_ref, tenant_id);
+  ELSIF NOT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = built AND indisvalid AND indisunique
+      AND indrelid = 'operations'::regclass AND indpred IS NULL AND indexprs IS NULL
+      AND indkey::text = array_to_string(ARRAY(SELECT attnum FROM unnest(ARRAY['operation_type', 'intent_ref', 'tenant_id'])
+        WITH ORDINALITY AS c (name, i) JOIN pg_attribute ON attrelid = 'operations'::regclass AND attname = c.name
+        ORDER BY i), ' ')) THEN
+    RAISE EXCEPTION 'operations_intent_key_new is not a valid unique index on operations (operation_type, intent_ref, tenant_id): DROP INDEX CONCURRENTLY operations_intent_key_new, build it again as docs/operations.md says, and migrate';
   END IF;
 END
 $$;
