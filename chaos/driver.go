@@ -94,6 +94,9 @@ func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i i
 	if typ == typeCharge && rng.IntN(10) == 0 { // a charge the provider declines after processing
 		payload = fmt.Appendf(nil, `{"amount":%d,"order":%d,"sim":{"completes":"failed"}}`, 1+rng.IntN(10000), i)
 	}
+	if i == 0 { // a charge throttled once (429, documented as not executed), then sent again
+		typ, payload = typeCharge, fmt.Appendf(nil, `{"amount":1,"order":0,"sim":{"fault":"throttle","times":1}}`)
+	}
 	in := &intent{req: &opbrokerv1.PrepareOperationRequest{Tenant: tenant, OperationType: typ,
 		IntentRef: fmt.Sprintf("intent-%d", i), ContentType: "application/json", Payload: payload}}
 	h.add(in)

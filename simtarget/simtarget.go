@@ -9,7 +9,8 @@
 //	POST /v1/notifications      send a notification; no idempotency, no lookup
 //	GET  /sim/truth             ground truth (never used by the broker)
 //
-// Faults are chosen per request: by a JSON payload field {"sim": {"fault": "..."}}, by
+// Faults are chosen per request: by a JSON payload field {"sim": {"fault": "..."}} (with
+// "times": n, for the first n requests with that body only), by
 // Config.Fault, or at random from Config.FaultRates with a seeded source. Provider
 // behaviours (how saved responses are replayed, key retention, lookup lag, the
 // credential it requires) are set in Config.
@@ -189,7 +190,8 @@ type Target struct {
 	// writing holds the objects being written by a conditional create: a second one
 	// meanwhile fails its precondition, as a storage API's atomic create does.
 	writing map[string]bool
-	hang    chan struct{} // closed by Close: releases hanging requests
+	named   map[string]int // requests so far per body whose payload names a fault for a number of times
+	hang    chan struct{}  // closed by Close: releases hanging requests
 	once    sync.Once
 	mux     *http.ServeMux
 }
@@ -209,6 +211,7 @@ func New(cfg Config) *Target {
 		eff:     map[string]*Effect{},
 		byKey:   map[string][]*Effect{},
 		writing: map[string]bool{},
+		named:   map[string]int{},
 		truth:   Truth{Keys: map[string]*KeyTruth{}, Faults: map[Fault]int{}},
 		hang:    make(chan struct{}),
 		mux:     http.NewServeMux(),
@@ -267,10 +270,22 @@ func (t *Target) chooseFault(body []byte) Fault {
 	var doc struct {
 		Sim struct {
 			Fault Fault `json:"fault"`
+			// Times, when set, limits the fault to the first Times requests with this
+			// body; later ones get a fault as if the payload named none.
+			Times int `json:"times"`
 		} `json:"sim"`
 	}
 	if json.Unmarshal(body, &doc) == nil && doc.Sim.Fault != "" {
-		return doc.Sim.Fault
+		if doc.Sim.Times <= 0 {
+			return doc.Sim.Fault
+		}
+		t.mu.Lock()
+		t.named[hashOf(body)]++
+		n := t.named[hashOf(body)]
+		t.mu.Unlock()
+		if n <= doc.Sim.Times {
+			return doc.Sim.Fault
+		}
 	}
 	t.mu.Lock()
 	fault, rates := t.cfg.Fault, t.cfg.FaultRates

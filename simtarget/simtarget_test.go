@@ -71,6 +71,24 @@ func TestFaultsGroundTruth(t *testing.T) {
 	}
 }
 
+// A fault the payload names for a number of times hits only that many requests with the
+// body; the next one is served.
+func TestPayloadFaultForSomeTimes(t *testing.T) {
+	t.Parallel()
+	target := New(Config{})
+	srv := httptest.NewServer(target)
+	defer srv.Close()
+	defer target.Close()
+	body := `{"amount":1,"sim":{"fault":"throttle","times":2}}`
+	for _, want := range []int{429, 429, 200} {
+		resp, err := post(t, srv.URL, "key-1", body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, want, resp.StatusCode)
+	}
+	require.Equal(t, 1, target.Snapshot().Keys["key-1"].Effects)
+}
+
 func TestReplayOfSavedResponse(t *testing.T) {
 	t.Parallel()
 	target := New(Config{})
