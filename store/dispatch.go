@@ -105,7 +105,35 @@ func rotate[C any](p FairClaim, claim func(FairClaim) ([]C, error)) ([]C, error)
 // transaction updated after the statement began is locked in its new version, which
 // the statement's snapshot cannot see: the update skips it (it stays as it is, and the
 // next claim or sweep takes it), never updates another row.
-func fairPick(state, due, order string) string {
+func fairPick(state, due, order string, types int) string {
+	// A tenant's share, oldest first, of the types typeCond admits.
+	share := func(typeCond string) string {
+		return `
+				SELECT ctid, tenant_id, operation_id, ` + order + ` AS sort FROM operations
+				WHERE tenant_id = t.tenant_id AND state = '` + state + `' AND ` + typeCond + `
+				  AND ` + due + `
+				ORDER BY ` + order + `
+				LIMIT $4
+				FOR UPDATE SKIP LOCKED`
+	}
+	perTenant := share("operation_type = ANY ($3)")
+	if state == "PREPARED" {
+		// With the type fixed by an equality, the claim index (tenant, type, id, of PREPARED
+		// operations only) gives the order itself; for all the types at once, the order came
+		// from the primary key, which steps over every finished operation of the tenant
+		// (24,000 at 100,000 finished operations: a claim of 64 took 34 ms there and 203 ms
+		// at a million, against 3 ms). Several types are picked one by one and merged; a
+		// type's rows past the tenant's share stay locked until the claim commits.
+		if types == 1 {
+			perTenant = share("operation_type = ($3::text[])[1]")
+		} else {
+			perTenant = `
+				SELECT x.ctid, x.tenant_id, x.operation_id FROM unnest($3::text[]) AS ty (operation_type),
+					LATERAL (` + share("operation_type = ty.operation_type") + `) x
+				ORDER BY x.sort
+				LIMIT $4`
+		}
+	}
 	return `
 		WITH RECURSIVE tenants (tenant_id, n) AS (
 			(SELECT tenant_id, 1 FROM operations
@@ -118,13 +146,7 @@ func fairPick(state, due, order string) string {
 				ORDER BY tenant_id LIMIT 1) next
 			 WHERE t.n < $2)
 		), picked AS (
-			SELECT p.ctid, p.tenant_id, p.operation_id FROM tenants t, LATERAL (
-				SELECT ctid, tenant_id, operation_id FROM operations
-				WHERE tenant_id = t.tenant_id AND state = '` + state + `' AND operation_type = ANY ($3)
-				  AND ` + due + `
-				ORDER BY ` + order + `
-				LIMIT $4
-				FOR UPDATE SKIP LOCKED) p
+			SELECT p.ctid, p.tenant_id, p.operation_id FROM tenants t, LATERAL (` + perTenant + `) p
 			LIMIT $5`
 }
 
@@ -214,7 +236,8 @@ func (q Scope) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 
 func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	rows := q.query(ctx, fairPick("PREPARED",
-		"(dispatch_deadline IS NULL OR dispatch_deadline > now()) AND (next_check_at IS NULL OR next_check_at <= now())", "operation_id")+`
+		"(dispatch_deadline IS NULL OR dispatch_deadline > now()) AND (next_check_at IS NULL OR next_check_at <= now())", "operation_id",
+		len(p.OperationTypes))+`
 		), claimed AS (
 			UPDATE operations o SET
 				state = 'IN_FLIGHT', revision = o.revision + 1, fence_token = o.fence_token + 1,

@@ -166,12 +166,15 @@ func TestPlansStayOnTheKeys(t *testing.T) {
 	tx, err := admin.Begin(ctx)
 	require.NoError(t, err)
 	// Loaded as finished work: one operation, its last event and its attempt each,
-	// spread over 50 tenants and 30 days. Foreign keys are not checked for the load.
+	// spread over 30 days and 54 tenants, half of it over the workload's four (their
+	// finished operations are what a claim must not step over). The history's checks
+	// are not run for the load.
 	for _, sql := range []string{
 		`SET LOCAL session_replication_role = replica`,
 		`INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type, payload_sha256,
 				state, revision, fence_token, attempt_count, remote_ref, first_sent_at, created_at, updated_at)
-			SELECT 'load-' || i % 50, gen_random_uuid(), 'demo.charge', 'loaded-' || i, 'application/json', sha256('{}'),
+			SELECT CASE WHEN i % 2 = 0 THEN 'work-' || i / 2 % 4 ELSE 'load-' || i % 50 END, gen_random_uuid(), 'demo.charge',
+				'loaded-' || i, 'application/json', sha256('{}'),
 				'SUCCEEDED', 3, 1, 1, 'ch_' || i, t, t, t
 			FROM generate_series(1, $1) i, LATERAL (SELECT now() - interval '30 days' * i / $1 AS t) x`,
 		`INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor,
@@ -249,9 +252,20 @@ func workload(t *testing.T, st *store.Store) {
 	_, err = all.Events(ctx, one.TenantID, one.ID, 0, 100)
 	require.NoError(t, err)
 
-	claimed, err := all.Claim(ctx, claimParams(300))
-	require.NoError(t, err)
-	require.NotEmpty(t, claimed)
+	var claimed []store.Claimed
+	for range 8 { // past the five custom plans a cached plan starts with
+		c, err := all.Claim(ctx, claimParams(40))
+		require.NoError(t, err)
+		claimed = append(claimed, c...)
+	}
+	require.Len(t, claimed, 320)
+	for range 6 { // a target of two types: each type's share picked on its own, then merged
+		p := claimParams(10)
+		p.OperationTypes = []string{"demo.charge", "demo.notify"}
+		c, err := all.Claim(ctx, p)
+		require.NoError(t, err)
+		claimed = append(claimed, c...)
+	}
 	held := make([]store.HeldLease, len(claimed))
 	for i, c := range claimed {
 		held[i] = store.HeldLease{OperationKey: store.OperationKey{TenantID: c.TenantID, ID: c.ID}, Fence: c.FenceToken}

@@ -36,7 +36,7 @@ func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClai
 	// The last send ended at the operation's last exit from IN_FLIGHT (an UNKNOWN
 	// operation's is to UNKNOWN) or at a stale worker's later record of its attempt.
 	rows := q.query(ctx, fairPick("UNKNOWN",
-		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at")+`
+		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at", 0)+`
 		), claimed AS (
 			UPDATE operations o SET fence_token = o.fence_token + 1, lease_owner = $6, lease_expires_at = now() + $7::interval
 			WHERE `+pickedRows("picked")+` AND o.state = 'UNKNOWN'
