@@ -502,3 +502,35 @@ func TestExtendLeasesNeverWaitsLong(t *testing.T) {
 	require.NotErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(began), 2*time.Second, "gave up at its lock wait")
 }
+
+// A target of several types: each tenant's share is its oldest operations of any of
+// them, as for one type, within the per-tenant and total limits.
+func TestClaimOfSeveralTypesTakesTheOldestOfEach(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	oldest := map[string][]uuid.UUID{}
+	for i := range 8 {
+		for _, tenant := range []string{"acme", "beta", "gamma"} {
+			p := prepareParams(tenant, fmt.Sprintf("%s-%d", tenant, i), fmt.Sprintf(`{"n":%d}`, i))
+			p.OperationType = []string{"demo.charge", "demo.notify"}[i%2]
+			op, _, err := b.all.Prepare(b.ctx, p)
+			require.NoError(t, err)
+			if len(oldest[tenant]) < 2 {
+				oldest[tenant] = append(oldest[tenant], op.ID)
+			}
+		}
+	}
+	p := claimParams(5)
+	p.PerTenant, p.OperationTypes = 2, []string{"demo.charge", "demo.notify"}
+	claimed, err := b.all.Claim(b.ctx, p)
+	require.NoError(t, err)
+	require.Len(t, claimed, 5, "the total limit")
+	per := map[string][]uuid.UUID{}
+	for _, c := range claimed {
+		per[c.TenantID] = append(per[c.TenantID], c.ID)
+	}
+	for tenant, ids := range per {
+		require.LessOrEqual(t, len(ids), 2, tenant)
+		require.Subset(t, oldest[tenant], ids, "%s: its oldest, of both types", tenant)
+	}
+}
