@@ -36,7 +36,7 @@ func TestLedgerGaugesReportTheLastReading(t *testing.T) {
 	storetest.PrepareJSON(t, st, "acme", "demo.notify", "n-1", `{"to":"ops"}`)
 	storetest.PrepareJSON(t, st, "acme", "legacy.thing", "l-1", `{}`) // no contract serves it
 	flying := storetest.PrepareJSON(t, st, "acme", "demo.object", "o-1", `{"name":"a"}`)
-	claimed, err := st.AllTenants().Claim(ctx, store.ClaimParams{Target: "demo-objects", FairClaim: store.FairClaim{
+	claimed, err := st.AllTenants().Claim(ctx, store.ClaimParams{FairClaim: store.FairClaim{
 		OperationTypes: []string{"demo.object"}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)

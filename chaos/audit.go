@@ -22,7 +22,8 @@ type ledgerOp struct {
 	Escalated, NextCheck           bool
 	LastObservation                string
 	Events                         []ledgerEvent
-	Attempts                       []ledgerAttempt
+	// Stale are the outcomes workers recorded after losing their fence.
+	Stale []staleOutcome
 }
 
 type ledgerEvent struct {
@@ -35,15 +36,52 @@ type ledgerEvent struct {
 	Reason   string
 	// For a person's resolution: why, and what was checked.
 	Summary, Evidence string
+	// Class is the event's reason alone: on the outcome its holder recorded, the
+	// outcome's class. Sent, on that outcome, says whether the request can have left.
+	Class string
+	Sent  *bool
 }
 
+type staleOutcome struct {
+	Fence   int64
+	Actor   string
+	At      time.Time
+	Outcome string
+}
+
+// ledgerAttempt is one attempt as the ledger records it: the event that took the
+// operation into IN_FLIGHT under its fence and, when its outcome was recorded, the
+// holder's event out of IN_FLIGHT under the same fence or a stale worker's record.
 type ledgerAttempt struct {
 	Fence    int64
-	Applied  *bool
+	Applied  bool
 	Worker   string
 	Claimed  time.Time
 	Finished *time.Time
 	Outcome  string
+}
+
+// attempts derives the operation's attempts from its events and stale outcomes.
+func (op *ledgerOp) attempts() []ledgerAttempt {
+	var out []ledgerAttempt
+	for _, e := range op.Events {
+		if e.To != "IN_FLIGHT" {
+			continue
+		}
+		a := ledgerAttempt{Fence: e.Fence, Worker: e.Actor, Claimed: e.At}
+		for _, f := range op.Events {
+			if f.From != nil && *f.From == "IN_FLIGHT" && f.Fence == e.Fence && f.Sent != nil {
+				a.Applied, a.Finished, a.Outcome = true, &f.At, f.Class
+			}
+		}
+		for _, st := range op.Stale {
+			if st.Fence == e.Fence && !a.Applied {
+				a.Finished, a.Outcome = &st.At, st.Outcome
+			}
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // trail tells an operation's history, for a violation's report.
@@ -52,17 +90,20 @@ func (op *ledgerOp) trail(kt *simtarget.KeyTruth) []string {
 	for _, e := range op.Events {
 		out = append(out, fmt.Sprintf("      %s rev %d -> %s fence %d by %s: %s", e.At.Format("15:04:05.000"), e.Revision, e.To, e.Fence, e.Actor, e.Reason))
 	}
-	for _, a := range op.Attempts {
+	for _, a := range op.attempts() {
 		finished := "unfinished"
 		if a.Finished != nil {
 			finished = a.Finished.Format("15:04:05.000") + " " + a.Outcome
+			if !a.Applied {
+				finished += " (stale)"
+			}
 		}
 		out = append(out, fmt.Sprintf("      attempt fence %d by %s claimed %s, %s", a.Fence, a.Worker, a.Claimed.Format("15:04:05.000"), finished))
 	}
 	return out
 }
 
-// readLedger reads every operation of the run with its events and attempts.
+// readLedger reads every operation of the run with its events and stale outcomes.
 func (c *cluster) readLedger(ctx context.Context) (map[string]*ledgerOp, error) {
 	ops := map[string]*ledgerOp{}
 	rows, _ := c.admin.Query(ctx, `SELECT tenant_id, operation_type, intent_ref, state::text,
@@ -83,11 +124,11 @@ func (c *cluster) readLedger(ctx context.Context) (map[string]*ledgerOp, error) 
 	rows, _ = c.admin.Query(ctx, `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id,
 			revision, from_state::text, to_state::text, fence_token, created_at, actor,
 			coalesce(reason, '') || ' ' || coalesce(observation->>'outcome', ''),
-			coalesce(observation->>'summary', ''), coalesce(observation->>'evidence', '')
+			coalesce(observation->>'summary', ''), coalesce(observation->>'evidence', ''), coalesce(reason, ''), sent
 		FROM operation_events ORDER BY tenant_id, operation_id, revision`)
 	var name string
 	var ev ledgerEvent
-	if _, err := pgx.ForEachRow(rows, []any{&name, &ev.Revision, &ev.From, &ev.To, &ev.Fence, &ev.At, &ev.Actor, &ev.Reason, &ev.Summary, &ev.Evidence}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&name, &ev.Revision, &ev.From, &ev.To, &ev.Fence, &ev.At, &ev.Actor, &ev.Reason, &ev.Summary, &ev.Evidence, &ev.Class, &ev.Sent}, func() error {
 		if o := ops[name]; o != nil {
 			o.Events = append(o.Events, ev)
 		}
@@ -95,17 +136,17 @@ func (c *cluster) readLedger(ctx context.Context) (map[string]*ledgerOp, error) 
 	}); err != nil {
 		return nil, fmt.Errorf("reading events: %w", err)
 	}
-	rows, _ = c.admin.Query(ctx, `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id, fence_token, applied,
-			worker, claimed_at, finished_at, coalesce(outcome, '')
-		FROM operation_attempts ORDER BY tenant_id, operation_id, fence_token`)
-	var at ledgerAttempt
-	if _, err := pgx.ForEachRow(rows, []any{&name, &at.Fence, &at.Applied, &at.Worker, &at.Claimed, &at.Finished, &at.Outcome}, func() error {
+	rows, _ = c.admin.Query(ctx, `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id, fence_token,
+			actor, recorded_at, outcome
+		FROM stale_outcomes ORDER BY tenant_id, operation_id, fence_token`)
+	var st staleOutcome
+	if _, err := pgx.ForEachRow(rows, []any{&name, &st.Fence, &st.Actor, &st.At, &st.Outcome}, func() error {
 		if o := ops[name]; o != nil {
-			o.Attempts = append(o.Attempts, at)
+			o.Stale = append(o.Stale, st)
 		}
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("reading attempts: %w", err)
+		return nil, fmt.Errorf("reading stale outcomes: %w", err)
 	}
 	return ops, nil
 }
@@ -345,25 +386,26 @@ func auditEvents(op *ledgerOp, fail func(id, format string, args ...any)) {
 	if last := op.Events[len(op.Events)-1]; last.To != op.State {
 		fail("I10", "%s: the last event ends in %s, the operation is %s", op.Name, last.To, op.State)
 	}
-	// I5: an outcome was applied only under the fence of its own claim: every attempt
-	// marked applied matches the event that took the operation out of IN_FLIGHT with its
-	// fence, and no such event lacks its attempt.
-	applied := map[int64]bool{}
-	for _, a := range op.Attempts {
-		if a.Applied != nil && *a.Applied {
-			applied[a.Fence] = true
+	// I5: an outcome was applied only under the fence of its own claim: every event that
+	// took the operation out of IN_FLIGHT, other than to UNKNOWN (which the sweeper may
+	// do when the lease expires), is a holder's outcome (it says whether the request
+	// left) under the fence the operation entered IN_FLIGHT with; and a stale outcome
+	// was kept only for a fence that was claimed and whose holder applied no outcome.
+	for i, e := range op.Events {
+		if e.From == nil || *e.From != "IN_FLIGHT" || i == 0 {
+			continue
+		}
+		if e.To != "UNKNOWN" && e.Sent == nil {
+			fail("I5", "%s: left IN_FLIGHT for %s under fence %d, but not as its holder's outcome", op.Name, e.To, e.Fence)
+		}
+		if claim := op.Events[i-1]; e.Fence != claim.Fence {
+			fail("I5", "%s: left IN_FLIGHT under fence %d, entered under %d", op.Name, e.Fence, claim.Fence)
 		}
 	}
-	for _, e := range op.Events {
-		if e.From != nil && *e.From == "IN_FLIGHT" && e.To != "UNKNOWN" && !applied[e.Fence] {
-			fail("I5", "%s: left IN_FLIGHT for %s under fence %d without an applied attempt", op.Name, e.To, e.Fence)
-		}
-	}
-	for f := range applied {
-		if !slices.ContainsFunc(op.Events, func(e ledgerEvent) bool {
-			return e.From != nil && *e.From == "IN_FLIGHT" && e.Fence == f
-		}) {
-			fail("I5", "%s: an attempt under fence %d is marked applied, but no change was made under it", op.Name, f)
+	for _, st := range op.Stale {
+		claimed := slices.ContainsFunc(op.attempts(), func(a ledgerAttempt) bool { return a.Fence == st.Fence && !a.Applied })
+		if !claimed {
+			fail("I5", "%s: a stale outcome under fence %d, which no unapplied attempt holds", op.Name, st.Fence)
 		}
 	}
 }
@@ -381,12 +423,12 @@ func auditAmendment(op, original *ledgerOp, truth map[string]*simtarget.KeyTruth
 	case found == "PREPARED":
 		// PREPARED: never sent, or only answered with answers documented as not executed.
 		kt := orEmpty(truth[original.RemoteKey])
-		executable := slices.ContainsFunc(original.Attempts, func(a ledgerAttempt) bool {
+		executable := slices.ContainsFunc(original.attempts(), func(a ledgerAttempt) bool {
 			return a.Outcome != target.ClassNotExecuted && a.Outcome != target.ClassCredentialRefused
 		})
 		if original.State != "CANCELLED" || executable || kt.Effects > 0 {
 			fail("I11", "%s: amended %s while PREPARED, but the original is %s with %d attempts and %d effects\n%s",
-				op.Name, original.Name, original.State, len(original.Attempts), kt.Effects, strings.Join(original.trail(kt), "\n"))
+				op.Name, original.Name, original.State, len(original.attempts()), kt.Effects, strings.Join(original.trail(kt), "\n"))
 		}
 	case slices.Contains(terminal, found):
 	default:

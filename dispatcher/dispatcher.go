@@ -321,7 +321,7 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 		claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
 		claimCtx, span := d.tracer.Start(claimCtx, "opbroker.dispatch.claim", trace.WithAttributes(
 			attribute.String("opbroker.target", contract.Name), attribute.Int("opbroker.claim.limit", want)))
-		ops, claimErr := d.cfg.Store.AllTenants().Claim(claimCtx, store.ClaimParams{Target: contract.Name,
+		ops, claimErr := d.cfg.Store.AllTenants().Claim(claimCtx, store.ClaimParams{
 			KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: store.FairClaim{
 				OperationTypes: contract.OperationTypes,
 				Worker:         d.cfg.Worker,

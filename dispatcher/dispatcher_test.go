@@ -238,8 +238,8 @@ func TestFairAcrossTenants(t *testing.T) {
 	// Counted in the claims, in the order the dispatcher took them: when the sends
 	// finish, and when this test looks, depends on how loaded the machine is.
 	var before int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operation_attempts
-		WHERE tenant_id = 'big' AND claimed_at < (SELECT claimed_at FROM operation_attempts WHERE tenant_id = 'small')`).Scan(&before))
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operation_events WHERE to_state = 'IN_FLIGHT'
+		AND tenant_id = 'big' AND seq < (SELECT seq FROM operation_events WHERE to_state = 'IN_FLIGHT' AND tenant_id = 'small')`).Scan(&before))
 	require.Less(t, before, 4, "the small tenant's operation was claimed after %d of the big tenant's", before)
 }
 
@@ -329,7 +329,7 @@ func TestStopGivesBackClaimsNeverSent(t *testing.T) {
 		FROM operations`).Scan(&back, &unknown))
 	require.Equal(t, 5, back, "the claims never sent are PREPARED again")
 	require.Equal(t, 1, unknown, "the call cut after the grace period")
-	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM operation_attempts WHERE outcome = 'NOT_STARTED' AND NOT sent`))
+	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM operation_events WHERE reason = 'NOT_STARTED' AND NOT sent`))
 	require.Equal(t, 1, b.sim.Snapshot().Requests, "only the first was sent")
 }
 
@@ -516,7 +516,7 @@ func (b *testBundle) replayClaim(t *testing.T, op store.Operation) (store.Claime
 	require.GreaterOrEqual(t, i, 0)
 	asOf := time.Now()
 	replay, err := b.store.AllTenants().BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: unknown[i].FenceToken,
-		Target: "demo-payments", Worker: "r", Lease: time.Minute})
+		Worker: "r", Lease: time.Minute})
 	require.NoError(t, err)
 	return replay, asOf
 }

@@ -5,9 +5,9 @@
 // never hold the same operation. Only the holder of the current fence records an
 // outcome, and only while the operation is still IN_FLIGHT with that fence; a holder that
 // lost its fence (paused past its lease, say) writes no state and never re-sends; what it
-// observed is kept on its attempt record as evidence.
+// observed is kept as evidence beside the operation's history (a stale outcome).
 //
-// What is durable when: the claim (with its attempt record) is committed before the
+// What is durable when: the claim (with its event, the attempt's record) is committed before the
 // request leaves. An outcome is written after the reply on a context that shutdown does
 // not cancel. If the process dies in between, the lease expires and the sweeper moves the
 // operation to UNKNOWN, never back to PREPARED, because the request may have left.

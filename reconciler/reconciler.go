@@ -308,7 +308,7 @@ func (r *Reconciler) replay(ctx context.Context, contract *target.Contract, op s
 	defer limiter.Release(contract.Name, 1)
 	asOf := r.cfg.Clock()
 	claim, err := r.cfg.Store.AllTenants().BeginReplay(ctx, store.BeginReplayParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
-		Target: contract.Name, Worker: r.cfg.Worker, Lease: r.cfg.Lease})
+		Worker: r.cfg.Worker, Lease: r.cfg.Lease})
 	if err != nil {
 		return err
 	}

@@ -193,7 +193,7 @@ func TestEveryDocumentedReason(t *testing.T) {
 		own := setup(t)
 		resp, err := own.client.PrepareOperation(own.ctx, prepareRequest("acme", "sent", `{"amount":1}`))
 		require.NoError(t, err)
-		claimed, err := own.store.AllTenants().Claim(own.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+		claimed, err := own.store.AllTenants().Claim(own.ctx, store.ClaimParams{FairClaim: store.FairClaim{
 			OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 		require.NoError(t, err)
 		require.Len(t, claimed, 1)
@@ -227,7 +227,7 @@ func TestEveryDocumentedReason(t *testing.T) {
 		resp, err := own.client.PrepareOperation(own.ctx, prepareRequest("acme", "unclear", `{"amount":1}`))
 		require.NoError(t, err)
 		fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}
-		claimed, err := own.store.AllTenants().Claim(own.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: fair})
+		claimed, err := own.store.AllTenants().Claim(own.ctx, store.ClaimParams{FairClaim: fair})
 		require.NoError(t, err)
 		require.Len(t, claimed, 1)
 		_, err = own.store.AllTenants().RecordOutcome(own.ctx, store.OutcomeParams{TenantID: "acme", ID: claimed[0].ID,

@@ -256,7 +256,7 @@ func TestEscalationQueue(t *testing.T) {
 func escalate(t *testing.T, b *testBundle, tenant string, id uuid.UUID) store.Operation {
 	t.Helper()
 	fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: fair})
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{FairClaim: fair})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: tenant, ID: id, Fence: claimed[0].FenceToken,

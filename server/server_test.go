@@ -285,7 +285,7 @@ func TestPrepareSupersedes(t *testing.T) {
 	// The amendment is sent (IN_FLIGHT): amending it is refused, naming it and its state.
 	id, err := uuid.Parse(strings.TrimPrefix(resp.GetOperation().GetName(), "tenants/acme/operations/"))
 	require.NoError(t, err)
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{FairClaim: store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)

@@ -20,7 +20,7 @@ import (
 // replica's).
 func drive(t *testing.T, b *testBundle, st *store.Store, id uuid.UUID) {
 	t.Helper()
-	claimed, err := st.AllTenants().Claim(b.ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+	claimed, err := st.AllTenants().Claim(b.ctx, store.ClaimParams{FairClaim: store.FairClaim{
 		OperationTypes: []string{"demo.charge"}, Worker: "w", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)

@@ -52,10 +52,9 @@ type FairClaim struct {
 	AfterTenant    string
 }
 
-// ClaimParams select what a dispatcher's claim takes; Target is recorded on the attempts.
+// ClaimParams select what a dispatcher's claim takes.
 type ClaimParams struct {
 	FairClaim
-	Target string
 	// KeyRetention and KeyScope, for a target with an idempotency key, fix what the key
 	// means when an operation is first sent: its window ends KeyRetention later by the
 	// database's clock, and its scope's fingerprint is KeyScope. Later claims keep them.
@@ -164,20 +163,16 @@ func pickedRows(rows string) string {
 // transaction changed after the statement's snapshot is skipped: its latest version has
 // another ctid. So it serves only statements for which such a row is one they must not
 // change anyway (a lease extension: the operation moved on, as long as no two
-// extensions of one lease run at once, which one lease keeper per dispatcher ensures; an
-// attempt record: only its own outcome finishes it), never the outcome's move of the
-// operation, which a lease extension may have touched. The arguments are constants of
-// this package.
+// extensions of one lease run at once, which one lease keeper per dispatcher ensures),
+// never the outcome's move of the operation, which a lease extension may have touched.
+// The arguments are constants of this package.
 func keyedRows(alias, table, keys, match string) string {
 	return alias + `.ctid = ANY (ARRAY (SELECT r.ctid FROM ` + keys + ` CROSS JOIN LATERAL (
 		SELECT ctid FROM ` + table + ` r WHERE ` + match + ` LIMIT 1) r))`
 }
 
-// operationKey and attemptKey match a row r to a key k.
-const (
-	operationKey = `r.tenant_id = k.tenant_id AND r.operation_id = k.operation_id`
-	attemptKey   = operationKey + ` AND r.fence_token = k.fence`
-)
+// operationKey matches a row r to a key k.
+const operationKey = `r.tenant_id = k.tenant_id AND r.operation_id = k.operation_id`
 
 // claimedColumns is what a claim returns, read by scanClaimed: the operation, its
 // payload and key, and the durations of Claimed, in microseconds.
@@ -223,8 +218,8 @@ func scanClaimedInto(row pgx.CollectableRow, c *Claimed, extra ...any) error {
 }
 
 // Claim moves up to Limit PREPARED operations of the given types to IN_FLIGHT with one
-// statement: each gets fence + 1, attempt + 1, a lease, its first-send time, an event
-// and an attempt record. Rows locked by another claimer are skipped, so concurrent
+// statement: each gets fence + 1, attempt + 1, a lease, its first-send time and an event,
+// which is the attempt's record. Rows locked by another claimer are skipped, so concurrent
 // claimers never take the same operation. Operations whose dispatch deadline has passed
 // are left to ExpireDeadlines.
 func (q Scope) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
@@ -243,15 +238,12 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 				state = 'IN_FLIGHT', revision = o.revision + 1, fence_token = o.fence_token + 1,
 				attempt_count = o.attempt_count + 1, lease_owner = $6, lease_expires_at = now() + $7::interval,
 				first_sent_at = coalesce(o.first_sent_at, now()), next_check_at = NULL, updated_at = now(),
-				key_window_end = coalesce(o.key_window_end, now() + $9::interval), key_scope = coalesce(o.key_scope, $10)
+				key_window_end = coalesce(o.key_window_end, now() + $8::interval), key_scope = coalesce(o.key_scope, $9)
 			WHERE `+pickedRows("picked")+` AND o.state = 'PREPARED'
 			RETURNING o.*
-		), ev AS (`+eventsFrom("claimed", "'PREPARED'", "'dispatcher:' || $6", "NULL", "NULL")+`), att AS (
-			INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker, claimed_at)
-			SELECT tenant_id, operation_id, fence_token, $8, $6, updated_at FROM claimed
-		)
+		), ev AS (`+eventsFrom("claimed", "'PREPARED'", "'dispatcher:' || $6", "NULL", "NULL")+`)
 		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
-		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease, p.Target,
+		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease,
 		nullIfZeroDuration(p.KeyRetention), nullIfEmpty(p.KeyScope))
 	claimed, err := pgx.CollectRows(rows, scanClaimed)
 	if err != nil {
@@ -284,11 +276,43 @@ type OutcomeParams struct {
 	Actor          string
 }
 
-// RecordOutcome finishes the claim's attempt record and, only if the fence still holds
-// (the operation is IN_FLIGHT with this fence), moves the operation to the outcome's
-// state with an event. It returns ErrFenceLost when the fence had moved on: the attempt
-// then keeps the observation as evidence (applied = false) and the operation is
-// untouched.
+// outcomeColumns are outcomes as the columns of their statements' unnest.
+type outcomeColumns struct {
+	tenants                                []string
+	ids                                    []uuid.UUID
+	fences                                 []int64
+	states, observations, actors, outcomes []string
+	refs                                   []*string
+	sent, notExecuted                      []bool
+	waits                                  []time.Duration
+}
+
+func columnsOf(ps []OutcomeParams) (outcomeColumns, error) {
+	n := len(ps)
+	c := outcomeColumns{tenants: make([]string, n), ids: make([]uuid.UUID, n), fences: make([]int64, n),
+		states: make([]string, n), observations: make([]string, n), actors: make([]string, n), outcomes: make([]string, n),
+		refs: make([]*string, n), sent: make([]bool, n), notExecuted: make([]bool, n), waits: make([]time.Duration, n)}
+	for i, p := range ps {
+		obs, err := json.Marshal(p.Observation)
+		if err != nil {
+			return outcomeColumns{}, fmt.Errorf("store: record outcome: %w", err)
+		}
+		c.tenants[i], c.ids[i], c.fences[i], c.states[i] = p.TenantID, p.ID, p.Fence, string(p.State)
+		c.observations[i], c.actors[i], c.outcomes[i] = string(obs), p.Actor, p.Observation.Outcome
+		c.refs[i], c.sent[i], c.notExecuted[i], c.waits[i] = nullIfEmpty(p.RemoteRef), p.sent(), p.NotExecuted, p.SendAgainAfter
+	}
+	return c, nil
+}
+
+// sent reports whether the request can have reached the target: an attempt documented
+// as not executed cannot have taken effect, as one never sent.
+func (p OutcomeParams) sent() bool { return !p.NotSent && !p.NotExecuted }
+
+// RecordOutcome records the outcome of the claim's send: only if the fence still holds
+// (the operation is IN_FLIGHT with this fence), it moves the operation to the outcome's
+// state with an event, which records whether the request can have left. It returns
+// ErrFenceLost when the fence had moved on: the outcome is then kept as evidence in
+// stale_outcomes (the first one recorded for the fence) and the operation is untouched.
 //
 // Outcomes recorded at the same time are written together, in one statement and one
 // commit (at most maxOutcomeBatch, by at most outcomeWriters statements at once): a
@@ -308,15 +332,25 @@ func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, e
 		return Operation{}, ErrNoScope
 	}
 	// Outcomes are combined only with outcomes in the same scope.
-	moved, _, err := q.s.outcomes.do(ctx, q.tenants, p, q.recordOutcomes)
+	recorded, _, err := q.s.outcomes.do(ctx, q.tenants, p, q.recordOutcomes)
 	if err != nil {
 		return Operation{}, err
 	}
-	op, ok := moved[OperationKey{TenantID: p.TenantID, ID: p.ID}]
+	op, ok := recorded.moved[OperationKey{TenantID: p.TenantID, ID: p.ID}]
 	if !ok || op.FenceToken != p.Fence {
+		if recorded.staleErr != nil {
+			return Operation{}, recorded.staleErr
+		}
 		return Operation{}, ErrFenceLost
 	}
 	return op, nil
+}
+
+// recordedOutcomes is what a statement of outcomes did: the operations it moved, and
+// the error of keeping the others as stale outcomes, if that failed.
+type recordedOutcomes struct {
+	moved    map[OperationKey]Operation
+	staleErr error
 }
 
 // At most maxOutcomeBatch outcomes per statement, and outcomeWriters statements at once.
@@ -325,38 +359,21 @@ const (
 	outcomeWriters  = 2
 )
 
-// recordOutcomes writes outcomes in one statement, each under its own fence, and returns
-// the operations it moved.
-func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[OperationKey]Operation, error) {
-	n := len(ps)
-	tenants, ids, fences := make([]string, n), make([]uuid.UUID, n), make([]int64, n)
-	states, refs, observations := make([]string, n), make([]*string, n), make([]string, n)
-	actors, outcomes, statuses, summaries := make([]string, n), make([]string, n), make([]*int, n), make([]string, n)
-	sent, notExecuted, waits := make([]bool, n), make([]bool, n), make([]time.Duration, n)
-	for i, p := range ps {
-		tenants[i], ids[i], fences[i], states[i] = p.TenantID, p.ID, p.Fence, string(p.State)
-		// An attempt documented as not executed cannot have taken effect, as one never sent.
-		sent[i], notExecuted[i], waits[i] = !p.NotSent && !p.NotExecuted, p.NotExecuted, p.SendAgainAfter
-		if p.RemoteRef != "" {
-			refs[i] = &p.RemoteRef
-		}
-		obs, err := json.Marshal(p.Observation)
-		if err != nil {
-			return nil, fmt.Errorf("store: record outcome: %w", err)
-		}
-		observations[i], actors[i], outcomes[i] = string(obs), p.Actor, p.Observation.Outcome
-		statuses[i], summaries[i] = nullIfZero(p.Observation.HTTPStatus), p.Observation.Summary
+// recordOutcomes writes outcomes in one statement, each under its own fence, and keeps
+// those whose fence was lost as stale outcomes (keepStale).
+func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recordedOutcomes, error) {
+	c, err := columnsOf(ps)
+	if err != nil {
+		return recordedOutcomes{}, err
 	}
 	rows := q.query(withCustomPlan(ctx), `
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @fences::bigint[], @states::text[]::operation_state[],
 				@remote_refs::text[], @observations::text[]::jsonb[], @actors::text[], @outcomes::text[],
-				@http_statuses::int[], @summaries::text[], @sent::boolean[], @not_executed::boolean[],
-				@send_again_after::interval[])
+				@sent::boolean[], @not_executed::boolean[], @send_again_after::interval[])
 				AS u (tenant_id, operation_id, fence, state,
 					remote_ref, observation, actor, outcome,
-					http_status, summary, sent, not_executed,
-					send_again_after)
+					sent, not_executed, send_again_after)
 		), upd AS (
 			UPDATE operations o SET
 				state = u.state, revision = o.revision + 1, remote_ref = coalesce(u.remote_ref, o.remote_ref),
@@ -365,23 +382,16 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Oper
 				next_check_at = CASE u.state WHEN 'UNKNOWN' THEN now() WHEN 'PREPARED' THEN now() + u.send_again_after END
 			FROM u
 			WHERE o.tenant_id = u.tenant_id AND o.operation_id = u.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = u.fence
-			RETURNING o.*, u.actor AS outcome_actor, u.outcome AS outcome_reason
-		), ev AS (`+eventsFrom("upd", "'IN_FLIGHT'", "outcome_actor", "outcome_reason", "last_observation")+`), att AS (
-			UPDATE operation_attempts a SET finished_at = now(), outcome = u.outcome, http_status = u.http_status,
-				remote_ref = u.remote_ref, summary = u.summary, sent = u.sent,
-				applied = (u.tenant_id, u.operation_id, u.fence) IN (SELECT tenant_id, operation_id, fence_token FROM upd)
-			FROM u
-			WHERE `+keyedRows("a", "operation_attempts", "u AS k", attemptKey)+`
-				AND a.tenant_id = u.tenant_id AND a.operation_id = u.operation_id AND a.fence_token = u.fence AND a.finished_at IS NULL
+			RETURNING o.*, u.actor AS outcome_actor, u.outcome AS outcome_reason, u.sent AS outcome_sent
+		), ev AS (`+outcomeEventsFrom("upd", "'IN_FLIGHT'", "outcome_actor", "outcome_reason", "last_observation", "outcome_sent")+`
 		)
 		SELECT `+operationColumns+` FROM upd`,
-		pgx.NamedArgs{"tenant_ids": tenants, "operation_ids": ids, "fences": fences, "states": states,
-			"remote_refs": refs, "observations": observations, "actors": actors, "outcomes": outcomes,
-			"http_statuses": statuses, "summaries": summaries, "sent": sent, "not_executed": notExecuted,
-			"send_again_after": waits})
+		pgx.NamedArgs{"tenant_ids": c.tenants, "operation_ids": c.ids, "fences": c.fences, "states": c.states,
+			"remote_refs": c.refs, "observations": c.observations, "actors": c.actors, "outcomes": c.outcomes,
+			"sent": c.sent, "not_executed": c.notExecuted, "send_again_after": c.waits})
 	moved, err := pgx.CollectRows(rows, scanOperation)
 	if err != nil {
-		return nil, fmt.Errorf("store: record outcome: %w", translate(err))
+		return recordedOutcomes{}, fmt.Errorf("store: record outcome: %w", translate(err))
 	}
 	ops := make(map[OperationKey]Operation, len(moved))
 	for _, op := range moved {
@@ -390,7 +400,45 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (map[Oper
 	if len(moved) > 0 {
 		q.s.events.signal()
 	}
-	return ops, nil
+	var stale []OutcomeParams
+	for _, p := range ps {
+		if op, ok := ops[OperationKey{TenantID: p.TenantID, ID: p.ID}]; !ok || op.FenceToken != p.Fence {
+			stale = append(stale, p)
+		}
+	}
+	if len(stale) == 0 {
+		return recordedOutcomes{moved: ops}, nil
+	}
+	return recordedOutcomes{moved: ops, staleErr: q.keepStale(ctx, stale)}, nil
+}
+
+// keepStale keeps outcomes whose fence was lost as evidence: each only under a fence
+// that was claimed and whose holder applied no outcome, and only the first one of each
+// fence. It runs after the outcomes' statement, in a statement of its own, so that it
+// sees an outcome of the same fence that statement waited for (a retry's, say, of one
+// that had already been applied).
+func (q Scope) keepStale(ctx context.Context, ps []OutcomeParams) error {
+	c, err := columnsOf(ps)
+	if err != nil {
+		return err
+	}
+	_, err = q.exec(ctx, `
+		INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, remote_ref, sent)
+		SELECT u.* FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::text[], $5::text[], $6::text[]::jsonb[],
+				$7::text[], $8::boolean[])
+			AS u (tenant_id, operation_id, fence, actor, outcome, observation, remote_ref, sent)
+		WHERE EXISTS (SELECT FROM operation_events e
+				WHERE e.tenant_id = u.tenant_id AND e.operation_id = u.operation_id
+					AND e.to_state = 'IN_FLIGHT' AND e.fence_token = u.fence)
+			AND NOT EXISTS (SELECT FROM operation_events e
+				WHERE e.tenant_id = u.tenant_id AND e.operation_id = u.operation_id
+					AND e.from_state = 'IN_FLIGHT' AND e.fence_token = u.fence AND e.sent IS NOT NULL)
+		ON CONFLICT DO NOTHING`,
+		c.tenants, c.ids, c.fences, c.actors, c.outcomes, c.observations, c.refs, c.sent)
+	if err != nil {
+		return fmt.Errorf("store: record outcome: keeping a stale outcome: %w", translate(err))
+	}
+	return nil
 }
 
 func nullIfZeroDuration(d time.Duration) *time.Duration {
@@ -405,13 +453,6 @@ func nullIfEmpty(s string) *string {
 		return nil
 	}
 	return &s
-}
-
-func nullIfZero(n int) *int {
-	if n == 0 {
-		return nil
-	}
-	return &n
 }
 
 // extendLockWait bounds ExtendLeases' wait for a row lock.

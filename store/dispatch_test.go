@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -15,7 +16,7 @@ import (
 )
 
 func claimParams(limit int) store.ClaimParams {
-	return store.ClaimParams{Target: "demo", FairClaim: store.FairClaim{
+	return store.ClaimParams{FairClaim: store.FairClaim{
 		OperationTypes: []string{"demo.charge"}, Worker: "test-worker",
 		Lease: time.Minute, Limit: limit, PerTenant: limit, MaxTenants: 100,
 	}}
@@ -53,8 +54,8 @@ func TestClaimTakesPreparedOnce(t *testing.T) {
 		require.Zero(t, c.SinceFirstSend, "first sent by this claim")
 		require.Nil(t, c.DeadlineLeft)
 	}
-	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_attempts WHERE fence_token = 1 AND finished_at IS NULL AND target = 'demo'`))
-	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_events WHERE from_state = 'PREPARED' AND to_state = 'IN_FLIGHT'`))
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_events
+		WHERE from_state = 'PREPARED' AND to_state = 'IN_FLIGHT' AND fence_token = 1 AND actor = 'dispatcher:test-worker' AND sent IS NULL`))
 
 	again, err := b.all.Claim(b.ctx, claimParams(10))
 	require.NoError(t, err)
@@ -102,7 +103,7 @@ func TestConcurrentClaimersNeverShare(t *testing.T) {
 	for id, n := range seen {
 		require.Equal(t, 1, n, "operation %s claimed %d times", id, n)
 	}
-	require.Equal(t, 600, b.count(t, `SELECT count(*) FROM operation_attempts`))
+	require.Equal(t, 600, b.count(t, `SELECT count(*) FROM operation_events WHERE to_state = 'IN_FLIGHT'`))
 }
 
 // TestClaimIsFairAcrossTenants: one tenant's backlog cannot delay another tenant's new
@@ -191,7 +192,8 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	require.Equal(t, store.StateSucceeded, op.State)
 	require.Equal(t, "ch_1", op.RemoteRef)
 	require.Equal(t, "VERIFIED_SUCCESS", op.LastObservation.Outcome)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1 AND applied AND remote_ref = 'ch_1' AND http_status = 200`, first.ID))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1 AND from_state = 'IN_FLIGHT'
+		AND fence_token = 1 AND sent AND remote_ref = 'ch_1' AND (observation->>'http_status')::int = 200`, first.ID))
 
 	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: second.ID, Fence: 1,
 		State: store.StateSucceeded, Observation: obs, Actor: "dispatcher:test"})
@@ -209,10 +211,30 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	require.Equal(t, store.StateUnknown, swept.State)
 	require.Equal(t, "LEASE_EXPIRED", swept.LastObservation.Outcome)
 	require.Empty(t, swept.RemoteRef)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1 AND NOT applied AND remote_ref = 'ch_2'`, second.ID),
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1 AND fence_token = 1
+		AND remote_ref = 'ch_2' AND outcome = 'VERIFIED_SUCCESS' AND sent AND actor = 'dispatcher:test'`, second.ID),
 		"the stale worker's observation is kept as evidence")
-	_, err = b.pool.Exec(b.ctx, `UPDATE operation_attempts SET summary = 'rewritten' WHERE operation_id = $1`, second.ID)
-	require.Error(t, err, "a finished attempt is never rewritten")
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1`, second.ID),
+		"and changed nothing: created, claimed, swept")
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: second.ID, Fence: 1,
+		State: store.StateUnknown, Observation: store.Observation{Outcome: "TIMEOUT"}, Actor: "dispatcher:test"})
+	require.ErrorIs(t, err, store.ErrFenceLost)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1 AND outcome = 'VERIFIED_SUCCESS'`, second.ID),
+		"the first stale outcome of a fence is the one kept")
+	_, err = b.pool.Exec(b.ctx, `UPDATE stale_outcomes SET outcome = 'rewritten' WHERE operation_id = $1`, second.ID)
+	require.ErrorContains(t, err, "append-only", "a stale outcome is never rewritten")
+
+	// An outcome recorded again by its holder, after it was applied, adds nothing.
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: first.ID, Fence: 1,
+		State: store.StateSucceeded, RemoteRef: "ch_1", Observation: obs, Actor: "dispatcher:test"})
+	require.ErrorIs(t, err, store.ErrFenceLost)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1`, first.ID),
+		"an applied outcome repeated is not a stale one")
+	// Nor does an outcome under a fence that was never claimed.
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: first.ID, Fence: 7,
+		State: store.StateUnknown, Observation: store.Observation{Outcome: "TIMEOUT"}, Actor: "dispatcher:test"})
+	require.ErrorIs(t, err, store.ErrFenceLost)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1`, first.ID))
 
 	left, err := b.all.ExtendLeases(b.ctx, []store.HeldLease{{OperationKey: store.OperationKey{TenantID: "acme", ID: second.ID}, Fence: 1}}, time.Minute)
 	require.NoError(t, err)
@@ -241,36 +263,91 @@ func TestExtendLeases(t *testing.T) {
 	require.Equal(t, 1, n.Total(), "an extended lease is not swept; the other one is")
 }
 
+// claimAndHold claims a new operation and runs sql (given its id and fence) in a
+// transaction it leaves open, rolled back at the end of the test unless committed.
+func (b *testBundle) claimAndHold(t *testing.T, sql string) (store.Claimed, pgx.Tx) {
+	t.Helper()
+	b.prepareN(t, "acme", 1)
+	claimed, err := b.all.Claim(b.ctx, claimParams(1))
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(b.ctx, sql, claimed[0].ID, claimed[0].FenceToken)
+	require.NoError(t, err)
+	return claimed[0], tx
+}
+
+// recordBehind records p while tx holds the operation's row, commits tx once the
+// outcome waits for it, and returns the outcome's answer.
+func (b *testBundle) recordBehind(t *testing.T, tx pgx.Tx, p store.OutcomeParams) error {
+	t.Helper()
+	recorded := make(chan error, 1)
+	go func() {
+		_, err := b.all.RecordOutcome(b.ctx, p)
+		recorded <- err
+	}()
+	b.waitedOn(t, tx) // the outcome waits for tx's row lock
+	require.NoError(t, tx.Commit(b.ctx))
+	return <-recorded
+}
+
 // An outcome that waits for the row while its lease is being extended records once the
 // extension commits: the extension changed the row, not the fence.
 func TestOutcomeAfterAConcurrentLeaseExtension(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.prepareN(t, "acme", 1)
-	claimed, err := b.all.Claim(b.ctx, claimParams(1))
-	require.NoError(t, err)
-	c := claimed[0]
-
-	extension, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer func() { _ = extension.Rollback(b.ctx) }()
-	_, err = extension.Exec(b.ctx, `UPDATE operations SET lease_expires_at = now() + interval '1 minute'
-		WHERE operation_id = $1 AND fence_token = $2`, c.ID, c.FenceToken)
-	require.NoError(t, err)
-
-	recorded := make(chan error, 1)
-	go func() {
-		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
-			State: store.StateSucceeded, RemoteRef: "ch_1", Actor: "dispatcher:test",
-			Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS"}})
-		recorded <- err
-	}()
-	b.waitedOn(t, extension) // the outcome waits for the extension's row lock
-	require.NoError(t, extension.Commit(b.ctx))
-	require.NoError(t, <-recorded, "the fence held")
+	c, extension := b.claimAndHold(t, `UPDATE operations SET lease_expires_at = now() + interval '1 minute'
+		WHERE operation_id = $1 AND fence_token = $2`)
+	err := b.recordBehind(t, extension, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+		State: store.StateSucceeded, RemoteRef: "ch_1", Actor: "dispatcher:test",
+		Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS"}})
+	require.NoError(t, err, "the fence held")
 	op, err := b.all.Get(b.ctx, c.TenantID, c.ID)
 	require.NoError(t, err)
 	require.Equal(t, store.StateSucceeded, op.State)
+}
+
+// TestOutcomeRepeatedWhileTheFirstCommits: an outcome recorded again by its holder
+// (a retry after the connection failed, say) while the first is still being written
+// waits for it, then finds the fence moved on: the first outcome is the operation's,
+// and the repeat is not kept as a stale one beside it.
+func TestOutcomeRepeatedWhileTheFirstCommits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// The first outcome, as RecordOutcome writes it, not yet committed.
+	c, first := b.claimAndHold(t, `WITH upd AS (
+			UPDATE operations SET state = 'UNKNOWN', revision = revision + 1, lease_owner = NULL, lease_expires_at = NULL,
+				next_check_at = now(), updated_at = now()
+			WHERE operation_id = $1 AND fence_token = $2 RETURNING *)
+		INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, sent)
+		SELECT tenant_id, operation_id, revision, 'IN_FLIGHT', state, fence_token, 'dispatcher:test', 'TIMEOUT', true FROM upd`)
+	err := b.recordBehind(t, first, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+		State: store.StateUnknown, Actor: "dispatcher:test",
+		Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "TIMEOUT"}})
+	require.ErrorIs(t, err, store.ErrFenceLost)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1`, c.ID),
+		"the holder's outcome, applied, is not also a stale one")
+}
+
+// TestStaleOutcomeNotKeptIsAnError: a stale worker whose outcome could not be kept as
+// evidence is told so, not that it was kept.
+func TestStaleOutcomeNotKeptIsAnError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.prepareN(t, "acme", 1)
+	claimed, err := b.all.Claim(b.ctx, claimParams(1))
+	require.NoError(t, err)
+	_, err = b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN RAISE EXCEPTION 'refused for the test'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON stale_outcomes FOR EACH ROW EXECUTE FUNCTION refuse()`)
+	require.NoError(t, err)
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: claimed[0].ID, Fence: claimed[0].FenceToken,
+		State: store.StateUnknown, Actor: "dispatcher:test", Observation: store.Observation{Outcome: "TIMEOUT"}})
+	require.ErrorContains(t, err, "refused for the test")
+	require.NotErrorIs(t, err, store.ErrFenceLost)
 }
 
 func TestExpireDeadlines(t *testing.T) {
@@ -362,7 +439,8 @@ func TestConcurrentOutcomesEachGetTheirOwnAnswer(t *testing.T) {
 		require.Equal(t, []store.State{store.StateSucceeded, store.StateUnknown, store.StateFailedTerminal}[i%3], got.State)
 		require.NotEqual(t, "ch_stale", got.RemoteRef)
 	}
-	require.Equal(t, 80, b.count(t, `SELECT count(*) FROM operation_attempts WHERE applied`))
+	require.Equal(t, 80, b.count(t, `SELECT count(*) FROM operation_events WHERE from_state = 'IN_FLIGHT' AND sent`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM stale_outcomes`), "a fence never claimed leaves no stale outcome")
 }
 
 // TestClaimMeasuresTheDeadlineByTheDatabase: a claim says what is left before the
@@ -412,7 +490,7 @@ func TestNotExecutedGoesBackToPrepared(t *testing.T) {
 	require.EqualValues(t, 1, op.NotExecuted)
 	require.NotNil(t, op.NextCheckAt, "the next send's time is visible")
 	require.Empty(t, claimOne(), "not claimed before its time")
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1 AND sent`, id),
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1 AND from_state = 'IN_FLIGHT' AND NOT sent`, id),
 		"an attempt documented as not executed counts as one that had no effect")
 
 	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() WHERE operation_id = $1`, id)

@@ -103,18 +103,22 @@ func TestGuardRefusesEachChange(t *testing.T) {
 		revision = revision + 1, state = 'ESCALATED' WHERE operation_id = $1`, id)
 	require.NoError(t, err, "what the rules allow")
 
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker)
-		VALUES ('acme', $1, 3, 'demo', 'w'), ('acme', $1, 4, 'demo', 'w')`, id)
+	// The history is never rewritten: neither events nor stale outcomes.
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
+		VALUES ('acme', $1, 3, 'w', 'TIMEOUT', '{}', true)`, id)
 	require.NoError(t, err)
-	for _, set := range []string{"fence_token = 9", "target = 'other'", "worker = 'other'", "claimed_at = claimed_at - interval '1 second'"} {
-		_, err := b.pool.Exec(b.ctx, `UPDATE operation_attempts SET `+set+` WHERE operation_id = $1 AND fence_token = 3`, id)
-		require.True(t, isGuardRefusal(err, "operation_attempts"), "%s: %v", set, err)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state,
+		fence_token, actor) VALUES ('acme', $1, 80, 'UNKNOWN', 'UNKNOWN', 3, 'w')`, id)
+	require.NoError(t, err)
+	for table, set := range map[string]string{"operation_events": "reason = 'rewritten'", "stale_outcomes": "outcome = 'rewritten'"} {
+		_, err := b.pool.Exec(b.ctx, `UPDATE `+table+` SET `+set+` WHERE operation_id = $1`, id)
+		require.ErrorContains(t, err, table+" is append-only")
 	}
-	_, err = b.pool.Exec(b.ctx, `UPDATE operation_attempts SET finished_at = now(), outcome = 'TIMEOUT', applied = true
-		WHERE operation_id = $1 AND fence_token = 3`, id)
-	require.NoError(t, err, "finishing an attempt")
-	_, err = b.pool.Exec(b.ctx, `UPDATE operation_attempts SET summary = 'rewritten' WHERE operation_id = $1 AND fence_token = 3`, id)
-	require.True(t, isGuardRefusal(err, "operation_attempts"), "a finished attempt: %v", err)
+	// Only the outcome of a send says whether its request left.
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state,
+		fence_token, actor, sent) VALUES ('acme', $1, 90, 'UNKNOWN', 'UNKNOWN', 3, 'w', false)`, id)
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "operation_events_sent_on_outcomes", pgErr.ConstraintName)
 }
 
 // The guards' functions run only to name a broken rule: claims, outcomes and lease
@@ -160,5 +164,4 @@ func TestGuardFunctionsRunOnlyOnRefusals(t *testing.T) {
 	// events: function calls are counted, so the zeros below can tell.
 	require.Eventually(t, func() bool { return calls("history_has_operations") > 0 }, 5*time.Second, 20*time.Millisecond)
 	require.Zero(t, calls("operations_guard"), "the hot paths' updates never called the operations' guard")
-	require.Zero(t, calls("operation_attempts_guard"), "the hot paths' updates never called the attempts' guard")
 }

@@ -67,8 +67,8 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 	for what, sql := range map[string]string{
 		"an event": `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor)
 			VALUES ('acme', $1, 9, 'PREPARED', 'IN_FLIGHT', 1, 'test'), ('acme', $2, 9, 'PREPARED', 'IN_FLIGHT', 1, 'test')`,
-		"an attempt": `INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker)
-			VALUES ('acme', $1, 9, 'demo', 'test'), ('acme', $2, 9, 'demo', 'test')`,
+		"a stale outcome": `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
+			VALUES ('acme', $1, 9, 'test', 'TIMEOUT', '{}', true), ('acme', $2, 9, 'test', 'TIMEOUT', '{}', true)`,
 	} {
 		_, err := b.pool.Exec(b.ctx, sql, ids[0], stranger)
 		require.True(t, isForeignKeyViolation(err), "%s of an operation that does not exist: %v", what, err)
@@ -78,7 +78,7 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 
 	_, err = b.pool.Exec(b.ctx, `DELETE FROM operations WHERE operation_id = $1`, ids[0])
 	require.NoError(t, err)
-	for _, table := range []string{"operation_events", "operation_attempts"} {
+	for _, table := range []string{"operation_events", "stale_outcomes"} {
 		require.Zero(t, b.count(t, fmt.Sprintf(`SELECT count(*) FROM %s WHERE operation_id = $1`, table), ids[0]), table)
 		require.Positive(t, b.count(t, fmt.Sprintf(`SELECT count(*) FROM %s WHERE operation_id = $1`, table), ids[1]), table)
 	}
@@ -102,8 +102,11 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1`, ids[1]))
 
 	// Truncating operations truncates the history.
-	b.prepareN(t, "beta", 1)
+	beta := b.prepareN(t, "beta", 1)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
+		VALUES ('beta', $1, 1, 'test', 'TIMEOUT', '{}', true)`, beta[0])
+	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `TRUNCATE operations CASCADE`)
 	require.NoError(t, err)
-	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events`)+b.count(t, `SELECT count(*) FROM operation_attempts`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events`)+b.count(t, `SELECT count(*) FROM stale_outcomes`))
 }

@@ -165,7 +165,7 @@ func TestPeriodStats(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, held, 1, "round %d", i)
 		replay, err := b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: replayed.ID, Fence: held[0].FenceToken,
-			Target: "demo", Worker: "rec", Lease: time.Minute})
+			Worker: "rec", Lease: time.Minute})
 		require.NoError(t, err)
 		_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: replayed.ID, Fence: replay.FenceToken,
 			State: state, RemoteRef: "ch_r", Actor: "test", Observation: store.Observation{Outcome: "TEST"}})

@@ -143,11 +143,18 @@ func operationDest(op *Operation) []any {
 // what an event records. from, actor, reason and observation are SQL expressions; like
 // rows, they are constants of this package or parameters, never input.
 func eventsFrom(rows, from, actor, reason, observation string) string {
+	return outcomeEventsFrom(rows, from, actor, reason, observation, "NULL")
+}
+
+// outcomeEventsFrom is eventsFrom for the outcome of a send, recorded by the holder of
+// its claim: sent says whether its request can have left (false: it provably never did).
+func outcomeEventsFrom(rows, from, actor, reason, observation, sent string) string {
 	return `
 			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token,
-				actor, reason, observation, remote_ref, attempt_count, escalation, created_at)
+				actor, reason, observation, remote_ref, attempt_count, escalation, created_at, sent)
 			SELECT tenant_id, operation_id, revision, ` + from + `::operation_state, state, fence_token,
-				` + actor + `, ` + reason + `, ` + observation + `, remote_ref, attempt_count, escalation, updated_at FROM ` + rows + `
+				` + actor + `, ` + reason + `, ` + observation + `, remote_ref, attempt_count, escalation, updated_at,
+				` + sent + ` FROM ` + rows + `
 		`
 }
 

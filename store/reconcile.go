@@ -15,8 +15,8 @@ import (
 type UnknownClaim struct {
 	Claimed
 	// MayHaveExecuted reports that some attempt may have reached the target: any attempt
-	// not recorded as provably never sent (OutcomeParams.NotSent), stale workers'
-	// included.
+	// (a claim into IN_FLIGHT) whose outcome was not recorded as provably never sent
+	// (OutcomeParams.NotSent), by its holder or, later, by a stale worker.
 	MayHaveExecuted bool
 	// SinceLastSend is how long ago, by the database's clock, the broker stopped waiting
 	// for the operation's last send: its outcome was recorded (by the holder of its
@@ -33,8 +33,10 @@ func (q Scope) ClaimUnknown(ctx context.Context, p FairClaim) ([]UnknownClaim, e
 }
 
 func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClaim, error) {
-	// The last send ended at the operation's last exit from IN_FLIGHT (an UNKNOWN
-	// operation's is to UNKNOWN) or at a stale worker's later record of its attempt.
+	// An attempt is an event into IN_FLIGHT; its outcome, the event out of IN_FLIGHT
+	// under its fence or a stale worker's record. The last send ended at the operation's
+	// last exit from IN_FLIGHT (an UNKNOWN operation's is to UNKNOWN) or at a stale
+	// worker's later record.
 	rows := q.query(ctx, fairPick("UNKNOWN",
 		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at", 0)+`
 		), claimed AS (
@@ -43,13 +45,19 @@ func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClai
 			RETURNING o.*
 		)
 		SELECT `+claimedColumns+`,
-			EXISTS (SELECT 1 FROM operation_attempts a
-				WHERE a.tenant_id = claimed.tenant_id AND a.operation_id = claimed.operation_id AND a.sent IS DISTINCT FROM false),
+			EXISTS (SELECT 1 FROM operation_events a
+				WHERE a.tenant_id = claimed.tenant_id AND a.operation_id = claimed.operation_id AND a.to_state = 'IN_FLIGHT'
+					AND NOT EXISTS (SELECT 1 FROM operation_events e
+						WHERE e.tenant_id = a.tenant_id AND e.operation_id = a.operation_id
+							AND e.from_state = 'IN_FLIGHT' AND e.fence_token = a.fence_token AND NOT e.sent)
+					AND NOT EXISTS (SELECT 1 FROM stale_outcomes s
+						WHERE s.tenant_id = a.tenant_id AND s.operation_id = a.operation_id
+							AND s.fence_token = a.fence_token AND NOT s.sent)),
 			coalesce(`+micros(`now() - greatest(
 				(SELECT max(e.created_at) FROM operation_events e
 				 WHERE e.tenant_id = claimed.tenant_id AND e.operation_id = claimed.operation_id AND e.from_state = 'IN_FLIGHT'),
-				(SELECT max(a.finished_at) FROM operation_attempts a
-				 WHERE a.tenant_id = claimed.tenant_id AND a.operation_id = claimed.operation_id))`)+`, 0)
+				(SELECT max(s.recorded_at) FROM stale_outcomes s
+				 WHERE s.tenant_id = claimed.tenant_id AND s.operation_id = claimed.operation_id))`)+`, 0)
 		FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease)
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (UnknownClaim, error) {
@@ -143,28 +151,24 @@ type BeginReplayParams struct {
 	ID       uuid.UUID
 	// Fence is the reconciler's claim; the replay gets a new one.
 	Fence  int64
-	Target string
 	Worker string
 	Lease  time.Duration
 }
 
 // BeginReplay moves an UNKNOWN operation to IN_FLIGHT for a same-key replay: fence + 1,
-// attempt + 1, a new attempt record and an event, only under the caller's fence. The
-// returned claim is sent and recorded like a dispatcher'q.
+// attempt + 1 and an event, only under the caller's fence. The returned claim is sent
+// and recorded like a dispatcher's.
 func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
 	rows := q.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, fence_token = fence_token + 1,
 				attempt_count = attempt_count + 1, replays = replays + 1, next_check_at = NULL,
-				lease_owner = $5, lease_expires_at = now() + $6::interval, updated_at = now()
+				lease_owner = $4, lease_expires_at = now() + $5::interval, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
 			RETURNING *
-		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "'reconciler:' || $5", "'SAME_KEY_REPLAY'", "NULL")+`), att AS (
-			INSERT INTO operation_attempts (tenant_id, operation_id, fence_token, target, worker, claimed_at)
-			SELECT tenant_id, operation_id, fence_token, $4, $5, updated_at FROM upd
-		)
+		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "'reconciler:' || $4", "'SAME_KEY_REPLAY'", "NULL")+`)
 		SELECT `+claimedColumns+` FROM upd`,
-		p.TenantID, p.ID, p.Fence, p.Target, p.Worker, p.Lease)
+		p.TenantID, p.ID, p.Fence, p.Worker, p.Lease)
 	c, err := pgx.CollectExactlyOneRow(rows, scanClaimed)
 	if err != nil {
 		if err = translate(err); errors.Is(err, ErrNotFound) {
@@ -191,11 +195,11 @@ func (q Scope) collectFenced(rows pgx.Rows, what string) (Operation, error) {
 }
 
 // StaleSuccess returns the target's reference from a verified success that a worker
-// observed after losing its fence (kept as evidence on its attempt), if there is one.
+// observed after losing its fence (kept as evidence in stale_outcomes), if there is one.
 func (q Scope) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) (string, bool, error) {
 	var ref string
-	err := q.queryRow(ctx, `SELECT remote_ref FROM operation_attempts
-		WHERE tenant_id = $1 AND operation_id = $2 AND NOT applied AND outcome = 'VERIFIED_SUCCESS' AND remote_ref IS NOT NULL
+	err := q.queryRow(ctx, `SELECT remote_ref FROM stale_outcomes
+		WHERE tenant_id = $1 AND operation_id = $2 AND outcome = 'VERIFIED_SUCCESS' AND remote_ref IS NOT NULL
 		ORDER BY fence_token DESC LIMIT 1`, tenantID, id).Scan(&ref)
 	if err = translate(err); errors.Is(err, ErrNotFound) {
 		return "", false, nil

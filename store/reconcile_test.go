@@ -122,7 +122,7 @@ func TestBeginReplayIsAFencedTransition(t *testing.T) {
 	require.Len(t, claimed, 1)
 
 	replay, err := b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
-		Target: "demo", Worker: "rec", Lease: time.Minute})
+		Worker: "rec", Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, store.StateInFlight, replay.State)
 	require.Equal(t, claimed[0].FenceToken+1, replay.FenceToken)
@@ -131,10 +131,12 @@ func TestBeginReplayIsAFencedTransition(t *testing.T) {
 	require.Equal(t, time.Minute, replay.LeaseLeft)
 	require.Positive(t, replay.SinceFirstSend, "the first send was the dispatcher's")
 	require.NotEmpty(t, replay.Payload, "the same bytes are sent again")
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM operation_attempts WHERE operation_id = $1`, op.ID))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1 AND from_state = 'UNKNOWN'
+		AND to_state = 'IN_FLIGHT' AND fence_token = $2 AND actor = 'reconciler:rec' AND reason = 'SAME_KEY_REPLAY'`, op.ID, replay.FenceToken),
+		"the replay's attempt is its event")
 
 	_, err = b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
-		Target: "demo", Worker: "rec", Lease: time.Minute})
+		Worker: "rec", Lease: time.Minute})
 	require.ErrorIs(t, err, store.ErrFenceLost, "a fence replays once")
 }
 
@@ -177,7 +179,7 @@ func TestClaimUnknownReportsTheSends(t *testing.T) {
 		var lastEnded time.Time
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT greatest(
 				(SELECT max(created_at) FROM operation_events WHERE operation_id = $1 AND from_state = 'IN_FLIGHT'),
-				(SELECT max(finished_at) FROM operation_attempts WHERE operation_id = $1))`, id).Scan(&lastEnded))
+				(SELECT max(recorded_at) FROM stale_outcomes WHERE operation_id = $1))`, id).Scan(&lastEnded))
 		var claimedAt time.Time
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT lease_expires_at - interval '1 minute' FROM operations WHERE operation_id = $1`, id).Scan(&claimedAt))
 		require.InDelta(t, claimedAt.Sub(lastEnded), c.SinceLastSend, float64(time.Microsecond), c.IntentRef)
@@ -185,7 +187,7 @@ func TestClaimUnknownReportsTheSends(t *testing.T) {
 	}
 	var sweptAt, staleRecordedAt time.Time
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT (SELECT created_at FROM operation_events WHERE operation_id = $1 AND from_state = 'IN_FLIGHT'),
-		(SELECT finished_at FROM operation_attempts WHERE operation_id = $1)`, stale.ID).Scan(&sweptAt, &staleRecordedAt))
+		(SELECT recorded_at FROM stale_outcomes WHERE operation_id = $1)`, stale.ID).Scan(&sweptAt, &staleRecordedAt))
 	require.True(t, staleRecordedAt.After(sweptAt), "the stale worker's record, later than the sweep, is the end of its send")
 }
 

@@ -45,27 +45,6 @@ END;
 $$;
 
 --
--- Name: operation_attempts_guard(); Type: FUNCTION; Schema: opbroker; Owner: -
---
-
-CREATE FUNCTION opbroker.operation_attempts_guard() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-  IF OLD.finished_at IS NOT NULL THEN
-    RAISE EXCEPTION 'attempt % of operation % is finished and cannot change', OLD.fence_token, OLD.operation_id
-      USING ERRCODE = 'integrity_constraint_violation';
-  END IF;
-  IF NEW.tenant_id <> OLD.tenant_id OR NEW.operation_id <> OLD.operation_id OR NEW.fence_token <> OLD.fence_token
-     OR NEW.target <> OLD.target OR NEW.worker <> OLD.worker OR NEW.claimed_at <> OLD.claimed_at THEN
-    RAISE EXCEPTION 'attempt % of operation %: identity columns are immutable', OLD.fence_token, OLD.operation_id
-      USING ERRCODE = 'integrity_constraint_violation';
-  END IF;
-  RETURN NEW;
-END;
-$$;
-
---
 -- Name: operation_events_append_only(); Type: FUNCTION; Schema: opbroker; Owner: -
 --
 
@@ -87,7 +66,7 @@ CREATE FUNCTION opbroker.operations_delete_history() RETURNS trigger
     AS $$
 BEGIN
   DELETE FROM operation_events e USING old_rows o WHERE e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id;
-  DELETE FROM operation_attempts a USING old_rows o WHERE a.tenant_id = o.tenant_id AND a.operation_id = o.operation_id;
+  DELETE FROM stale_outcomes s USING old_rows o WHERE s.tenant_id = o.tenant_id AND s.operation_id = o.operation_id;
   RETURN NULL;
 END;
 $$;
@@ -148,8 +127,20 @@ CREATE FUNCTION opbroker.operations_truncate_history() RETURNS trigger
     SET search_path TO 'opbroker'
     AS $$
 BEGIN
-  TRUNCATE operation_events, operation_attempts;
+  TRUNCATE operation_events, stale_outcomes;
   RETURN NULL;
+END;
+$$;
+
+--
+-- Name: stale_outcomes_append_only(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.stale_outcomes_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  RAISE EXCEPTION 'stale_outcomes is append-only' USING ERRCODE = 'integrity_constraint_violation';
 END;
 $$;
 
@@ -160,31 +151,6 @@ $$;
 CREATE TABLE opbroker.opbroker_schema_version (
     version integer NOT NULL
 );
-
---
--- Name: operation_attempts; Type: TABLE; Schema: opbroker; Owner: -
---
-
-CREATE TABLE opbroker.operation_attempts (
-    tenant_id text NOT NULL,
-    operation_id uuid NOT NULL,
-    fence_token bigint NOT NULL,
-    target text NOT NULL,
-    worker text NOT NULL,
-    claimed_at timestamp with time zone DEFAULT now() NOT NULL,
-    finished_at timestamp with time zone,
-    outcome text,
-    http_status integer,
-    remote_ref text,
-    summary text,
-    applied boolean,
-    sent boolean,
-    CONSTRAINT operation_attempts_fence_positive CHECK ((fence_token > 0)),
-    CONSTRAINT operation_attempts_finished CHECK ((((finished_at IS NULL) = (outcome IS NULL)) AND ((finished_at IS NULL) = (applied IS NULL)))),
-    CONSTRAINT operation_attempts_sent_when_finished CHECK (((finished_at IS NOT NULL) OR (sent IS NULL)))
-);
-
-ALTER TABLE ONLY opbroker.operation_attempts FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: operation_events; Type: TABLE; Schema: opbroker; Owner: -
@@ -206,7 +172,9 @@ CREATE TABLE opbroker.operation_events (
     escalation jsonb,
     xact_id xid8 DEFAULT pg_current_xact_id() NOT NULL,
     seq bigint NOT NULL,
+    sent boolean,
     CONSTRAINT operation_events_creation CHECK (((from_state IS NULL) = (revision = 1))),
+    CONSTRAINT operation_events_sent_on_outcomes CHECK (((sent IS NULL) OR (from_state = 'IN_FLIGHT'::opbroker.operation_state))),
     CONSTRAINT operation_events_transition CHECK (((from_state IS NULL) OR ((((((((((((((((from_state = 'PREPARED'::opbroker.operation_state) AND (to_state = 'IN_FLIGHT'::opbroker.operation_state)) OR ((from_state = 'PREPARED'::opbroker.operation_state) AND (to_state = 'CANCELLED'::opbroker.operation_state))) OR ((from_state = 'PREPARED'::opbroker.operation_state) AND (to_state = 'FAILED_TERMINAL'::opbroker.operation_state))) OR ((from_state = 'IN_FLIGHT'::opbroker.operation_state) AND (to_state = 'SUCCEEDED'::opbroker.operation_state))) OR ((from_state = 'IN_FLIGHT'::opbroker.operation_state) AND (to_state = 'FAILED_TERMINAL'::opbroker.operation_state))) OR ((from_state = 'IN_FLIGHT'::opbroker.operation_state) AND (to_state = 'UNKNOWN'::opbroker.operation_state))) OR ((from_state = 'IN_FLIGHT'::opbroker.operation_state) AND (to_state = 'PREPARED'::opbroker.operation_state))) OR ((from_state = 'UNKNOWN'::opbroker.operation_state) AND (to_state = 'IN_FLIGHT'::opbroker.operation_state))) OR ((from_state = 'UNKNOWN'::opbroker.operation_state) AND (to_state = 'SUCCEEDED'::opbroker.operation_state))) OR ((from_state = 'UNKNOWN'::opbroker.operation_state) AND (to_state = 'FAILED_TERMINAL'::opbroker.operation_state))) OR ((from_state = 'UNKNOWN'::opbroker.operation_state) AND (to_state = 'ESCALATED'::opbroker.operation_state))) OR ((from_state = 'UNKNOWN'::opbroker.operation_state) AND (to_state = 'UNKNOWN'::opbroker.operation_state))) OR ((from_state = 'ESCALATED'::opbroker.operation_state) AND (to_state = 'SUCCEEDED'::opbroker.operation_state))) OR ((from_state = 'ESCALATED'::opbroker.operation_state) AND (to_state = 'FAILED_TERMINAL'::opbroker.operation_state))) OR ((from_state = 'ESCALATED'::opbroker.operation_state) AND (to_state = 'ESCALATED'::opbroker.operation_state)))))
 );
 
@@ -307,11 +275,23 @@ CREATE TABLE opbroker.payload_mismatches (
 ALTER TABLE ONLY opbroker.payload_mismatches FORCE ROW LEVEL SECURITY;
 
 --
--- Name: operation_attempts operation_attempts_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
+-- Name: stale_outcomes; Type: TABLE; Schema: opbroker; Owner: -
 --
 
-ALTER TABLE ONLY opbroker.operation_attempts
-    ADD CONSTRAINT operation_attempts_pkey PRIMARY KEY (tenant_id, operation_id, fence_token);
+CREATE TABLE opbroker.stale_outcomes (
+    tenant_id text NOT NULL,
+    operation_id uuid NOT NULL,
+    fence_token bigint NOT NULL,
+    actor text NOT NULL,
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    observation jsonb NOT NULL,
+    remote_ref text,
+    sent boolean NOT NULL,
+    CONSTRAINT stale_outcomes_fence_positive CHECK ((fence_token > 0))
+);
+
+ALTER TABLE ONLY opbroker.stale_outcomes FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: operation_events operation_events_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
@@ -340,6 +320,13 @@ ALTER TABLE ONLY opbroker.operations
 
 ALTER TABLE ONLY opbroker.operations
     ADD CONSTRAINT operations_pkey PRIMARY KEY (tenant_id, operation_id);
+
+--
+-- Name: stale_outcomes stale_outcomes_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.stale_outcomes
+    ADD CONSTRAINT stale_outcomes_pkey PRIMARY KEY (tenant_id, operation_id, fence_token);
 
 --
 -- Name: operation_events_feed_idx; Type: INDEX; Schema: opbroker; Owner: -
@@ -396,18 +383,6 @@ CREATE INDEX payload_mismatches_operation_idx ON opbroker.payload_mismatches USI
 CREATE INDEX payload_mismatches_refused_idx ON opbroker.payload_mismatches USING btree (refused_at);
 
 --
--- Name: operation_attempts operation_attempts_guard; Type: TRIGGER; Schema: opbroker; Owner: -
---
-
-CREATE TRIGGER operation_attempts_guard BEFORE UPDATE ON opbroker.operation_attempts FOR EACH ROW WHEN (((old.finished_at IS NOT NULL) OR (new.tenant_id <> old.tenant_id) OR (new.operation_id <> old.operation_id) OR (new.fence_token <> old.fence_token) OR (new.target <> old.target) OR (new.worker <> old.worker) OR (new.claimed_at <> old.claimed_at))) EXECUTE FUNCTION opbroker.operation_attempts_guard();
-
---
--- Name: operation_attempts operation_attempts_have_operations; Type: TRIGGER; Schema: opbroker; Owner: -
---
-
-CREATE TRIGGER operation_attempts_have_operations AFTER INSERT ON opbroker.operation_attempts REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION opbroker.history_has_operations();
-
---
 -- Name: operation_events operation_events_append_only; Type: TRIGGER; Schema: opbroker; Owner: -
 --
 
@@ -438,6 +413,18 @@ CREATE TRIGGER operations_guard BEFORE UPDATE ON opbroker.operations FOR EACH RO
 CREATE TRIGGER operations_truncate_history AFTER TRUNCATE ON opbroker.operations FOR EACH STATEMENT EXECUTE FUNCTION opbroker.operations_truncate_history();
 
 --
+-- Name: stale_outcomes stale_outcomes_append_only; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER stale_outcomes_append_only BEFORE UPDATE ON opbroker.stale_outcomes FOR EACH ROW EXECUTE FUNCTION opbroker.stale_outcomes_append_only();
+
+--
+-- Name: stale_outcomes stale_outcomes_have_operations; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER stale_outcomes_have_operations AFTER INSERT ON opbroker.stale_outcomes REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION opbroker.history_has_operations();
+
+--
 -- Name: operations operations_supersedes_fkey; Type: FK CONSTRAINT; Schema: opbroker; Owner: -
 --
 
@@ -450,12 +437,6 @@ ALTER TABLE ONLY opbroker.operations
 
 ALTER TABLE ONLY opbroker.payload_mismatches
     ADD CONSTRAINT payload_mismatches_tenant_id_operation_id_fkey FOREIGN KEY (tenant_id, operation_id) REFERENCES opbroker.operations(tenant_id, operation_id) ON DELETE CASCADE;
-
---
--- Name: operation_attempts; Type: ROW SECURITY; Schema: opbroker; Owner: -
---
-
-ALTER TABLE opbroker.operation_attempts ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: operation_events; Type: ROW SECURITY; Schema: opbroker; Owner: -
@@ -476,18 +457,10 @@ ALTER TABLE opbroker.operations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE opbroker.payload_mismatches ENABLE ROW LEVEL SECURITY;
 
 --
--- Name: operation_attempts tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
+-- Name: stale_outcomes; Type: ROW SECURITY; Schema: opbroker; Owner: -
 --
 
-CREATE POLICY tenant_isolation ON opbroker.operation_attempts USING (
-CASE current_setting('opbroker.tenant'::text, true)
-    WHEN '*'::text THEN true
-    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
-END) WITH CHECK (
-CASE current_setting('opbroker.tenant'::text, true)
-    WHEN '*'::text THEN true
-    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
-END);
+ALTER TABLE opbroker.stale_outcomes ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: operation_events tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
@@ -522,6 +495,20 @@ END);
 --
 
 CREATE POLICY tenant_isolation ON opbroker.payload_mismatches USING (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END) WITH CHECK (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END);
+
+--
+-- Name: stale_outcomes tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
+--
+
+CREATE POLICY tenant_isolation ON opbroker.stale_outcomes USING (
 CASE current_setting('opbroker.tenant'::text, true)
     WHEN '*'::text THEN true
     ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))

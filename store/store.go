@@ -19,14 +19,14 @@ type Store struct {
 	pool     *pgxpool.Pool
 	wake     *wakeups // new work
 	events   *wakeups // new events
-	outcomes *combiner[OutcomeParams, map[OperationKey]Operation]
+	outcomes *combiner[OutcomeParams, recordedOutcomes]
 	prepares *combiner[prepareCall, []prepared]
 }
 
 // New returns a Store over pool. The schema must be migrated (Migrate).
 func New(pool *pgxpool.Pool) *Store {
 	return &Store{pool: pool, wake: newWakeups(workChannel), events: newWakeups(eventsChannel),
-		outcomes: newCombiner[OutcomeParams, map[OperationKey]Operation](maxOutcomeBatch, outcomeWriters),
+		outcomes: newCombiner[OutcomeParams, recordedOutcomes](maxOutcomeBatch, outcomeWriters),
 		prepares: newCombiner[prepareCall, []prepared](maxPrepareBatch, prepareWriters)}
 }
 

@@ -154,7 +154,7 @@ func TestSweepsOnItsOwn(t *testing.T) {
 	s := newSweeper(t, st, 0)
 	for i, intent := range []string{"first", "second"} {
 		op := storetest.PrepareJSON(t, st, "acme", "demo.charge", intent, `{"amount":1}`)
-		_, err := st.AllTenants().Claim(ctx, store.ClaimParams{Target: "demo", FairClaim: store.FairClaim{OperationTypes: []string{"demo.charge"},
+		_, err := st.AllTenants().Claim(ctx, store.ClaimParams{FairClaim: store.FairClaim{OperationTypes: []string{"demo.charge"},
 			Worker: "gone", Lease: time.Millisecond, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 		require.NoError(t, err)
 		require.NoError(t, s.Start(ctx))
@@ -180,7 +180,7 @@ func TestExpiredLeasesCountAsUnknownEntered(t *testing.T) {
 	for _, intent := range []string{"first", "second"} {
 		storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, intent, `{"amount":1}`)
 	}
-	_, err = st.AllTenants().Claim(ctx, store.ClaimParams{Target: "demo-payments", FairClaim: store.FairClaim{
+	_, err = st.AllTenants().Claim(ctx, store.ClaimParams{FairClaim: store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "gone", Lease: time.Millisecond, Limit: 2, PerTenant: 2, MaxTenants: 1}})
 	require.NoError(t, err)
 	require.NoError(t, s.Sweep(ctx, time.Now().Add(time.Minute)))

@@ -43,5 +43,5 @@ func Claim(t testing.TB, targets *target.Targets, name string, fair store.FairCl
 	t.Helper()
 	contract, ok := targets.ByName(name)
 	require.True(t, ok, "no target %q", name)
-	return store.ClaimParams{Target: name, KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: fair}
+	return store.ClaimParams{KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: fair}
 }

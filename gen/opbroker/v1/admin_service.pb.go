@@ -813,7 +813,7 @@ func (x *DeleteTenantDataRequest) GetTenant() string {
 // The response of DeleteTenantData.
 type DeleteTenantDataResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// How many operations were deleted (their events and attempts with them).
+	// How many operations were deleted (their events and stale outcomes with them).
 	DeletedOperations int64 `protobuf:"varint,1,opt,name=deleted_operations,json=deletedOperations,proto3" json:"deleted_operations,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache

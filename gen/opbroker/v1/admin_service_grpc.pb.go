@@ -34,7 +34,7 @@ const (
 // AdminService is for operators (role operator): calls that act on a tenant's data as a
 // whole. Errors follow OperationService's conventions.
 type AdminServiceClient interface {
-	// Deletes every operation of a tenant with its events and attempts: the tenant's
+	// Deletes every operation of a tenant with its events and stale outcomes: the tenant's
 	// data owner asked for it to be forgotten. It is refused with FAILED_PRECONDITION
 	// (reason TENANT_HAS_OPEN_OPERATIONS) while any operation of the tenant is PREPARED,
 	// IN_FLIGHT, UNKNOWN or ESCALATED, so nothing that may still cause a remote effect, or
@@ -157,7 +157,7 @@ func (c *adminServiceClient) GetTargetReadiness(ctx context.Context, in *GetTarg
 // AdminService is for operators (role operator): calls that act on a tenant's data as a
 // whole. Errors follow OperationService's conventions.
 type AdminServiceServer interface {
-	// Deletes every operation of a tenant with its events and attempts: the tenant's
+	// Deletes every operation of a tenant with its events and stale outcomes: the tenant's
 	// data owner asked for it to be forgotten. It is refused with FAILED_PRECONDITION
 	// (reason TENANT_HAS_OPEN_OPERATIONS) while any operation of the tenant is PREPARED,
 	// IN_FLIGHT, UNKNOWN or ESCALATED, so nothing that may still cause a remote effect, or
