@@ -105,6 +105,13 @@ func rotate[C any](p FairClaim, claim func(FairClaim) ([]C, error)) ([]C, error)
 // the statement's snapshot cannot see: the update skips it (it stays as it is, and the
 // next claim or sweep takes it), never updates another row.
 func fairPick(state, due, order string, types int) string {
+	// The walk over the tenants orders by the tenant and next, the column after the
+	// tenant in the state's partial index: only that index gives the order, so the walk
+	// never reads the primary key instead, stepping over every row in another state
+	// (statistics taken when most rows were in this state make that look cheap). A
+	// tenant's share with its type fixed cannot be held so: an order by a column fixed by
+	// an equality is an order by the rest, which the primary key gives too.
+	next := map[string]string{"PREPARED": "operation_type", "UNKNOWN": "next_check_at"}[state]
 	// A tenant's share, oldest first, of the types typeCond admits.
 	share := func(typeCond string) string {
 		return `
@@ -137,12 +144,12 @@ func fairPick(state, due, order string, types int) string {
 		WITH RECURSIVE tenants (tenant_id, n) AS (
 			(SELECT tenant_id, 1 FROM operations
 			 WHERE state = '` + state + `' AND tenant_id > $1
-			 ORDER BY tenant_id LIMIT 1)
+			 ORDER BY tenant_id, ` + next + ` LIMIT 1)
 			UNION ALL
 			(SELECT next.tenant_id, t.n + 1 FROM tenants t, LATERAL (
 				SELECT tenant_id FROM operations
 				WHERE state = '` + state + `' AND tenant_id > t.tenant_id
-				ORDER BY tenant_id LIMIT 1) next
+				ORDER BY tenant_id, ` + next + ` LIMIT 1) next
 			 WHERE t.n < $2)
 		), picked AS (
 			SELECT p.ctid, p.tenant_id, p.operation_id FROM tenants t, LATERAL (` + perTenant + `) p

@@ -121,6 +121,47 @@ func TestGuardRefusesEachChange(t *testing.T) {
 	require.Equal(t, "operation_events_sent_on_outcomes", pgErr.ConstraintName)
 }
 
+// The formats of a tenant id and a trace context are checked when an operation is
+// inserted, with the error a CHECK gives; neither column changes afterwards.
+func TestFormatsAreCheckedOnInsert(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	insert := func(tenant string, traceParent *string) error {
+		_, err := b.pool.Exec(b.ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref,
+			content_type, payload, payload_sha256, trace_parent)
+			VALUES ($1, gen_random_uuid(), 'demo.charge', gen_random_uuid()::text, 'application/json', '{}', sha256('{}'), $2)`,
+			tenant, traceParent)
+		return err
+	}
+	good := "00-0123456789abcdef0123456789abcdef-0123456789abcdef-01"
+	for _, tenant := range []string{"a", "acme", "acme-2", "a" + strings.Repeat("b", 62)} {
+		require.NoError(t, insert(tenant, nil), tenant)
+		require.NoError(t, insert(tenant, &good), tenant)
+	}
+	for tenant, traceParent := range map[string]string{
+		"Acme": "", "acme,globex": "", "-acme": "", "acme-": "", "2acme": "", "a" + strings.Repeat("b", 63): "",
+		"acme ": "", "acme\n": "",
+		"acme": "00-0123456789abcdef0123456789abcdef-0123456789abcdef", // the trace context's, below
+	} {
+		constraint := "operations_tenant_id_format"
+		var tp *string
+		if traceParent != "" {
+			constraint, tp = "operations_trace_parent_format", &traceParent
+		}
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, insert(tenant, tp), &pgErr, "%q %v", tenant, tp)
+		require.Equal(t, "23514", pgErr.Code) // check_violation
+		require.Equal(t, constraint, pgErr.ConstraintName)
+		require.Contains(t, pgErr.Message, constraint)
+	}
+	var id string
+	require.NoError(t, b.pool.QueryRow(b.ctx, anyStateOperation, "formats", "PREPARED").Scan(&id))
+	for _, set := range []string{"tenant_id = 'Bad,tenant'", "trace_parent = 'not one'"} {
+		_, err := b.pool.Exec(b.ctx, `UPDATE operations SET `+set+` WHERE operation_id = $1`, id)
+		require.True(t, isGuardRefusal(err, "operations"), "%s: %v", set, err)
+	}
+}
+
 // The guards' functions run only to name a broken rule: claims, outcomes and lease
 // extensions, every update of the hot paths, never call them. (A WHEN condition that
 // fired on them would keep every rule but lose what 019 gained.)
@@ -164,4 +205,5 @@ func TestGuardFunctionsRunOnlyOnRefusals(t *testing.T) {
 	// events: function calls are counted, so the zeros below can tell.
 	require.Eventually(t, func() bool { return calls("history_has_operations") > 0 }, 5*time.Second, 20*time.Millisecond)
 	require.Zero(t, calls("operations_guard"), "the hot paths' updates never called the operations' guard")
+	require.Zero(t, calls("operations_formats"), "the intents' inserts never called the formats' check")
 }

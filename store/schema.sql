@@ -72,6 +72,23 @@ END;
 $$;
 
 --
+-- Name: operations_formats(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.operations_formats() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $_$
+BEGIN
+  IF NEW.tenant_id !~ '^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$' THEN
+    RAISE EXCEPTION 'new row for relation "operations" violates check constraint "operations_tenant_id_format"'
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'operations_tenant_id_format', TABLE = 'operations';
+  END IF;
+  RAISE EXCEPTION 'new row for relation "operations" violates check constraint "operations_trace_parent_format"'
+    USING ERRCODE = 'check_violation', CONSTRAINT = 'operations_trace_parent_format', TABLE = 'operations';
+END;
+$_$;
+
+--
 -- Name: operations_guard(); Type: FUNCTION; Schema: opbroker; Owner: -
 --
 
@@ -253,9 +270,7 @@ CREATE TABLE opbroker.operations (
     CONSTRAINT operations_sent CHECK (((state <> ALL (ARRAY['IN_FLIGHT'::opbroker.operation_state, 'UNKNOWN'::opbroker.operation_state, 'ESCALATED'::opbroker.operation_state, 'SUCCEEDED'::opbroker.operation_state])) OR ((fence_token > 0) AND (first_sent_at IS NOT NULL)))),
     CONSTRAINT operations_succeeded_has_ref CHECK (((state <> 'SUCCEEDED'::opbroker.operation_state) OR (remote_ref IS NOT NULL))),
     CONSTRAINT operations_supersedes_other CHECK ((supersedes_id <> operation_id)),
-    CONSTRAINT operations_tenant_id_format CHECK ((tenant_id ~ '^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT operations_terminal_unleased CHECK (((state <> ALL (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])) OR ((lease_owner IS NULL) AND (lease_expires_at IS NULL)))),
-    CONSTRAINT operations_trace_parent_format CHECK ((trace_parent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text)),
     CONSTRAINT operations_unsent CHECK (((state <> ALL (ARRAY['PREPARED'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])) OR ((attempt_count = not_executed) AND ((attempt_count > 0) OR ((fence_token = 0) AND (first_sent_at IS NULL))))))
 );
 
@@ -399,6 +414,12 @@ CREATE TRIGGER operation_events_have_operations AFTER INSERT ON opbroker.operati
 --
 
 CREATE TRIGGER operations_delete_history AFTER DELETE ON opbroker.operations REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION opbroker.operations_delete_history();
+
+--
+-- Name: operations operations_formats; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operations_formats BEFORE INSERT ON opbroker.operations FOR EACH ROW WHEN (((new.tenant_id !~ '^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$'::text) OR (new.trace_parent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text))) EXECUTE FUNCTION opbroker.operations_formats();
 
 --
 -- Name: operations operations_guard; Type: TRIGGER; Schema: opbroker; Owner: -
