@@ -111,7 +111,15 @@ func fairPick(state, due, order string, types int) string {
 	// (statistics taken when most rows were in this state make that look cheap). A
 	// tenant's share with its type fixed cannot be held so: an order by a column fixed by
 	// an equality is an order by the rest, which the primary key gives too.
-	next := map[string]string{"PREPARED": "operation_type", "UNKNOWN": "next_check_at"}[state]
+	var next string
+	switch state {
+	case "PREPARED":
+		next = "operation_type"
+	case "UNKNOWN":
+		next = "next_check_at"
+	default:
+		panic("store: no partial index for a fair claim of " + state)
+	}
 	// A tenant's share, oldest first, of the types typeCond admits.
 	share := func(typeCond string) string {
 		return `

@@ -142,11 +142,15 @@ func TestFormatsAreCheckedOnInsert(t *testing.T) {
 		"Acme": "", "acme,globex": "", "-acme": "", "acme-": "", "2acme": "", "a" + strings.Repeat("b", 63): "",
 		"acme ": "", "acme\n": "",
 		"acme": "00-0123456789abcdef0123456789abcdef-0123456789abcdef", // the trace context's, below
+		"Bad":  "not a trace context",                                  // both: the tenant's is named
 	} {
 		constraint := "operations_tenant_id_format"
 		var tp *string
 		if traceParent != "" {
-			constraint, tp = "operations_trace_parent_format", &traceParent
+			tp = &traceParent
+			if tenant == "acme" {
+				constraint = "operations_trace_parent_format"
+			}
 		}
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, insert(tenant, tp), &pgErr, "%q %v", tenant, tp)

@@ -354,7 +354,9 @@ func TestClaimsWalkTheTenantsByTheClaimIndex(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
-	_, err := admin.Exec(ctx, `ANALYZE operations`)
+	// The statistics stay those of the load: an automatic ANALYZE after the claims below
+	// would let even a plan that reads the primary key pass.
+	_, err := admin.Exec(ctx, `ALTER TABLE operations SET (autovacuum_enabled = off); ANALYZE operations`)
 	require.NoError(t, err)
 	all := st.AllTenants()
 	for range 15 {
