@@ -371,9 +371,9 @@ func TestPayloadIntegrityFailureIsNotSent(t *testing.T) {
 	b := setup(t, simtarget.Config{})
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "corrupt", `{"amount":1}`)
 	// Simulate storage corruption, which the schema itself refuses.
-	_, err := b.pool.Exec(b.ctx, `ALTER TABLE operations DISABLE TRIGGER operations_guard;
+	_, err := b.pool.Exec(b.ctx, `ALTER TABLE operations DISABLE TRIGGER operations_payload_guard;
 		UPDATE operations SET payload = '{"amount":999}' WHERE operation_id = '`+op.ID.String()+`';
-		ALTER TABLE operations ENABLE TRIGGER operations_guard`)
+		ALTER TABLE operations ENABLE TRIGGER operations_payload_guard`)
 	require.NoError(t, err)
 	drain(t, b, b.dispatcher(t, dispatcher.Config{}))
 	got := b.get(t, op)
