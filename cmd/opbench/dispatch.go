@@ -50,12 +50,13 @@ func benchDispatch(ctx context.Context, cmd *cli.Command) error {
 	rls := map[bool]string{true: "on (an ordinary role)", false: "bypassed (the administrator)"}[cmd.Bool("rls")]
 	fmt.Fprintf(out, "dispatch PREPARED -> SUCCEEDED: pool size %d, claim batch %d, %d tenants, row-level security %s\n",
 		cmd.Int("pool-size"), cmd.Int("claim-batch"), cmd.Int("tenants"), rls)
-	fmt.Fprintf(out, "  every operation: claim + event, then outcome + event (which records whether the request left); durable commits\n")
+	body := payloadOf(cmd.Int("payload-bytes"))
+	fmt.Fprintf(out, "  every operation: claim + event, then outcome + event (which records whether the request left); durable commits; a %d-byte payload\n", len(body))
 	var where string
 	for _, mode := range cmd.StringSlice("modes") {
 		for _, tgt := range cmd.StringSlice("targets") {
 			run, err := newDispatchRun(ctx, url, runConfig{target: tgt, rls: cmd.Bool("rls"), tenants: cmd.Int("tenants"),
-				poolSize: cmd.Int("pool-size"), claimBatch: cmd.Int("claim-batch")})
+				poolSize: cmd.Int("pool-size"), claimBatch: cmd.Int("claim-batch"), body: body})
 			if err != nil {
 				return err
 			}

@@ -14,6 +14,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"runtime"
@@ -57,6 +58,7 @@ func newApp() *cli.Command {
 				&cli.IntFlag{Name: "tenants", Value: 8},
 				&cli.IntFlag{Name: "pool-size", Value: dispatcher.DefaultPoolSize, Usage: "concurrent sends"},
 				&cli.IntFlag{Name: "claim-batch", Value: dispatcher.DefaultClaimBatch, Usage: "operations per claim statement"},
+				&cli.IntFlag{Name: "payload-bytes", Usage: "the size of every intent's JSON payload, padded with random letters (0: a 31-byte payload)"},
 				cpuProfileFlag(),
 				&cli.BoolFlag{Name: "rls", Value: true, Usage: "run as an ordinary role bound by row-level security, as the broker does (--rls=false: as the administrator, to measure its cost)"},
 			},
@@ -226,3 +228,19 @@ func prepareIntent(ctx context.Context, st *store.Store, tenant, intent string, 
 }
 
 var benchBody = []byte(`{"amount":100,"currency":"EUR"}`)
+
+// payloadOf returns benchBody with a "note" of random letters that makes it n bytes
+// long (PostgreSQL compresses such a note little), or benchBody when n is too small.
+func payloadOf(n int) []byte {
+	const head = `{"amount":100,"currency":"EUR","note":"`
+	pad := n - len(head) - len(`"}`)
+	if pad <= 0 {
+		return benchBody
+	}
+	const letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	note := make([]byte, pad)
+	for i := range note {
+		note[i] = letters[rand.IntN(len(letters))]
+	}
+	return []byte(head + string(note) + `"}`)
+}

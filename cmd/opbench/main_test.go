@@ -28,8 +28,9 @@ func TestDispatchBenchRuns(t *testing.T) {
 	app := newApp()
 	app.Writer = &out
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "dispatch", "--database-url", storetest.URL(t),
-		"--ops", "50", "--rate", "100", "--period", "300ms"}))
+		"--ops", "50", "--rate", "100", "--period", "300ms", "--payload-bytes", "2000"}))
 	require.Contains(t, out.String(), "dispatch PREPARED -> SUCCEEDED: pool size 32, claim batch 512")
+	require.Contains(t, out.String(), "a 2000-byte payload")
 	for _, line := range []string{`burn-down noop +\d+ operations/s  \(50 in \S+\); per operation: PostgreSQL CPU \S+( ms)?, WAL [1-9]\d* B`, `burn-down http +\d+ operations/s  \(50 in`,
 		`steady +noop +\d+ operations/s  \(\d+ offered at 100/s`, `steady +http +\d+ operations/s  \(\d+ offered at 100/s`} {
 		require.Regexp(t, line, out.String())
