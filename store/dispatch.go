@@ -351,8 +351,8 @@ func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, e
 	if err != nil {
 		return Operation{}, err
 	}
-	op, ok := recorded.moved[OperationKey{TenantID: p.TenantID, ID: p.ID}]
-	if !ok || op.FenceToken != p.Fence {
+	op, ok := recorded.applied(p)
+	if !ok {
 		if recorded.staleErr != nil {
 			return Operation{}, recorded.staleErr
 		}
@@ -366,6 +366,12 @@ func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, e
 type recordedOutcomes struct {
 	moved    map[OperationKey]Operation
 	staleErr error
+}
+
+// applied returns the operation as p's outcome left it, if p's fence held.
+func (r recordedOutcomes) applied(p OutcomeParams) (Operation, bool) {
+	op, ok := r.moved[OperationKey{TenantID: p.TenantID, ID: p.ID}]
+	return op, ok && op.FenceToken == p.Fence
 }
 
 // At most maxOutcomeBatch outcomes per statement, and outcomeWriters statements at once.
@@ -408,23 +414,23 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recorded
 	if err != nil {
 		return recordedOutcomes{}, fmt.Errorf("store: record outcome: %w", translate(err))
 	}
-	ops := make(map[OperationKey]Operation, len(moved))
+	recorded := recordedOutcomes{moved: make(map[OperationKey]Operation, len(moved))}
 	for _, op := range moved {
-		ops[OperationKey{TenantID: op.TenantID, ID: op.ID}] = op
+		recorded.moved[OperationKey{TenantID: op.TenantID, ID: op.ID}] = op
 	}
 	if len(moved) > 0 {
 		q.s.events.signal()
 	}
 	var stale []OutcomeParams
 	for _, p := range ps {
-		if op, ok := ops[OperationKey{TenantID: p.TenantID, ID: p.ID}]; !ok || op.FenceToken != p.Fence {
+		if _, ok := recorded.applied(p); !ok {
 			stale = append(stale, p)
 		}
 	}
-	if len(stale) == 0 {
-		return recordedOutcomes{moved: ops}, nil
+	if len(stale) > 0 {
+		recorded.staleErr = q.keepStale(ctx, stale)
 	}
-	return recordedOutcomes{moved: ops, staleErr: q.keepStale(ctx, stale)}, nil
+	return recorded, nil
 }
 
 // keepStale keeps outcomes whose fence was lost as evidence: each only under a fence

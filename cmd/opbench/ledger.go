@@ -99,15 +99,13 @@ func grow(ctx context.Context, pool *pgxpool.Pool, n, tenants int) error {
 					'SUCCEEDED', 3, 1, 1, 'ref_' || id, now(), '{"source":"DISPATCH","outcome":"CREATED"}'
 				FROM unnest($1::uuid[]) WITH ORDINALITY AS u (id, ord)
 				RETURNING tenant_id, operation_id, remote_ref
-			), ev AS (
-				INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor,
-					remote_ref, attempt_count)
-				SELECT tenant_id, operation_id, v.revision, v.from_state::operation_state, v.to_state::operation_state,
-					v.fence, 'opbench', CASE WHEN v.revision = 3 THEN remote_ref END, v.attempts
-				FROM ops, (VALUES (1, NULL, 'PREPARED', 0, 0), (2, 'PREPARED', 'IN_FLIGHT', 1, 1),
-					(3, 'IN_FLIGHT', 'SUCCEEDED', 1, 1)) AS v (revision, from_state, to_state, fence, attempts)
 			)
-			SELECT count(*) FROM ops`,
+			INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor,
+				remote_ref, attempt_count)
+			SELECT tenant_id, operation_id, v.revision, v.from_state::operation_state, v.to_state::operation_state,
+				v.fence, 'opbench', CASE WHEN v.revision = 3 THEN remote_ref END, v.attempts
+			FROM ops, (VALUES (1, NULL, 'PREPARED', 0, 0), (2, 'PREPARED', 'IN_FLIGHT', 1, 1),
+				(3, 'IN_FLIGHT', 'SUCCEEDED', 1, 1)) AS v (revision, from_state, to_state, fence, attempts)`,
 			ids, tenants, benchBody, digest[:], simtarget.DemoCharge)
 		return err
 	})
