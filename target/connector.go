@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -580,12 +579,8 @@ func (l *Lookup) matches(object []byte, remoteKey uuid.UUID, approved []byte) (b
 	if _, ok := jsonPointerString(object, l.Found.RemoteRef); !ok {
 		return false, "found an object without the target's reference"
 	}
-	for _, m := range l.Match {
-		remote, ok1 := jsonPointer(object, m.Remote, false)
-		want, ok2 := jsonPointer(approved, m.Payload, false)
-		if !ok1 || !ok2 || !reflect.DeepEqual(remote, want) {
-			return false, fmt.Sprintf("found an object whose %s does not match the approved payload's %s", m.Remote, m.Payload)
-		}
+	if ok, why := fieldsMatch(object, approved, l.Match, "the found object"); !ok {
+		return false, why
 	}
 	return true, "found, carrying this operation's reference and matching the approved payload"
 }

@@ -37,7 +37,10 @@ type Contract struct {
 	Conditional    *Conditional  `yaml:"conditional_mutation"`
 	Responses      Responses     `yaml:"responses"`
 	Completion     *Completion   `yaml:"completion"`
-	Concurrency    int           `yaml:"concurrency"`
+	// Evidence says how to read the events the target reports (webhooks, or events an
+	// internal service reports for it); nil: the target reports none.
+	Evidence    *Evidence `yaml:"evidence,omitempty"`
+	Concurrency int       `yaml:"concurrency"`
 	// ManualResolution governs operators' resolutions of the target's operations; nil
 	// lets one operator resolve alone.
 	ManualResolution *ManualResolution `yaml:"manual_resolution,omitempty"`
@@ -321,6 +324,11 @@ func (d *Duration) UnmarshalYAML(node ast.Node) error {
 	return nil
 }
 
+// Serves reports whether the target serves the operation type.
+func (c *Contract) Serves(operationType string) bool {
+	return slices.Contains(c.OperationTypes, operationType)
+}
+
 // Capabilities of a target: A to D of docs/targets.md#capabilities.
 type Capabilities struct {
 	Replay      bool // A: same-key replay inside the retention window
@@ -462,6 +470,7 @@ func (f *File) validate(file string) error {
 	}
 	names := map[string]bool{}
 	types := map[string]string{}
+	paths := map[string]string{}
 	for i, c := range f.Targets {
 		label := fmt.Sprintf("target #%d", i+1)
 		if c.Name != "" {
@@ -497,6 +506,15 @@ func (f *File) validate(file string) error {
 		}
 		if c.Completion != nil {
 			c.Completion.validate(bad)
+		}
+		if c.Evidence != nil {
+			c.Evidence.validate(bad)
+			if w := c.Evidence.Webhook; w != nil {
+				if other, dup := paths[w.Path]; dup {
+					bad("evidence.webhook.path", "is used by target %q", other)
+				}
+				paths[w.Path] = c.Name
+			}
 		}
 		if m := c.ManualResolution; m != nil && (m.ApprovalWindow < 0 || m.ApprovalWindow.D() > 7*24*time.Hour) {
 			bad("manual_resolution.approval_window", "must be between 0 (the default, %s) and a week", DefaultApprovalWindow)

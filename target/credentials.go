@@ -98,6 +98,15 @@ func (c *Contract) Credentials() []Credential {
 		}
 		out = append(out, cred)
 	}
+	if e := c.Evidence; e != nil && e.Webhook != nil {
+		s := e.Webhook.Signature.Secret
+		cred := Credential{Field: "evidence.webhook.signature.secret", Source: s.String(), State: CredentialPresent,
+			holds: "the webhook signing secret the target shows for this endpoint"}
+		if _, err := s.read(); err != nil {
+			cred.State, cred.Problem = stateOf(err), err.Error()
+		}
+		out = append(out, cred)
+	}
 	if t := c.TLS; t != nil {
 		if t.ClientCertificate != "" {
 			cert := Credential{Field: "tls.client_certificate", Source: "file " + t.ClientCertificate, State: CredentialPresent,
@@ -494,15 +503,20 @@ func (a *Auth) validate(bad func(field, format string, args ...any), reserved ma
 	if strings.ContainsFunc(a.Prefix, isControl) {
 		bad("auth.prefix", "must not contain a control character")
 	}
-	switch s := a.Secret; {
+	a.Secret.validate(bad, "auth.secret")
+}
+
+// validate checks where a secret is read; field names it in problems.
+func (s Secret) validate(bad func(field, format string, args ...any), field string) {
+	switch {
 	case s.Env == "" && s.File == "":
-		bad("auth.secret", "needs env (a variable's name) or file (a path)")
+		bad(field, "needs env (a variable's name) or file (a path)")
 	case s.Env != "" && s.File != "":
-		bad("auth.secret", "takes env or file, not both")
+		bad(field, "takes env or file, not both")
 	case s.Env != "" && !envPattern.MatchString(s.Env):
-		bad("auth.secret.env", "must be an environment variable's name, e.g. ACME_API_TOKEN")
+		bad(field+".env", "must be an environment variable's name, e.g. ACME_API_TOKEN")
 	case s.File != "" && !filepath.IsAbs(s.File):
-		bad("auth.secret.file", "must be an absolute path")
+		bad(field+".file", "must be an absolute path")
 	}
 }
 
