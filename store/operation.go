@@ -58,6 +58,9 @@ type Observation struct {
 	// approval applied, names the operator who proposed it.
 	Proposal   *Proposal `json:"proposal,omitempty"`
 	ProposedBy string    `json:"proposed_by,omitempty"`
+	// EventID, for evidence, is the id of the target's event it recorded
+	// (store.InboundEvidence).
+	EventID string `json:"event_id,omitempty"`
 }
 
 // Proposal is a resolution one operator proposed and another must approve.

@@ -67,6 +67,7 @@ CREATE FUNCTION opbroker.operations_delete_history() RETURNS trigger
 BEGIN
   DELETE FROM operation_events e USING old_rows o WHERE e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id;
   DELETE FROM stale_outcomes s USING old_rows o WHERE s.tenant_id = o.tenant_id AND s.operation_id = o.operation_id;
+  DELETE FROM inbound_evidence i USING old_rows o WHERE i.tenant_id = o.tenant_id AND i.operation_id = o.operation_id;
   RETURN NULL;
 END;
 $$;
@@ -144,7 +145,7 @@ CREATE FUNCTION opbroker.operations_truncate_history() RETURNS trigger
     SET search_path TO 'opbroker'
     AS $$
 BEGIN
-  TRUNCATE operation_events, stale_outcomes;
+  TRUNCATE operation_events, stale_outcomes, inbound_evidence;
   RETURN NULL;
 END;
 $$;
@@ -160,6 +161,55 @@ BEGIN
   RAISE EXCEPTION 'stale_outcomes is append-only' USING ERRCODE = 'integrity_constraint_violation';
 END;
 $$;
+
+--
+-- Name: inbound_evidence; Type: TABLE; Schema: opbroker; Owner: -
+--
+
+CREATE TABLE opbroker.inbound_evidence (
+    target text NOT NULL,
+    event_id text NOT NULL,
+    source text NOT NULL,
+    reporter text,
+    claimed_tenant text,
+    event_type text NOT NULL,
+    meaning text NOT NULL,
+    reference text NOT NULL,
+    reference_kind text NOT NULL,
+    remote_ref text,
+    body bytea,
+    body_purge_at timestamp with time zone NOT NULL,
+    received_at timestamp with time zone DEFAULT now() NOT NULL,
+    match_until timestamp with time zone NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_match_at timestamp with time zone DEFAULT now() NOT NULL,
+    disposition text DEFAULT 'PENDING'::text NOT NULL,
+    reason text,
+    detail text,
+    tenant_id text,
+    operation_id uuid,
+    decided_at timestamp with time zone,
+    reviewed_by text,
+    reviewed_at timestamp with time zone,
+    review_note text,
+    CONSTRAINT inbound_evidence_disposition CHECK (
+CASE disposition
+    WHEN 'PENDING'::text THEN ((reason IS NULL) AND (operation_id IS NULL) AND (decided_at IS NULL))
+    WHEN 'APPLIED'::text THEN ((reason IS NULL) AND (operation_id IS NOT NULL) AND (decided_at IS NOT NULL))
+    WHEN 'OBSERVED'::text THEN ((reason IS NULL) AND (operation_id IS NOT NULL) AND (decided_at IS NOT NULL))
+    WHEN 'QUARANTINED'::text THEN ((reason IS NOT NULL) AND (decided_at IS NOT NULL) AND (reviewed_by IS NULL))
+    WHEN 'ATTACHED'::text THEN ((reason IS NOT NULL) AND (operation_id IS NOT NULL) AND (reviewed_by IS NOT NULL))
+    WHEN 'DISMISSED'::text THEN ((reason IS NOT NULL) AND (reviewed_by IS NOT NULL) AND (review_note IS NOT NULL))
+    ELSE false
+END),
+    CONSTRAINT inbound_evidence_meaning CHECK ((meaning = ANY (ARRAY['SUCCEEDED'::text, 'PENDING'::text, 'FAILED'::text]))),
+    CONSTRAINT inbound_evidence_operation CHECK (((tenant_id IS NULL) = (operation_id IS NULL))),
+    CONSTRAINT inbound_evidence_reference_kind CHECK ((reference_kind = ANY (ARRAY['remote_key'::text, 'remote_ref'::text]))),
+    CONSTRAINT inbound_evidence_sizes CHECK ((((octet_length(event_id) >= 1) AND (octet_length(event_id) <= 256)) AND (octet_length(event_type) <= 256) AND ((octet_length(reference) >= 1) AND (octet_length(reference) <= 512)) AND (COALESCE(octet_length(remote_ref), 0) <= 512) AND (COALESCE(octet_length(detail), 0) <= 1024))),
+    CONSTRAINT inbound_evidence_source CHECK (((source = ANY (ARRAY['WEBHOOK'::text, 'REPORTED'::text])) AND ((source = 'REPORTED'::text) = ((reporter IS NOT NULL) AND (claimed_tenant IS NOT NULL)))))
+);
+
+ALTER TABLE ONLY opbroker.inbound_evidence FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: opbroker_schema_version; Type: TABLE; Schema: opbroker; Owner: -
@@ -309,6 +359,13 @@ CREATE TABLE opbroker.stale_outcomes (
 ALTER TABLE ONLY opbroker.stale_outcomes FORCE ROW LEVEL SECURITY;
 
 --
+-- Name: inbound_evidence inbound_evidence_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.inbound_evidence
+    ADD CONSTRAINT inbound_evidence_pkey PRIMARY KEY (target, event_id);
+
+--
 -- Name: operation_events operation_events_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
 --
 
@@ -342,6 +399,30 @@ ALTER TABLE ONLY opbroker.operations
 
 ALTER TABLE ONLY opbroker.stale_outcomes
     ADD CONSTRAINT stale_outcomes_pkey PRIMARY KEY (tenant_id, operation_id, fence_token);
+
+--
+-- Name: inbound_evidence_operation_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX inbound_evidence_operation_idx ON opbroker.inbound_evidence USING btree (tenant_id, operation_id) WHERE (operation_id IS NOT NULL);
+
+--
+-- Name: inbound_evidence_pending_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX inbound_evidence_pending_idx ON opbroker.inbound_evidence USING btree (next_match_at) WHERE (disposition = 'PENDING'::text);
+
+--
+-- Name: inbound_evidence_purge_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX inbound_evidence_purge_idx ON opbroker.inbound_evidence USING btree (body_purge_at) WHERE (body IS NOT NULL);
+
+--
+-- Name: inbound_evidence_quarantine_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX inbound_evidence_quarantine_idx ON opbroker.inbound_evidence USING btree (received_at, target, event_id) WHERE (disposition = 'QUARANTINED'::text);
 
 --
 -- Name: operation_events_feed_idx; Type: INDEX; Schema: opbroker; Owner: -
@@ -378,6 +459,18 @@ CREATE INDEX operations_lease_idx ON opbroker.operations USING btree (lease_expi
 --
 
 CREATE INDEX operations_purge_idx ON opbroker.operations USING btree (updated_at) WHERE ((payload IS NOT NULL) AND (state = ANY (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])));
+
+--
+-- Name: operations_remote_key_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operations_remote_key_idx ON opbroker.operations USING btree (remote_key);
+
+--
+-- Name: operations_remote_ref_idx; Type: INDEX; Schema: opbroker; Owner: -
+--
+
+CREATE INDEX operations_remote_ref_idx ON opbroker.operations USING btree (remote_ref) WHERE (remote_ref IS NOT NULL);
 
 --
 -- Name: operations_unknown_due_idx; Type: INDEX; Schema: opbroker; Owner: -
@@ -466,6 +559,12 @@ ALTER TABLE ONLY opbroker.payload_mismatches
     ADD CONSTRAINT payload_mismatches_tenant_id_operation_id_fkey FOREIGN KEY (tenant_id, operation_id) REFERENCES opbroker.operations(tenant_id, operation_id) ON DELETE CASCADE;
 
 --
+-- Name: inbound_evidence; Type: ROW SECURITY; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE opbroker.inbound_evidence ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: operation_events; Type: ROW SECURITY; Schema: opbroker; Owner: -
 --
 
@@ -488,6 +587,20 @@ ALTER TABLE opbroker.payload_mismatches ENABLE ROW LEVEL SECURITY;
 --
 
 ALTER TABLE opbroker.stale_outcomes ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: inbound_evidence tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
+--
+
+CREATE POLICY tenant_isolation ON opbroker.inbound_evidence USING (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END) WITH CHECK (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END);
 
 --
 -- Name: operation_events tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
