@@ -23,6 +23,9 @@ const (
 	DispatchAfterReply  = "dispatch.after_reply"  // the reply is read, not recorded
 	DispatchAfterRecord = "dispatch.after_record" // the outcome is recorded
 	PrepareAfterCommit  = "prepare.after_commit"  // the intent is durable, the client not told
+	// EvidenceAfterReceipt: a target's event is verified and kept, not matched, and its
+	// sender not answered.
+	EvidenceAfterReceipt = "evidence.after_receipt"
 )
 
 // EnvVar enables crash points.
