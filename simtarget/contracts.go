@@ -18,8 +18,9 @@ const (
 func DemoContracts(baseURL string) []*target.Contract { return Contracts(baseURL, Config{}) }
 
 // Contracts returns the recorded contracts of a simulated target at baseURL configured
-// with cfg: what its key saves and how long it keeps it say what the target does, and
-// they carry cfg.Auth when the target requires a credential.
+// with cfg: what its key saves and how long it keeps it say what the target does, they
+// carry cfg.Auth when the target requires a credential, and demo-payments reads the
+// events of cfg.Webhooks.
 func Contracts(baseURL string, cfg Config) []*target.Contract {
 	saves, retention := target.SavesEveryAnswer, 24*time.Hour
 	if cfg.SaveOnlySuccesses {
@@ -84,6 +85,9 @@ func Contracts(baseURL string, cfg Config) []*target.Contract {
 			Succeeded: []string{StatusSucceeded}, Pending: []string{StatusProcessing}, Failed: []string{StatusFailed},
 			Documented: "simtarget: a charge whose status is failed is final and moved no money"}
 	}
+	if w := cfg.Webhooks; w != nil {
+		contracts[0].Evidence = webhookEvidence(w)
+	}
 	if cfg.Auth != nil {
 		for _, c := range contracts {
 			auth := *cfg.Auth
@@ -91,4 +95,24 @@ func Contracts(baseURL string, cfg Config) []*target.Contract {
 		}
 	}
 	return contracts
+}
+
+// webhookEvidence is how demo-payments' events are read (webhooks.go): found by the
+// idempotency key they echo, matched on the amount, and with Account on the tenant.
+func webhookEvidence(w *WebhookConfig) *target.Evidence {
+	e := &target.Evidence{
+		EventID: "/id", EventType: "/type", Reference: "/data/object/reference",
+		ReferenceKind: target.ReferenceRemoteKey, RemoteRef: "/data/object/id",
+		Match:      []target.FieldMatch{{Remote: "/data/object/request/amount", Payload: "/amount"}},
+		Succeeded:  []string{EventChargeSucceeded},
+		Pending:    []string{EventChargeProcessing},
+		Failed:     []string{EventChargeFailed},
+		Documented: "simtarget: a charge.failed event reports a charge that is final and moved no money",
+		Webhook: &target.Webhook{Path: WebhookPath, Signature: target.Signature{Scheme: target.SignatureStripe,
+			Secret: w.SecretSource, Documented: "https://github.com/opbroker/opbroker/blob/main/simtarget/webhooks.go"}},
+	}
+	if w.Account {
+		e.Tenant = &target.FieldMatch{Remote: "/data/object/account", Payload: "/account"}
+	}
+	return e
 }

@@ -9,6 +9,14 @@
 //	POST /v1/notifications      send a notification; no idempotency, no lookup
 //	GET  /sim/truth             ground truth (never used by the broker)
 //
+// With Config.Webhooks the target also reports its charges as Stripe does: after a charge
+// made with an idempotency key it POSTs events (charge.processing, charge.succeeded,
+// charge.failed) signed with Stripe-Signature to the broker's webhook listener, retries
+// those not acknowledged, and injects webhook faults (duplicates, late and reordered
+// events, fabricated events, bad signatures), chosen per charge like a request's faults
+// with {"sim": {"webhook": "..."}} or WebhookConfig.FaultRates. Truth.Webhooks records
+// every sending; webhooks.go has the details.
+//
 // Faults are chosen per request: by a JSON payload field {"sim": {"fault": "..."}} (with
 // "times": n, for the first n requests with that body only), by
 // Config.Fault, or at random from Config.FaultRates with a seeded source. Provider
@@ -17,6 +25,7 @@
 package simtarget
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -111,6 +120,9 @@ type Config struct {
 	// whoever runs the target puts Credential where Auth.Secret says.
 	Auth       *target.Auth
 	Credential string
+	// Webhooks, when set, makes the target send signed events about its charges; nil
+	// sends none.
+	Webhooks *WebhookConfig
 }
 
 // Effect is one real remote effect.
@@ -165,6 +177,9 @@ type Truth struct {
 	MaxConcurrent int `json:"max_concurrent"`
 	// PreconditionFailed counts conditional writes refused because the object existed.
 	PreconditionFailed int `json:"precondition_failed,omitempty"`
+	// Webhooks records every sending of an event (Config.Webhooks), in the order they
+	// were queued.
+	Webhooks []WebhookTruth `json:"webhooks,omitempty"`
 }
 
 // saved is a response saved for an idempotency key.
@@ -193,6 +208,7 @@ type Target struct {
 	named   map[string]int // requests so far per body whose payload names a fault for a number of times
 	hang    chan struct{}  // closed by Close: releases hanging requests
 	once    sync.Once
+	hooks   *sender // sends the events of Config.Webhooks; nil without
 	mux     *http.ServeMux
 }
 
@@ -216,6 +232,9 @@ func New(cfg Config) *Target {
 		hang:    make(chan struct{}),
 		mux:     http.NewServeMux(),
 	}
+	if cfg.Webhooks != nil {
+		t.hooks = newSender(*cfg.Webhooks, cfg.Seed, cfg.Now)
+	}
 	t.mux.HandleFunc("POST /v1/charges", t.authorized(t.createCharge))
 	t.mux.HandleFunc("GET /v1/charges", t.authorized(t.lookupCharge))
 	t.mux.HandleFunc("POST /v1/notifications", t.authorized(t.createNotification))
@@ -227,8 +246,25 @@ func New(cfg Config) *Target {
 
 func (t *Target) ServeHTTP(w http.ResponseWriter, r *http.Request) { t.mux.ServeHTTP(w, r) }
 
-// Close releases requests held by FaultCommitThenHang.
-func (t *Target) Close() { t.once.Do(func() { close(t.hang) }) }
+// Close releases requests held by FaultCommitThenHang, stops the webhook deliveries
+// still pending and waits for their goroutines to end. It is idempotent.
+func (t *Target) Close() {
+	t.once.Do(func() { close(t.hang) })
+	if t.hooks != nil {
+		t.hooks.close()
+	}
+}
+
+// WebhooksIdle blocks until no event is pending: every one queued so far is
+// acknowledged, given up, or stopped by Close (a charge still processing has its final
+// event pending). Without Config.Webhooks it returns at once. It returns ctx's error if
+// ctx ends first.
+func (t *Target) WebhooksIdle(ctx context.Context) error {
+	if t.hooks == nil {
+		return nil
+	}
+	return t.hooks.waitIdle(ctx)
+}
 
 // TruthHandler serves the ground truth as JSON.
 func (t *Target) TruthHandler() http.Handler { return http.HandlerFunc(t.serveTruth) }
@@ -255,6 +291,9 @@ func (t *Target) Snapshot() Truth {
 	}
 	for f, n := range t.truth.Faults {
 		out.Faults[f] = n
+	}
+	if t.hooks != nil {
+		out.Webhooks = t.hooks.snapshot()
 	}
 	return out
 }
@@ -308,12 +347,16 @@ func (t *Target) chooseFault(body []byte) Fault {
 	return FaultNone
 }
 
-// Heal stops the configured faults, lookup failures included: from now on a request
-// gets a fault only if its payload names one. Provider behaviours (saved responses, retention, lookup lag) stay.
+// Heal stops the configured faults, lookup failures and random webhook faults included:
+// from now on a request gets a fault only if its payload names one. Provider behaviours
+// (saved responses, retention, lookup lag) stay, and so do events already queued.
 func (t *Target) Heal() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.cfg.Fault, t.cfg.FaultRates, t.cfg.LookupFailures = FaultNone, nil, 0
+	if t.hooks != nil {
+		t.hooks.heal()
+	}
 }
 
 // SetCredential replaces the credential the target requires, as a vendor does when a
@@ -521,6 +564,9 @@ func (t *Target) commit(key string, body []byte, now time.Time, extraLag time.Du
 	kt := t.keyTruth(key)
 	kt.Effects++
 	kt.IDs = append(kt.IDs, e.ID)
+	if processes && t.hooks != nil { // a charge made with a key
+		t.hooks.charge(e, t.cfg.Completion > 0)
+	}
 }
 
 func (t *Target) committed(key string) bool { return len(t.byKey[key]) > 0 }

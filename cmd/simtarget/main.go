@@ -1,8 +1,11 @@
 // Command simtarget runs the simulated remote target on its own: a vendor-like HTTP API
 // with ground truth at /sim/truth and injectable faults (package simtarget). It is what
-// the chaos run and manual experiments point opbroker at.
+// the chaos run and manual experiments point opbroker at. With --webhook-url it also
+// sends signed events about its charges to the broker's webhook listener, the secret
+// read from the environment variable --webhook-secret-env names.
 //
 //	simtarget --addr 127.0.0.1:8081 --fault-rate commit_then_reset=0.1 --seed 7
+//	SIMTARGET_WEBHOOK_SECRET=whsec_demo simtarget --webhook-url http://127.0.0.1:8080/demo-payments --webhook-fault-rate duplicate=0.1
 package main
 
 import (
@@ -21,6 +24,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/opbroker/opbroker/simtarget"
+	"github.com/opbroker/opbroker/target"
 )
 
 func main() {
@@ -39,6 +43,10 @@ func main() {
 			&cli.DurationFlag{Name: "lookup-lag", Usage: "hide new effects from lookups for this long"},
 			&cli.DurationFlag{Name: "slow-delay", Value: 2 * time.Second, Usage: "how long slow_commit waits"},
 			&cli.DurationFlag{Name: "latency", Usage: "processing time of every create"},
+			&cli.StringSliceFlag{Name: "webhook-url", Usage: "where to send signed events about charges, e.g. http://127.0.0.1:8080/demo-payments; repeatable: a failed delivery is tried at the next"},
+			&cli.StringFlag{Name: "webhook-secret-env", Value: "SIMTARGET_WEBHOOK_SECRET", Usage: "the environment variable that holds the webhook signing secret"},
+			&cli.StringSliceFlag{Name: "webhook-fault-rate", Usage: "webhook fault=probability, repeatable: random webhook faults"},
+			&cli.BoolFlag{Name: "webhook-account", Usage: "events carry the request's account, read as the tenant"},
 		},
 		Action: run,
 	}
@@ -62,20 +70,20 @@ func run(ctx context.Context, cmd *cli.Command) error {
 		SlowDelay:         cmd.Duration("slow-delay"),
 		Latency:           cmd.Duration("latency"),
 	}
-	for _, spec := range cmd.StringSlice("fault-rate") {
-		name, p, ok := strings.Cut(spec, "=")
-		rate, err := strconv.ParseFloat(p, 64)
-		if !ok || err != nil || rate < 0 || rate > 1 {
-			return fmt.Errorf("--fault-rate %q: want fault=probability", spec)
+	if cfg.FaultRates, err = parseRates(cmd.StringSlice("fault-rate"), simtarget.ParseFault); err != nil {
+		return fmt.Errorf("--fault-rate: %w", err)
+	}
+	if urls := cmd.StringSlice("webhook-url"); len(urls) > 0 {
+		env := cmd.String("webhook-secret-env")
+		secret := strings.TrimSpace(os.Getenv(env))
+		if secret == "" {
+			return fmt.Errorf("--webhook-url: the signing secret must be in the environment variable %s", env)
 		}
-		f, err := simtarget.ParseFault(name)
-		if err != nil {
-			return fmt.Errorf("--fault-rate: %w", err)
+		cfg.Webhooks = &simtarget.WebhookConfig{URLs: urls, Secret: secret, SecretSource: target.Secret{Env: env},
+			Account: cmd.Bool("webhook-account")}
+		if cfg.Webhooks.FaultRates, err = parseRates(cmd.StringSlice("webhook-fault-rate"), simtarget.ParseWebhookFault); err != nil {
+			return fmt.Errorf("--webhook-fault-rate: %w", err)
 		}
-		if cfg.FaultRates == nil {
-			cfg.FaultRates = map[simtarget.Fault]float64{}
-		}
-		cfg.FaultRates[f] = rate
 	}
 	sim := simtarget.New(cfg)
 	lis, err := net.Listen("tcp", cmd.String("addr"))
@@ -95,4 +103,25 @@ func run(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	return nil
+}
+
+// parseRates reads fault=probability specs into rates, nil for none.
+func parseRates[F ~string](specs []string, parse func(string) (F, error)) (map[F]float64, error) {
+	var rates map[F]float64
+	for _, spec := range specs {
+		name, p, ok := strings.Cut(spec, "=")
+		rate, err := strconv.ParseFloat(p, 64)
+		if !ok || err != nil || rate < 0 || rate > 1 {
+			return nil, fmt.Errorf("%q: want fault=probability", spec)
+		}
+		f, err := parse(name)
+		if err != nil {
+			return nil, err
+		}
+		if rates == nil {
+			rates = map[F]float64{}
+		}
+		rates[f] = rate
+	}
+	return rates, nil
 }
