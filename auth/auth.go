@@ -39,9 +39,12 @@ const (
 	RoleOperator Role = "operator"
 	// RoleSupportRead reads and watches operations, and changes nothing.
 	RoleSupportRead Role = "support-read"
+	// RoleEvidence reports the events a target sent to an internal service, for its
+	// tenants (EvidenceService).
+	RoleEvidence Role = "evidence"
 )
 
-var roles = []Role{RoleClient, RoleWorker, RoleOperator, RoleSupportRead}
+var roles = []Role{RoleClient, RoleWorker, RoleOperator, RoleSupportRead, RoleEvidence}
 
 // Principal is an authenticated caller.
 type Principal struct {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/opbroker/opbroker/auth"
 	"github.com/opbroker/opbroker/brokermetrics"
+	"github.com/opbroker/opbroker/evidence"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
@@ -19,10 +20,11 @@ import (
 type adminService struct {
 	opbrokerv1.UnimplementedAdminServiceServer
 
-	store   *store.Store
-	targets *target.Targets
-	log     *slog.Logger
-	events  *brokermetrics.Events // resolutions of UNKNOWN operations
+	store    *store.Store
+	targets  *target.Targets
+	log      *slog.Logger
+	events   *brokermetrics.Events // resolutions of UNKNOWN operations
+	evidence *evidence.Matcher     // the quarantine's reviews
 }
 
 func (s *adminService) DeleteTenantData(ctx context.Context, req *opbrokerv1.DeleteTenantDataRequest) (*opbrokerv1.DeleteTenantDataResponse, error) {

@@ -39,6 +39,9 @@ var methodRoles = map[string][]auth.Role{
 	opbrokerv1.AdminService_ListEscalations_FullMethodName:         {auth.RoleOperator, auth.RoleSupportRead},
 	opbrokerv1.AdminService_GetStats_FullMethodName:                {auth.RoleOperator, auth.RoleSupportRead},
 	opbrokerv1.AdminService_GetTargetReadiness_FullMethodName:      {auth.RoleOperator},
+	opbrokerv1.AdminService_ListQuarantine_FullMethodName:          {auth.RoleOperator},
+	opbrokerv1.AdminService_ReviewQuarantine_FullMethodName:        {auth.RoleOperator},
+	opbrokerv1.EvidenceService_ReportEvidence_FullMethodName:       {auth.RoleEvidence},
 }
 
 // public reports whether a method needs no credentials: health checks and reflection.
@@ -49,7 +52,7 @@ func public(method string) bool {
 
 // devPrincipal is every caller when the server runs without an authenticator (dev).
 var devPrincipal = &auth.Principal{Name: "dev", AllTenants: true,
-	Roles: []auth.Role{auth.RoleClient, auth.RoleWorker, auth.RoleOperator, auth.RoleSupportRead}}
+	Roles: []auth.Role{auth.RoleClient, auth.RoleWorker, auth.RoleOperator, auth.RoleSupportRead, auth.RoleEvidence}}
 
 // Limits bound what one principal or tenant may use.
 type Limits struct {
@@ -152,6 +155,14 @@ func (a *admission) admit(ctx context.Context, method string, req any) (context.
 	if noTenant[method] {
 		return context.WithValue(ctx, admittedKey{}, admitted{}), nil
 	}
+	if allTenantsOnly[method] {
+		if !p.AllTenants {
+			a.deny(ctx, p, method, ReasonTenantNotPermitted)
+			return ctx, newStatus(codes.PermissionDenied, "this call spans every tenant: it needs a principal with all tenants",
+				ReasonTenantNotPermitted, map[string]string{"tenant": ""})
+		}
+		return context.WithValue(ctx, admittedKey{}, admitted{all: true}), nil
+	}
 	tenant, err := requestTenant(req)
 	if err != nil {
 		return ctx, err
@@ -178,9 +189,12 @@ func (a *admission) admit(ctx context.Context, method string, req any) (context.
 }
 
 // acrossTenants are the methods whose tenant is a filter: without one they span every
-// tenant, for a principal with all tenants. noTenant are those that read no tenant's
-// data at all.
+// tenant, for a principal with all tenants. allTenantsOnly are those that always span
+// every tenant (the quarantine holds events of no tenant yet, or of any). noTenant are
+// those that read no tenant's data at all.
 var (
+	allTenantsOnly = map[string]bool{opbrokerv1.AdminService_ListQuarantine_FullMethodName: true,
+		opbrokerv1.AdminService_ReviewQuarantine_FullMethodName: true}
 	acrossTenants = map[string]bool{opbrokerv1.AdminService_ListEscalations_FullMethodName: true,
 		opbrokerv1.AdminService_GetStats_FullMethodName: true}
 	noTenant = map[string]bool{opbrokerv1.AdminService_GetTargetReadiness_FullMethodName: true}

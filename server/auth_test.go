@@ -65,9 +65,12 @@ func TestEveryRPCAuthorises(t *testing.T) {
 		auth.PrincipalConfig{Name: "acme-worker", Roles: []auth.Role{auth.RoleWorker}, Tenants: []string{"acme"}},
 		auth.PrincipalConfig{Name: "acme-support", Roles: []auth.Role{auth.RoleSupportRead}, Tenants: []string{"acme"}},
 		auth.PrincipalConfig{Name: "acme-operator", Roles: []auth.Role{auth.RoleOperator}, Tenants: []string{"acme"}},
+		auth.PrincipalConfig{Name: "all-operator", Roles: []auth.Role{auth.RoleOperator}, AllTenants: true},
+		auth.PrincipalConfig{Name: "acme-evidence", Roles: []auth.Role{auth.RoleEvidence}, Tenants: []string{"acme"}},
 	)
 	b := setupWith(t, func(o *server.Options) { o.Auth = authn })
 	admin := opbrokerv1.NewAdminServiceClient(b.conn)
+	evidence := opbrokerv1.NewEvidenceServiceClient(b.conn)
 	ops := map[string]string{} // the PREPARED operation of each tenant
 	for _, tenant := range []string{"acme", "globex"} {
 		op := storetest.PrepareJSON(t, b.store, tenant, "demo.charge", "fixture", `{"amount":1}`)
@@ -79,61 +82,75 @@ func TestEveryRPCAuthorises(t *testing.T) {
 		right      string     // the principal that may call it
 		ok         codes.Code // what the right principal gets
 		tenantless bool       // it reads no tenant's data
+		allTenants bool       // it spans every tenant: a principal of some is refused
 	}{
 		"PrepareOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.PrepareOperation(ctx, prepareRequest(tenant, "authz", `{}`))
 			return err
-		}, "acme-client", codes.OK, false},
+		}, "acme-client", codes.OK, false, false},
 		"GetOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: ops[tenant]})
 			return err
-		}, "acme-support", codes.OK, false},
+		}, "acme-support", codes.OK, false, false},
 		"ListOperationEvents": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.ListOperationEvents(ctx, &opbrokerv1.ListOperationEventsRequest{Name: ops[tenant]})
 			return err
-		}, "acme-support", codes.OK, false},
+		}, "acme-support", codes.OK, false, false},
 		"ListOperations": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.ListOperations(ctx, &opbrokerv1.ListOperationsRequest{Tenant: tenant})
 			return err
-		}, "acme-support", codes.OK, false},
+		}, "acme-support", codes.OK, false, false},
 		"CancelOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := b.client.CancelOperation(ctx, &opbrokerv1.CancelOperationRequest{Name: ops[tenant]})
 			return err
-		}, "acme-client", codes.OK, false},
+		}, "acme-client", codes.OK, false, false},
 		"WatchOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
 			return recvFirst(b.client.WatchOperation(ctx, &opbrokerv1.WatchOperationRequest{Name: ops[tenant]}))
-		}, "acme-support", codes.OK, false},
+		}, "acme-support", codes.OK, false, false},
 		"WatchOperations": {func(ctx context.Context, b *testBundle, tenant string) error {
 			return recvFirst(b.client.WatchOperations(ctx, &opbrokerv1.WatchOperationsRequest{Tenant: tenant}))
-		}, "acme-support", codes.OK, false},
+		}, "acme-support", codes.OK, false, false},
 		"DeleteTenantData": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := admin.DeleteTenantData(ctx, &opbrokerv1.DeleteTenantDataRequest{Tenant: tenant})
 			return err
-		}, "acme-operator", codes.FailedPrecondition, false}, // acme's operation is open
+		}, "acme-operator", codes.FailedPrecondition, false, false}, // acme's operation is open
 		"ListEscalations": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := admin.ListEscalations(ctx, &opbrokerv1.ListEscalationsRequest{Tenant: tenant})
 			return err
-		}, "acme-operator", codes.OK, false},
+		}, "acme-operator", codes.OK, false, false},
 		"GetTargetReadiness": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := admin.GetTargetReadiness(ctx, &opbrokerv1.GetTargetReadinessRequest{})
 			return err
-		}, "acme-operator", codes.OK, true},
+		}, "acme-operator", codes.OK, true, false},
 		"ResolveOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := admin.ResolveOperation(ctx, &opbrokerv1.ResolveOperationRequest{Name: ops[tenant], Revision: 1,
 				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL, Reason: "authz", Evidence: "none"})
 			return err
-		}, "acme-operator", codes.FailedPrecondition, false}, // acme's operation is PREPARED, not unsettled
+		}, "acme-operator", codes.FailedPrecondition, false, false}, // acme's operation is PREPARED, not unsettled
 		"GetStats": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := admin.GetStats(ctx, &opbrokerv1.GetStatsRequest{Tenant: tenant})
 			return err
-		}, "acme-support", codes.OK, false},
+		}, "acme-support", codes.OK, false, false},
 		"ApproveResolution": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := admin.ApproveResolution(ctx, &opbrokerv1.ApproveResolutionRequest{Name: ops[tenant], Revision: 1})
 			return err
-		}, "acme-operator", codes.FailedPrecondition, false}, // no resolution is pending
+		}, "acme-operator", codes.FailedPrecondition, false, false}, // no resolution is pending
+		"ListQuarantine": {func(ctx context.Context, b *testBundle, tenant string) error {
+			_, err := admin.ListQuarantine(ctx, &opbrokerv1.ListQuarantineRequest{})
+			return err
+		}, "all-operator", codes.OK, false, true},
+		"ReviewQuarantine": {func(ctx context.Context, b *testBundle, tenant string) error {
+			_, err := admin.ReviewQuarantine(ctx, &opbrokerv1.ReviewQuarantineRequest{Target: "demo-payments", EventId: "evt_none",
+				Action: opbrokerv1.ReviewQuarantineRequest_REVIEW_ACTION_DISMISS, Note: "authz"})
+			return err
+		}, "all-operator", codes.NotFound, false, true}, // no such event
+		"ReportEvidence": {func(ctx context.Context, b *testBundle, tenant string) error {
+			_, err := evidence.ReportEvidence(ctx, &opbrokerv1.ReportEvidenceRequest{Tenant: tenant, Target: "demo-payments", Event: []byte(`{}`)})
+			return err
+		}, "acme-evidence", codes.FailedPrecondition, false, false}, // the demo targets read no events
 	}
 	require.Len(t, rpcs, len(opbrokerv1.OperationService_ServiceDesc.Methods)+len(opbrokerv1.OperationService_ServiceDesc.Streams)+
-		len(opbrokerv1.AdminService_ServiceDesc.Methods), "every RPC is in the table")
+		len(opbrokerv1.AdminService_ServiceDesc.Methods)+len(opbrokerv1.EvidenceService_ServiceDesc.Methods), "every RPC is in the table")
 
 	before := ledgerDigest(t, b)
 	for name, rpc := range rpcs {
@@ -144,7 +161,10 @@ func TestEveryRPCAuthorises(t *testing.T) {
 			requireCode(t, rpc.call(tokens.as(ctx, ""), b, "acme"), codes.Unauthenticated, server.ReasonCredentialsMissing)
 			requireCode(t, rpc.call(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer opb_forged"), b, "acme"),
 				codes.Unauthenticated, server.ReasonCredentialsInvalid)
-			if !rpc.tenantless {
+			switch {
+			case rpc.allTenants:
+				requireCode(t, rpc.call(tokens.as(ctx, "acme-operator"), b, "acme"), codes.PermissionDenied, server.ReasonTenantNotPermitted)
+			case !rpc.tenantless:
 				requireCode(t, rpc.call(tokens.as(ctx, rpc.right), b, "globex"), codes.PermissionDenied, server.ReasonTenantNotPermitted)
 			}
 			requireCode(t, rpc.call(tokens.as(ctx, wrongRole), b, "acme"), codes.PermissionDenied, server.ReasonRoleRequired)
@@ -156,7 +176,7 @@ func TestEveryRPCAuthorises(t *testing.T) {
 	// cancellation, last.
 	for _, name := range []string{"PrepareOperation", "GetOperation", "ListOperations", "ListOperationEvents", "WatchOperation",
 		"WatchOperations", "DeleteTenantData", "ResolveOperation", "ApproveResolution", "ListEscalations", "GetStats",
-		"GetTargetReadiness", "CancelOperation"} {
+		"GetTargetReadiness", "ListQuarantine", "ReviewQuarantine", "ReportEvidence", "CancelOperation"} {
 		rpc := rpcs[name]
 		t.Run(name+"/right principal", func(t *testing.T) {
 			ctx, cancel := context.WithCancel(b.ctx)

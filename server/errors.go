@@ -46,6 +46,11 @@ const (
 	ReasonTenantRateLimited           = "TENANT_RATE_LIMITED"
 	ReasonWatchLimit                  = "WATCH_LIMIT"
 	ReasonTenantHasOpenOperations     = "TENANT_HAS_OPEN_OPERATIONS"
+	ReasonTargetReadsNoEvidence       = "TARGET_READS_NO_EVIDENCE"
+	ReasonEvidenceDoesNotMatch        = "EVIDENCE_DOES_NOT_MATCH"
+	ReasonEvidenceNotQuarantined      = "EVIDENCE_NOT_QUARANTINED"
+	ReasonEvidenceChanged             = "EVIDENCE_CHANGED"
+	ReasonEvidenceNotFound            = "EVIDENCE_NOT_FOUND"
 )
 
 // Reasons of invalid input (INVALID_ARGUMENT). Each field violation of a BadRequest has
@@ -68,6 +73,8 @@ const (
 	ReasonPageTokenMismatch     = "PAGE_TOKEN_MISMATCH"
 	ReasonResumeTokenInvalid    = "RESUME_TOKEN_INVALID"
 	ReasonResumeTokenMismatch   = "RESUME_TOKEN_MISMATCH"
+	ReasonUnknownTarget         = "UNKNOWN_TARGET"
+	ReasonEventInvalid          = "EVENT_INVALID"
 )
 
 // invalidArgumentError carries field violations until toStatus renders them.

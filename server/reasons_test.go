@@ -482,6 +482,13 @@ func TestEveryDocumentedReason(t *testing.T) {
 			defer release()
 			return lines.answered(t, opbrokerv1.OperationService_WatchOperation_FullMethodName)
 		},
+		server.ReasonUnknownTarget:          func(t *testing.T) seen { return reviewReasons(t, server.ReasonUnknownTarget) },
+		server.ReasonTargetReadsNoEvidence:  func(t *testing.T) seen { return reviewReasons(t, server.ReasonTargetReadsNoEvidence) },
+		server.ReasonEventInvalid:           func(t *testing.T) seen { return reviewReasons(t, server.ReasonEventInvalid) },
+		server.ReasonEvidenceNotFound:       func(t *testing.T) seen { return reviewReasons(t, server.ReasonEvidenceNotFound) },
+		server.ReasonEvidenceNotQuarantined: func(t *testing.T) seen { return reviewReasons(t, server.ReasonEvidenceNotQuarantined) },
+		server.ReasonEvidenceDoesNotMatch:   func(t *testing.T) seen { return reviewReasons(t, server.ReasonEvidenceDoesNotMatch) },
+		server.ReasonEvidenceChanged:        func(t *testing.T) seen { return reviewReasons(t, server.ReasonEvidenceChanged) },
 		server.ReasonInternal: func(t *testing.T) seen {
 			conn := serve(t, server.Options{Store: nil, // every handler that touches the store panics
 				Targets: demoTargets(t), Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider()})

@@ -28,6 +28,7 @@ import (
 
 	"github.com/opbroker/opbroker/auth"
 	"github.com/opbroker/opbroker/brokermetrics"
+	"github.com/opbroker/opbroker/evidence"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
@@ -70,6 +71,11 @@ type Options struct {
 	Credentials credentials.TransportCredentials
 	// Reflection registers the reflection service (for grpcurl).
 	Reflection bool
+	// Evidence keeps and matches the events targets report (EvidenceService, and the
+	// quarantine's review); it is started and stopped by the caller. Nil: the server
+	// makes one over Store and Targets whose loop nobody starts (events are matched as
+	// they are reported; those that wait are matched by a broker that runs the loop).
+	Evidence *evidence.Matcher
 }
 
 // Server is a gRPC server with the broker's services, health and reflection.
@@ -93,6 +99,13 @@ func New(opts Options) (*Server, error) {
 	}
 	closing := make(chan struct{})
 	log := opts.Logger
+	if opts.Evidence == nil {
+		m, err := evidence.New(evidence.Config{Store: opts.Store, Targets: opts.Targets, Logger: log, MeterProvider: opts.MeterProvider})
+		if err != nil {
+			return nil, err
+		}
+		opts.Evidence = m
+	}
 	validator, err := protovalidate.New()
 	if err != nil {
 		return nil, fmt.Errorf("server: validator: %w", err)
@@ -164,7 +177,9 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	opbrokerv1.RegisterAdminServiceServer(grpcServer, &adminService{store: opts.Store, targets: opts.Targets, log: log, events: events})
+	opbrokerv1.RegisterAdminServiceServer(grpcServer, &adminService{store: opts.Store, targets: opts.Targets, log: log, events: events,
+		evidence: opts.Evidence})
+	opbrokerv1.RegisterEvidenceServiceServer(grpcServer, &evidenceService{matcher: opts.Evidence, targets: opts.Targets, log: log})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(grpcServer, hs)
 	if opts.Reflection {

@@ -119,6 +119,38 @@ func decodeEscalationToken(req *opbrokerv1.ListEscalationsRequest) (*store.Escal
 	return &store.EscalationPosition{At: tok.At, TenantID: tok.Tenant, ID: tok.After}, nil
 }
 
+// quarantineToken continues the quarantine after an event.
+type quarantineToken struct {
+	tokenScope
+	At      time.Time `json:"at"`
+	Target  string    `json:"tg"`
+	EventID string    `json:"e"`
+}
+
+func (t *quarantineToken) valid() bool { return !t.At.IsZero() && t.Target != "" && t.EventID != "" }
+
+// quarantineScope binds a quarantine token to its request's target filter.
+func quarantineScope(req *opbrokerv1.ListQuarantineRequest) tokenScope {
+	return tokenScope{Version: tokenVersion, Filter: "target=" + req.GetTarget()}
+}
+
+func encodeQuarantineToken(req *opbrokerv1.ListQuarantineRequest, last store.InboundEvidence) string {
+	return encodeToken(quarantineToken{tokenScope: quarantineScope(req), At: last.ReceivedAt, Target: last.Target, EventID: last.EventID})
+}
+
+// decodeQuarantineToken sets where the quarantine continues in p.
+func decodeQuarantineToken(req *opbrokerv1.ListQuarantineRequest, p *store.QuarantineParams) error {
+	if req.GetPageToken() == "" {
+		return nil
+	}
+	var tok quarantineToken
+	if err := decodeToken("page_token", req.GetPageToken(), quarantineScope(req), &tok); err != nil {
+		return err
+	}
+	p.AfterReceived, p.AfterTarget, p.AfterEventID = tok.At, tok.Target, tok.EventID
+	return nil
+}
+
 // resumeToken continues a tenant's watch after a cursor of its feed.
 type resumeToken struct {
 	tokenScope

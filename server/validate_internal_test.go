@@ -41,6 +41,7 @@ func protoRules(t *testing.T) map[ruleKey]bool {
 	}
 	for _, file := range []protoreflect.FileDescriptor{
 		opbrokerv1.File_opbroker_v1_operation_service_proto, opbrokerv1.File_opbroker_v1_admin_service_proto,
+		opbrokerv1.File_opbroker_v1_evidence_service_proto,
 	} {
 		for i := range file.Services().Len() {
 			methods := file.Services().Get(i).Methods()

@@ -77,6 +77,59 @@ func (ResolveOperationRequest_Resolution) EnumDescriptor() ([]byte, []int) {
 	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{6, 0}
 }
 
+// What a review does.
+type ReviewQuarantineRequest_ReviewAction int32
+
+const (
+	// Not allowed.
+	ReviewQuarantineRequest_REVIEW_ACTION_UNSPECIFIED ReviewQuarantineRequest_ReviewAction = 0
+	// The event is about operation: check it against it, and apply it.
+	ReviewQuarantineRequest_REVIEW_ACTION_ATTACH ReviewQuarantineRequest_ReviewAction = 1
+	// The event is closed without changing anything.
+	ReviewQuarantineRequest_REVIEW_ACTION_DISMISS ReviewQuarantineRequest_ReviewAction = 2
+)
+
+// Enum value maps for ReviewQuarantineRequest_ReviewAction.
+var (
+	ReviewQuarantineRequest_ReviewAction_name = map[int32]string{
+		0: "REVIEW_ACTION_UNSPECIFIED",
+		1: "REVIEW_ACTION_ATTACH",
+		2: "REVIEW_ACTION_DISMISS",
+	}
+	ReviewQuarantineRequest_ReviewAction_value = map[string]int32{
+		"REVIEW_ACTION_UNSPECIFIED": 0,
+		"REVIEW_ACTION_ATTACH":      1,
+		"REVIEW_ACTION_DISMISS":     2,
+	}
+)
+
+func (x ReviewQuarantineRequest_ReviewAction) Enum() *ReviewQuarantineRequest_ReviewAction {
+	p := new(ReviewQuarantineRequest_ReviewAction)
+	*p = x
+	return p
+}
+
+func (x ReviewQuarantineRequest_ReviewAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReviewQuarantineRequest_ReviewAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_opbroker_v1_admin_service_proto_enumTypes[1].Descriptor()
+}
+
+func (ReviewQuarantineRequest_ReviewAction) Type() protoreflect.EnumType {
+	return &file_opbroker_v1_admin_service_proto_enumTypes[1]
+}
+
+func (x ReviewQuarantineRequest_ReviewAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReviewQuarantineRequest_ReviewAction.Descriptor instead.
+func (ReviewQuarantineRequest_ReviewAction) EnumDescriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{16, 0}
+}
+
 // The request for ListEscalations.
 type ListEscalationsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -856,6 +909,455 @@ func (x *DeleteTenantDataResponse) GetDeletedOperations() int64 {
 	return 0
 }
 
+// The request for ListQuarantine.
+type ListQuarantineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only those of this target (its contract's name).
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// At most this many (0 means 50; more than 1000 means 1000).
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of a previous call with the same target.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListQuarantineRequest) Reset() {
+	*x = ListQuarantineRequest{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListQuarantineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListQuarantineRequest) ProtoMessage() {}
+
+func (x *ListQuarantineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListQuarantineRequest.ProtoReflect.Descriptor instead.
+func (*ListQuarantineRequest) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListQuarantineRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ListQuarantineRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListQuarantineRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// The response of ListQuarantine.
+type ListQuarantineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The quarantined events, oldest first.
+	Events []*QuarantinedEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Pass to the next call to continue after the last one returned; empty at the end.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListQuarantineResponse) Reset() {
+	*x = ListQuarantineResponse{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListQuarantineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListQuarantineResponse) ProtoMessage() {}
+
+func (x *ListQuarantineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListQuarantineResponse.ProtoReflect.Descriptor instead.
+func (*ListQuarantineResponse) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListQuarantineResponse) GetEvents() []*QuarantinedEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListQuarantineResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// An event a target reported that changed nothing and waits for review.
+type QuarantinedEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The target that sent it.
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// Its id at the target.
+	EventId string `protobuf:"bytes,2,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	// Its type.
+	EventType string `protobuf:"bytes,3,opt,name=event_type,json=eventType,proto3" json:"event_type,omitempty"`
+	// The reference it carries.
+	Reference string `protobuf:"bytes,4,opt,name=reference,proto3" json:"reference,omitempty"`
+	// What kind of reference: remote_key (the key the broker sent) or remote_ref (the
+	// target's reference).
+	ReferenceKind string `protobuf:"bytes,5,opt,name=reference_kind,json=referenceKind,proto3" json:"reference_kind,omitempty"`
+	// Why it was quarantined: UNMATCHED, AMBIGUOUS, TENANT_CONFLICT, PAYLOAD_MISMATCH,
+	// CONTRADICTS_TERMINAL, CONTRADICTS_LEDGER or INCOMPLETE.
+	Reason string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What did not match, in words.
+	Detail string `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
+	// When the broker received it.
+	ReceiveTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=receive_time,json=receiveTime,proto3" json:"receive_time,omitempty"`
+	// WEBHOOK, or REPORTED (EvidenceService).
+	Source string `protobuf:"bytes,9,opt,name=source,proto3" json:"source,omitempty"`
+	// For a reported event: the principal that reported it.
+	Reporter string `protobuf:"bytes,10,opt,name=reporter,proto3" json:"reporter,omitempty"`
+	// For a reported event: the tenant it was reported for.
+	ClaimedTenant string `protobuf:"bytes,11,opt,name=claimed_tenant,json=claimedTenant,proto3" json:"claimed_tenant,omitempty"`
+	// The operation its reference found, when one did (its name).
+	Operation string `protobuf:"bytes,12,opt,name=operation,proto3" json:"operation,omitempty"`
+	// The event as the target sent it, while it is kept (empty after its retention).
+	Body []byte `protobuf:"bytes,13,opt,name=body,proto3" json:"body,omitempty"`
+	// Set once reviewed: ATTACHED or DISMISSED.
+	Review string `protobuf:"bytes,14,opt,name=review,proto3" json:"review,omitempty"`
+	// The reviewing operator, operator:NAME.
+	ReviewedBy string `protobuf:"bytes,15,opt,name=reviewed_by,json=reviewedBy,proto3" json:"reviewed_by,omitempty"`
+	// When it was reviewed.
+	ReviewTime *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=review_time,json=reviewTime,proto3" json:"review_time,omitempty"`
+	// The operator's note.
+	ReviewNote    string `protobuf:"bytes,17,opt,name=review_note,json=reviewNote,proto3" json:"review_note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuarantinedEvent) Reset() {
+	*x = QuarantinedEvent{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuarantinedEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuarantinedEvent) ProtoMessage() {}
+
+func (x *QuarantinedEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuarantinedEvent.ProtoReflect.Descriptor instead.
+func (*QuarantinedEvent) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *QuarantinedEvent) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetEventId() string {
+	if x != nil {
+		return x.EventId
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetEventType() string {
+	if x != nil {
+		return x.EventType
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetReference() string {
+	if x != nil {
+		return x.Reference
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetReferenceKind() string {
+	if x != nil {
+		return x.ReferenceKind
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetReceiveTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReceiveTime
+	}
+	return nil
+}
+
+func (x *QuarantinedEvent) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetReporter() string {
+	if x != nil {
+		return x.Reporter
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetClaimedTenant() string {
+	if x != nil {
+		return x.ClaimedTenant
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetOperation() string {
+	if x != nil {
+		return x.Operation
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *QuarantinedEvent) GetReview() string {
+	if x != nil {
+		return x.Review
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetReviewedBy() string {
+	if x != nil {
+		return x.ReviewedBy
+	}
+	return ""
+}
+
+func (x *QuarantinedEvent) GetReviewTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReviewTime
+	}
+	return nil
+}
+
+func (x *QuarantinedEvent) GetReviewNote() string {
+	if x != nil {
+		return x.ReviewNote
+	}
+	return ""
+}
+
+// The request for ReviewQuarantine.
+type ReviewQuarantineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The event's target.
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// The event's id at its target.
+	EventId string `protobuf:"bytes,2,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	// What to do with it.
+	Action ReviewQuarantineRequest_ReviewAction `protobuf:"varint,3,opt,name=action,proto3,enum=opbroker.v1.ReviewQuarantineRequest_ReviewAction" json:"action,omitempty"`
+	// For REVIEW_ACTION_ATTACH: the operation it is about,
+	// tenants/{tenant}/operations/{operation}.
+	Operation string `protobuf:"bytes,4,opt,name=operation,proto3" json:"operation,omitempty"`
+	// Why, in the operator's words.
+	Note          string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewQuarantineRequest) Reset() {
+	*x = ReviewQuarantineRequest{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewQuarantineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewQuarantineRequest) ProtoMessage() {}
+
+func (x *ReviewQuarantineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewQuarantineRequest.ProtoReflect.Descriptor instead.
+func (*ReviewQuarantineRequest) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReviewQuarantineRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ReviewQuarantineRequest) GetEventId() string {
+	if x != nil {
+		return x.EventId
+	}
+	return ""
+}
+
+func (x *ReviewQuarantineRequest) GetAction() ReviewQuarantineRequest_ReviewAction {
+	if x != nil {
+		return x.Action
+	}
+	return ReviewQuarantineRequest_REVIEW_ACTION_UNSPECIFIED
+}
+
+func (x *ReviewQuarantineRequest) GetOperation() string {
+	if x != nil {
+		return x.Operation
+	}
+	return ""
+}
+
+func (x *ReviewQuarantineRequest) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+// The response of ReviewQuarantine.
+type ReviewQuarantineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The event as reviewed.
+	Event *QuarantinedEvent `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	// For an attached event: its operation as it is now.
+	Operation     *Operation `protobuf:"bytes,2,opt,name=operation,proto3" json:"operation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewQuarantineResponse) Reset() {
+	*x = ReviewQuarantineResponse{}
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewQuarantineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewQuarantineResponse) ProtoMessage() {}
+
+func (x *ReviewQuarantineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewQuarantineResponse.ProtoReflect.Descriptor instead.
+func (*ReviewQuarantineResponse) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_admin_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReviewQuarantineResponse) GetEvent() *QuarantinedEvent {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *ReviewQuarantineResponse) GetOperation() *Operation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
 // One escalated operation.
 type ListEscalationsResponse_Escalation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -875,7 +1377,7 @@ type ListEscalationsResponse_Escalation struct {
 
 func (x *ListEscalationsResponse_Escalation) Reset() {
 	*x = ListEscalationsResponse_Escalation{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[13]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +1389,7 @@ func (x *ListEscalationsResponse_Escalation) String() string {
 func (*ListEscalationsResponse_Escalation) ProtoMessage() {}
 
 func (x *ListEscalationsResponse_Escalation) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[13]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1469,7 @@ type GetStatsResponse_Row struct {
 
 func (x *GetStatsResponse_Row) Reset() {
 	*x = GetStatsResponse_Row{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[14]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1481,7 @@ func (x *GetStatsResponse_Row) String() string {
 func (*GetStatsResponse_Row) ProtoMessage() {}
 
 func (x *GetStatsResponse_Row) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[14]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1584,7 @@ type GetTargetReadinessResponse_Target struct {
 
 func (x *GetTargetReadinessResponse_Target) Reset() {
 	*x = GetTargetReadinessResponse_Target{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[17]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1596,7 @@ func (x *GetTargetReadinessResponse_Target) String() string {
 func (*GetTargetReadinessResponse_Target) ProtoMessage() {}
 
 func (x *GetTargetReadinessResponse_Target) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[17]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1657,7 @@ type GetTargetReadinessResponse_Control struct {
 
 func (x *GetTargetReadinessResponse_Control) Reset() {
 	*x = GetTargetReadinessResponse_Control{}
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[18]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1669,7 @@ func (x *GetTargetReadinessResponse_Control) String() string {
 func (*GetTargetReadinessResponse_Control) ProtoMessage() {}
 
 func (x *GetTargetReadinessResponse_Control) ProtoReflect() protoreflect.Message {
-	mi := &file_opbroker_v1_admin_service_proto_msgTypes[18]
+	mi := &file_opbroker_v1_admin_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1317,13 +1819,61 @@ const file_opbroker_v1_admin_service_proto_rawDesc = "" +
 	"\x17DeleteTenantDataRequest\x12C\n" +
 	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\"I\n" +
 	"\x18DeleteTenantDataResponse\x12-\n" +
-	"\x12deleted_operations\x18\x01 \x01(\x03R\x11deletedOperations2\xd6\x04\n" +
+	"\x12deleted_operations\x18\x01 \x01(\x03R\x11deletedOperations\"\x90\x01\n" +
+	"\x15ListQuarantineRequest\x12\"\n" +
+	"\x06target\x18\x01 \x01(\tB\n" +
+	"\xe0A\x01\xbaH\x04r\x02\x18?R\x06target\x12'\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\n" +
+	"\xe0A\x01\xbaH\x04\x1a\x02(\x00R\bpageSize\x12*\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\x80\bR\tpageToken\"w\n" +
+	"\x16ListQuarantineResponse\x125\n" +
+	"\x06events\x18\x01 \x03(\v2\x1d.opbroker.v1.QuarantinedEventR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xbc\x04\n" +
+	"\x10QuarantinedEvent\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x12\x19\n" +
+	"\bevent_id\x18\x02 \x01(\tR\aeventId\x12\x1d\n" +
+	"\n" +
+	"event_type\x18\x03 \x01(\tR\teventType\x12\x1c\n" +
+	"\treference\x18\x04 \x01(\tR\treference\x12%\n" +
+	"\x0ereference_kind\x18\x05 \x01(\tR\rreferenceKind\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06detail\x18\a \x01(\tR\x06detail\x12=\n" +
+	"\freceive_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vreceiveTime\x12\x16\n" +
+	"\x06source\x18\t \x01(\tR\x06source\x12\x1a\n" +
+	"\breporter\x18\n" +
+	" \x01(\tR\breporter\x12%\n" +
+	"\x0eclaimed_tenant\x18\v \x01(\tR\rclaimedTenant\x12\x1c\n" +
+	"\toperation\x18\f \x01(\tR\toperation\x12\x12\n" +
+	"\x04body\x18\r \x01(\fR\x04body\x12\x16\n" +
+	"\x06review\x18\x0e \x01(\tR\x06review\x12\x1f\n" +
+	"\vreviewed_by\x18\x0f \x01(\tR\n" +
+	"reviewedBy\x12;\n" +
+	"\vreview_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"reviewTime\x12\x1f\n" +
+	"\vreview_note\x18\x11 \x01(\tR\n" +
+	"reviewNote\"\xe9\x03\n" +
+	"\x17ReviewQuarantineRequest\x12$\n" +
+	"\x06target\x18\x01 \x01(\tB\f\xe0A\x02\xbaH\x06r\x04\x10\x01\x18?R\x06target\x12(\n" +
+	"\bevent_id\x18\x02 \x01(\tB\r\xe0A\x02\xbaH\ar\x05\x10\x01\x18\x80\x02R\aeventId\x12X\n" +
+	"\x06action\x18\x03 \x01(\x0e21.opbroker.v1.ReviewQuarantineRequest.ReviewActionB\r\xe0A\x02\xbaH\a\x82\x01\x04\x10\x01 \x00R\x06action\x12\x9c\x01\n" +
+	"\toperation\x18\x04 \x01(\tB~\xe0A\x01\xbaHx\xd8\x01\x01rs2q^tenants/[a-z]([a-z0-9-]{0,61}[a-z0-9])?/operations/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$R\toperation\x12!\n" +
+	"\x04note\x18\x05 \x01(\tB\r\xe0A\x02\xbaH\ar\x05\x10\x01\x18\xe8\aR\x04note\"b\n" +
+	"\fReviewAction\x12\x1d\n" +
+	"\x19REVIEW_ACTION_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14REVIEW_ACTION_ATTACH\x10\x01\x12\x19\n" +
+	"\x15REVIEW_ACTION_DISMISS\x10\x02\"\x85\x01\n" +
+	"\x18ReviewQuarantineResponse\x123\n" +
+	"\x05event\x18\x01 \x01(\v2\x1d.opbroker.v1.QuarantinedEventR\x05event\x124\n" +
+	"\toperation\x18\x02 \x01(\v2\x16.opbroker.v1.OperationR\toperation2\x97\x06\n" +
 	"\fAdminService\x12d\n" +
 	"\x10DeleteTenantData\x12$.opbroker.v1.DeleteTenantDataRequest\x1a%.opbroker.v1.DeleteTenantDataResponse\"\x03\x90\x02\x02\x12_\n" +
 	"\x10ResolveOperation\x12$.opbroker.v1.ResolveOperationRequest\x1a%.opbroker.v1.ResolveOperationResponse\x12b\n" +
 	"\x11ApproveResolution\x12%.opbroker.v1.ApproveResolutionRequest\x1a&.opbroker.v1.ApproveResolutionResponse\x12a\n" +
 	"\x0fListEscalations\x12#.opbroker.v1.ListEscalationsRequest\x1a$.opbroker.v1.ListEscalationsResponse\"\x03\x90\x02\x01\x12L\n" +
-	"\bGetStats\x12\x1c.opbroker.v1.GetStatsRequest\x1a\x1d.opbroker.v1.GetStatsResponse\"\x03\x90\x02\x01\x12j\n" +
+	"\bGetStats\x12\x1c.opbroker.v1.GetStatsRequest\x1a\x1d.opbroker.v1.GetStatsResponse\"\x03\x90\x02\x01\x12^\n" +
+	"\x0eListQuarantine\x12\".opbroker.v1.ListQuarantineRequest\x1a#.opbroker.v1.ListQuarantineResponse\"\x03\x90\x02\x01\x12_\n" +
+	"\x10ReviewQuarantine\x12$.opbroker.v1.ReviewQuarantineRequest\x1a%.opbroker.v1.ReviewQuarantineResponse\x12j\n" +
 	"\x12GetTargetReadiness\x12&.opbroker.v1.GetTargetReadinessRequest\x1a'.opbroker.v1.GetTargetReadinessResponse\"\x03\x90\x02\x01B\xaa\x01\n" +
 	"\x0fcom.opbroker.v1B\x11AdminServiceProtoP\x01Z7github.com/opbroker/opbroker/gen/opbroker/v1;opbrokerv1\xa2\x02\x03OXX\xaa\x02\vOpbroker.V1\xca\x02\vOpbroker\\V1\xe2\x02\x17Opbroker\\V1\\GPBMetadata\xea\x02\fOpbroker::V1b\x06proto3"
 
@@ -1339,68 +1889,84 @@ func file_opbroker_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_opbroker_v1_admin_service_proto_rawDescData
 }
 
-var file_opbroker_v1_admin_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_opbroker_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_opbroker_v1_admin_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_opbroker_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_opbroker_v1_admin_service_proto_goTypes = []any{
 	(ResolveOperationRequest_Resolution)(0),    // 0: opbroker.v1.ResolveOperationRequest.Resolution
-	(*ListEscalationsRequest)(nil),             // 1: opbroker.v1.ListEscalationsRequest
-	(*ListEscalationsResponse)(nil),            // 2: opbroker.v1.ListEscalationsResponse
-	(*GetStatsRequest)(nil),                    // 3: opbroker.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),                   // 4: opbroker.v1.GetStatsResponse
-	(*GetTargetReadinessRequest)(nil),          // 5: opbroker.v1.GetTargetReadinessRequest
-	(*GetTargetReadinessResponse)(nil),         // 6: opbroker.v1.GetTargetReadinessResponse
-	(*ResolveOperationRequest)(nil),            // 7: opbroker.v1.ResolveOperationRequest
-	(*ResolveOperationResponse)(nil),           // 8: opbroker.v1.ResolveOperationResponse
-	(*PendingResolution)(nil),                  // 9: opbroker.v1.PendingResolution
-	(*ApproveResolutionRequest)(nil),           // 10: opbroker.v1.ApproveResolutionRequest
-	(*ApproveResolutionResponse)(nil),          // 11: opbroker.v1.ApproveResolutionResponse
-	(*DeleteTenantDataRequest)(nil),            // 12: opbroker.v1.DeleteTenantDataRequest
-	(*DeleteTenantDataResponse)(nil),           // 13: opbroker.v1.DeleteTenantDataResponse
-	(*ListEscalationsResponse_Escalation)(nil), // 14: opbroker.v1.ListEscalationsResponse.Escalation
-	(*GetStatsResponse_Row)(nil),               // 15: opbroker.v1.GetStatsResponse.Row
-	nil,                                        // 16: opbroker.v1.GetStatsResponse.Row.UnknownEnteredByDayEntry
-	nil,                                        // 17: opbroker.v1.GetStatsResponse.Row.OperationsByStateEntry
-	(*GetTargetReadinessResponse_Target)(nil),  // 18: opbroker.v1.GetTargetReadinessResponse.Target
-	(*GetTargetReadinessResponse_Control)(nil), // 19: opbroker.v1.GetTargetReadinessResponse.Control
-	(*timestamppb.Timestamp)(nil),              // 20: google.protobuf.Timestamp
-	(*Operation)(nil),                          // 21: opbroker.v1.Operation
+	(ReviewQuarantineRequest_ReviewAction)(0),  // 1: opbroker.v1.ReviewQuarantineRequest.ReviewAction
+	(*ListEscalationsRequest)(nil),             // 2: opbroker.v1.ListEscalationsRequest
+	(*ListEscalationsResponse)(nil),            // 3: opbroker.v1.ListEscalationsResponse
+	(*GetStatsRequest)(nil),                    // 4: opbroker.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),                   // 5: opbroker.v1.GetStatsResponse
+	(*GetTargetReadinessRequest)(nil),          // 6: opbroker.v1.GetTargetReadinessRequest
+	(*GetTargetReadinessResponse)(nil),         // 7: opbroker.v1.GetTargetReadinessResponse
+	(*ResolveOperationRequest)(nil),            // 8: opbroker.v1.ResolveOperationRequest
+	(*ResolveOperationResponse)(nil),           // 9: opbroker.v1.ResolveOperationResponse
+	(*PendingResolution)(nil),                  // 10: opbroker.v1.PendingResolution
+	(*ApproveResolutionRequest)(nil),           // 11: opbroker.v1.ApproveResolutionRequest
+	(*ApproveResolutionResponse)(nil),          // 12: opbroker.v1.ApproveResolutionResponse
+	(*DeleteTenantDataRequest)(nil),            // 13: opbroker.v1.DeleteTenantDataRequest
+	(*DeleteTenantDataResponse)(nil),           // 14: opbroker.v1.DeleteTenantDataResponse
+	(*ListQuarantineRequest)(nil),              // 15: opbroker.v1.ListQuarantineRequest
+	(*ListQuarantineResponse)(nil),             // 16: opbroker.v1.ListQuarantineResponse
+	(*QuarantinedEvent)(nil),                   // 17: opbroker.v1.QuarantinedEvent
+	(*ReviewQuarantineRequest)(nil),            // 18: opbroker.v1.ReviewQuarantineRequest
+	(*ReviewQuarantineResponse)(nil),           // 19: opbroker.v1.ReviewQuarantineResponse
+	(*ListEscalationsResponse_Escalation)(nil), // 20: opbroker.v1.ListEscalationsResponse.Escalation
+	(*GetStatsResponse_Row)(nil),               // 21: opbroker.v1.GetStatsResponse.Row
+	nil,                                        // 22: opbroker.v1.GetStatsResponse.Row.UnknownEnteredByDayEntry
+	nil,                                        // 23: opbroker.v1.GetStatsResponse.Row.OperationsByStateEntry
+	(*GetTargetReadinessResponse_Target)(nil),  // 24: opbroker.v1.GetTargetReadinessResponse.Target
+	(*GetTargetReadinessResponse_Control)(nil), // 25: opbroker.v1.GetTargetReadinessResponse.Control
+	(*timestamppb.Timestamp)(nil),              // 26: google.protobuf.Timestamp
+	(*Operation)(nil),                          // 27: opbroker.v1.Operation
 }
 var file_opbroker_v1_admin_service_proto_depIdxs = []int32{
-	14, // 0: opbroker.v1.ListEscalationsResponse.escalations:type_name -> opbroker.v1.ListEscalationsResponse.Escalation
-	20, // 1: opbroker.v1.GetStatsRequest.start_time:type_name -> google.protobuf.Timestamp
-	20, // 2: opbroker.v1.GetStatsRequest.end_time:type_name -> google.protobuf.Timestamp
-	15, // 3: opbroker.v1.GetStatsResponse.rows:type_name -> opbroker.v1.GetStatsResponse.Row
-	20, // 4: opbroker.v1.GetStatsResponse.start_time:type_name -> google.protobuf.Timestamp
-	20, // 5: opbroker.v1.GetStatsResponse.end_time:type_name -> google.protobuf.Timestamp
-	18, // 6: opbroker.v1.GetTargetReadinessResponse.targets:type_name -> opbroker.v1.GetTargetReadinessResponse.Target
+	20, // 0: opbroker.v1.ListEscalationsResponse.escalations:type_name -> opbroker.v1.ListEscalationsResponse.Escalation
+	26, // 1: opbroker.v1.GetStatsRequest.start_time:type_name -> google.protobuf.Timestamp
+	26, // 2: opbroker.v1.GetStatsRequest.end_time:type_name -> google.protobuf.Timestamp
+	21, // 3: opbroker.v1.GetStatsResponse.rows:type_name -> opbroker.v1.GetStatsResponse.Row
+	26, // 4: opbroker.v1.GetStatsResponse.start_time:type_name -> google.protobuf.Timestamp
+	26, // 5: opbroker.v1.GetStatsResponse.end_time:type_name -> google.protobuf.Timestamp
+	24, // 6: opbroker.v1.GetTargetReadinessResponse.targets:type_name -> opbroker.v1.GetTargetReadinessResponse.Target
 	0,  // 7: opbroker.v1.ResolveOperationRequest.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
-	21, // 8: opbroker.v1.ResolveOperationResponse.operation:type_name -> opbroker.v1.Operation
-	9,  // 9: opbroker.v1.ResolveOperationResponse.pending_resolution:type_name -> opbroker.v1.PendingResolution
+	27, // 8: opbroker.v1.ResolveOperationResponse.operation:type_name -> opbroker.v1.Operation
+	10, // 9: opbroker.v1.ResolveOperationResponse.pending_resolution:type_name -> opbroker.v1.PendingResolution
 	0,  // 10: opbroker.v1.PendingResolution.resolution:type_name -> opbroker.v1.ResolveOperationRequest.Resolution
-	20, // 11: opbroker.v1.PendingResolution.expire_time:type_name -> google.protobuf.Timestamp
-	21, // 12: opbroker.v1.ApproveResolutionResponse.operation:type_name -> opbroker.v1.Operation
-	21, // 13: opbroker.v1.ListEscalationsResponse.Escalation.operation:type_name -> opbroker.v1.Operation
-	9,  // 14: opbroker.v1.ListEscalationsResponse.Escalation.pending_resolution:type_name -> opbroker.v1.PendingResolution
-	16, // 15: opbroker.v1.GetStatsResponse.Row.unknown_entered_by_day:type_name -> opbroker.v1.GetStatsResponse.Row.UnknownEnteredByDayEntry
-	17, // 16: opbroker.v1.GetStatsResponse.Row.operations_by_state:type_name -> opbroker.v1.GetStatsResponse.Row.OperationsByStateEntry
-	19, // 17: opbroker.v1.GetTargetReadinessResponse.Target.controls:type_name -> opbroker.v1.GetTargetReadinessResponse.Control
-	12, // 18: opbroker.v1.AdminService.DeleteTenantData:input_type -> opbroker.v1.DeleteTenantDataRequest
-	7,  // 19: opbroker.v1.AdminService.ResolveOperation:input_type -> opbroker.v1.ResolveOperationRequest
-	10, // 20: opbroker.v1.AdminService.ApproveResolution:input_type -> opbroker.v1.ApproveResolutionRequest
-	1,  // 21: opbroker.v1.AdminService.ListEscalations:input_type -> opbroker.v1.ListEscalationsRequest
-	3,  // 22: opbroker.v1.AdminService.GetStats:input_type -> opbroker.v1.GetStatsRequest
-	5,  // 23: opbroker.v1.AdminService.GetTargetReadiness:input_type -> opbroker.v1.GetTargetReadinessRequest
-	13, // 24: opbroker.v1.AdminService.DeleteTenantData:output_type -> opbroker.v1.DeleteTenantDataResponse
-	8,  // 25: opbroker.v1.AdminService.ResolveOperation:output_type -> opbroker.v1.ResolveOperationResponse
-	11, // 26: opbroker.v1.AdminService.ApproveResolution:output_type -> opbroker.v1.ApproveResolutionResponse
-	2,  // 27: opbroker.v1.AdminService.ListEscalations:output_type -> opbroker.v1.ListEscalationsResponse
-	4,  // 28: opbroker.v1.AdminService.GetStats:output_type -> opbroker.v1.GetStatsResponse
-	6,  // 29: opbroker.v1.AdminService.GetTargetReadiness:output_type -> opbroker.v1.GetTargetReadinessResponse
-	24, // [24:30] is the sub-list for method output_type
-	18, // [18:24] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	26, // 11: opbroker.v1.PendingResolution.expire_time:type_name -> google.protobuf.Timestamp
+	27, // 12: opbroker.v1.ApproveResolutionResponse.operation:type_name -> opbroker.v1.Operation
+	17, // 13: opbroker.v1.ListQuarantineResponse.events:type_name -> opbroker.v1.QuarantinedEvent
+	26, // 14: opbroker.v1.QuarantinedEvent.receive_time:type_name -> google.protobuf.Timestamp
+	26, // 15: opbroker.v1.QuarantinedEvent.review_time:type_name -> google.protobuf.Timestamp
+	1,  // 16: opbroker.v1.ReviewQuarantineRequest.action:type_name -> opbroker.v1.ReviewQuarantineRequest.ReviewAction
+	17, // 17: opbroker.v1.ReviewQuarantineResponse.event:type_name -> opbroker.v1.QuarantinedEvent
+	27, // 18: opbroker.v1.ReviewQuarantineResponse.operation:type_name -> opbroker.v1.Operation
+	27, // 19: opbroker.v1.ListEscalationsResponse.Escalation.operation:type_name -> opbroker.v1.Operation
+	10, // 20: opbroker.v1.ListEscalationsResponse.Escalation.pending_resolution:type_name -> opbroker.v1.PendingResolution
+	22, // 21: opbroker.v1.GetStatsResponse.Row.unknown_entered_by_day:type_name -> opbroker.v1.GetStatsResponse.Row.UnknownEnteredByDayEntry
+	23, // 22: opbroker.v1.GetStatsResponse.Row.operations_by_state:type_name -> opbroker.v1.GetStatsResponse.Row.OperationsByStateEntry
+	25, // 23: opbroker.v1.GetTargetReadinessResponse.Target.controls:type_name -> opbroker.v1.GetTargetReadinessResponse.Control
+	13, // 24: opbroker.v1.AdminService.DeleteTenantData:input_type -> opbroker.v1.DeleteTenantDataRequest
+	8,  // 25: opbroker.v1.AdminService.ResolveOperation:input_type -> opbroker.v1.ResolveOperationRequest
+	11, // 26: opbroker.v1.AdminService.ApproveResolution:input_type -> opbroker.v1.ApproveResolutionRequest
+	2,  // 27: opbroker.v1.AdminService.ListEscalations:input_type -> opbroker.v1.ListEscalationsRequest
+	4,  // 28: opbroker.v1.AdminService.GetStats:input_type -> opbroker.v1.GetStatsRequest
+	15, // 29: opbroker.v1.AdminService.ListQuarantine:input_type -> opbroker.v1.ListQuarantineRequest
+	18, // 30: opbroker.v1.AdminService.ReviewQuarantine:input_type -> opbroker.v1.ReviewQuarantineRequest
+	6,  // 31: opbroker.v1.AdminService.GetTargetReadiness:input_type -> opbroker.v1.GetTargetReadinessRequest
+	14, // 32: opbroker.v1.AdminService.DeleteTenantData:output_type -> opbroker.v1.DeleteTenantDataResponse
+	9,  // 33: opbroker.v1.AdminService.ResolveOperation:output_type -> opbroker.v1.ResolveOperationResponse
+	12, // 34: opbroker.v1.AdminService.ApproveResolution:output_type -> opbroker.v1.ApproveResolutionResponse
+	3,  // 35: opbroker.v1.AdminService.ListEscalations:output_type -> opbroker.v1.ListEscalationsResponse
+	5,  // 36: opbroker.v1.AdminService.GetStats:output_type -> opbroker.v1.GetStatsResponse
+	16, // 37: opbroker.v1.AdminService.ListQuarantine:output_type -> opbroker.v1.ListQuarantineResponse
+	19, // 38: opbroker.v1.AdminService.ReviewQuarantine:output_type -> opbroker.v1.ReviewQuarantineResponse
+	7,  // 39: opbroker.v1.AdminService.GetTargetReadiness:output_type -> opbroker.v1.GetTargetReadinessResponse
+	32, // [32:40] is the sub-list for method output_type
+	24, // [24:32] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_admin_service_proto_init() }
@@ -1414,8 +1980,8 @@ func file_opbroker_v1_admin_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opbroker_v1_admin_service_proto_rawDesc), len(file_opbroker_v1_admin_service_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   19,
+			NumEnums:      2,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

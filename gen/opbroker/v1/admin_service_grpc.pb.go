@@ -24,6 +24,8 @@ const (
 	AdminService_ApproveResolution_FullMethodName  = "/opbroker.v1.AdminService/ApproveResolution"
 	AdminService_ListEscalations_FullMethodName    = "/opbroker.v1.AdminService/ListEscalations"
 	AdminService_GetStats_FullMethodName           = "/opbroker.v1.AdminService/GetStats"
+	AdminService_ListQuarantine_FullMethodName     = "/opbroker.v1.AdminService/ListQuarantine"
+	AdminService_ReviewQuarantine_FullMethodName   = "/opbroker.v1.AdminService/ReviewQuarantine"
 	AdminService_GetTargetReadiness_FullMethodName = "/opbroker.v1.AdminService/GetTargetReadiness"
 )
 
@@ -77,6 +79,21 @@ type AdminServiceClient interface {
 	// state now. Without a tenant it spans every tenant and needs a principal with all
 	// tenants.
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
+	// Lists the quarantined events of targets, oldest first: events that changed nothing
+	// because they matched no operation, more than one, or one they disagree with (its
+	// tenant, its approved payload, its terminal state or its recorded sends). Each comes
+	// with what review needs, its body only while it is kept. The quarantine spans
+	// tenants: it needs a principal with all tenants.
+	ListQuarantine(ctx context.Context, in *ListQuarantineRequest, opts ...grpc.CallOption) (*ListQuarantineResponse, error)
+	// Reviews a quarantined event, recording the operator's name and note with it:
+	// REVIEW_ACTION_ATTACH names the operation the event is about, and the event then
+	// goes through the same checks and fencing as a matched one (tenant, approved
+	// payload, state); an event that still disagrees is FAILED_PRECONDITION
+	// (EVIDENCE_DOES_NOT_MATCH, with the detail) and stays quarantined. REVIEW_ACTION_DISMISS
+	// closes it without changing any operation. An event that is not quarantined (any
+	// more) is FAILED_PRECONDITION (EVIDENCE_NOT_QUARANTINED); one changed meanwhile is
+	// ABORTED (EVIDENCE_CHANGED: read it again). It needs a principal with all tenants.
+	ReviewQuarantine(ctx context.Context, in *ReviewQuarantineRequest, opts ...grpc.CallOption) (*ReviewQuarantineResponse, error)
 	// Returns the go/no-go controls of every loaded target, as opbroker targets check
 	// prints them.
 	GetTargetReadiness(ctx context.Context, in *GetTargetReadinessRequest, opts ...grpc.CallOption) (*GetTargetReadinessResponse, error)
@@ -134,6 +151,26 @@ func (c *adminServiceClient) GetStats(ctx context.Context, in *GetStatsRequest, 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetStatsResponse)
 	err := c.cc.Invoke(ctx, AdminService_GetStats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListQuarantine(ctx context.Context, in *ListQuarantineRequest, opts ...grpc.CallOption) (*ListQuarantineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListQuarantineResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListQuarantine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ReviewQuarantine(ctx context.Context, in *ReviewQuarantineRequest, opts ...grpc.CallOption) (*ReviewQuarantineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReviewQuarantineResponse)
+	err := c.cc.Invoke(ctx, AdminService_ReviewQuarantine_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -200,6 +237,21 @@ type AdminServiceServer interface {
 	// state now. Without a tenant it spans every tenant and needs a principal with all
 	// tenants.
 	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
+	// Lists the quarantined events of targets, oldest first: events that changed nothing
+	// because they matched no operation, more than one, or one they disagree with (its
+	// tenant, its approved payload, its terminal state or its recorded sends). Each comes
+	// with what review needs, its body only while it is kept. The quarantine spans
+	// tenants: it needs a principal with all tenants.
+	ListQuarantine(context.Context, *ListQuarantineRequest) (*ListQuarantineResponse, error)
+	// Reviews a quarantined event, recording the operator's name and note with it:
+	// REVIEW_ACTION_ATTACH names the operation the event is about, and the event then
+	// goes through the same checks and fencing as a matched one (tenant, approved
+	// payload, state); an event that still disagrees is FAILED_PRECONDITION
+	// (EVIDENCE_DOES_NOT_MATCH, with the detail) and stays quarantined. REVIEW_ACTION_DISMISS
+	// closes it without changing any operation. An event that is not quarantined (any
+	// more) is FAILED_PRECONDITION (EVIDENCE_NOT_QUARANTINED); one changed meanwhile is
+	// ABORTED (EVIDENCE_CHANGED: read it again). It needs a principal with all tenants.
+	ReviewQuarantine(context.Context, *ReviewQuarantineRequest) (*ReviewQuarantineResponse, error)
 	// Returns the go/no-go controls of every loaded target, as opbroker targets check
 	// prints them.
 	GetTargetReadiness(context.Context, *GetTargetReadinessRequest) (*GetTargetReadinessResponse, error)
@@ -227,6 +279,12 @@ func (UnimplementedAdminServiceServer) ListEscalations(context.Context, *ListEsc
 }
 func (UnimplementedAdminServiceServer) GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetStats not implemented")
+}
+func (UnimplementedAdminServiceServer) ListQuarantine(context.Context, *ListQuarantineRequest) (*ListQuarantineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListQuarantine not implemented")
+}
+func (UnimplementedAdminServiceServer) ReviewQuarantine(context.Context, *ReviewQuarantineRequest) (*ReviewQuarantineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReviewQuarantine not implemented")
 }
 func (UnimplementedAdminServiceServer) GetTargetReadiness(context.Context, *GetTargetReadinessRequest) (*GetTargetReadinessResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetTargetReadiness not implemented")
@@ -342,6 +400,42 @@ func _AdminService_GetStats_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListQuarantine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListQuarantineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListQuarantine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListQuarantine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListQuarantine(ctx, req.(*ListQuarantineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ReviewQuarantine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReviewQuarantineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ReviewQuarantine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ReviewQuarantine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ReviewQuarantine(ctx, req.(*ReviewQuarantineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_GetTargetReadiness_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetTargetReadinessRequest)
 	if err := dec(in); err != nil {
@@ -386,6 +480,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetStats",
 			Handler:    _AdminService_GetStats_Handler,
+		},
+		{
+			MethodName: "ListQuarantine",
+			Handler:    _AdminService_ListQuarantine_Handler,
+		},
+		{
+			MethodName: "ReviewQuarantine",
+			Handler:    _AdminService_ReviewQuarantine_Handler,
 		},
 		{
 			MethodName: "GetTargetReadiness",
