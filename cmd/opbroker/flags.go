@@ -5,6 +5,7 @@ import (
 
 	"github.com/opbroker/opbroker/brokermetrics"
 	"github.com/opbroker/opbroker/dispatcher"
+	"github.com/opbroker/opbroker/evidence"
 	"github.com/opbroker/opbroker/reconciler"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/sweeper"
@@ -33,6 +34,9 @@ func serverFlags(grpcAddr, httpAddr, logFormat string) []cli.Flag {
 		&cli.Float64Flag{Name: "tenant-rate", Value: server.DefaultTenantRate, Usage: "calls per second one tenant may make (token bucket)", Sources: cli.EnvVars("OPBROKER_TENANT_RATE")},
 		&cli.IntFlag{Name: "tenant-burst", Value: server.DefaultTenantBurst, Usage: "calls one tenant may make at once above --tenant-rate", Sources: cli.EnvVars("OPBROKER_TENANT_BURST")},
 		&cli.DurationFlag{Name: "payload-retention", Value: sweeper.DefaultPayloadRetention, Usage: "how long a terminal operation keeps its payload bytes (hash and events stay) when no target's contract gives its operation type a data.retention; 0 keeps those", Sources: cli.EnvVars("OPBROKER_PAYLOAD_RETENTION")},
+		&cli.StringFlag{Name: "webhook-addr", Usage: "address of the listener for the targets' webhooks (evidence.webhook in their contracts), which faces the providers: never the metrics port; empty: none", Sources: cli.EnvVars("OPBROKER_WEBHOOK_ADDR")},
+		&cli.IntFlag{Name: "webhook-max-body", Value: evidence.DefaultMaxWebhookBody, Usage: "largest webhook body the listener reads, in bytes", Sources: cli.EnvVars("OPBROKER_WEBHOOK_MAX_BODY")},
+		&cli.DurationFlag{Name: "evidence-body-retention", Value: evidence.DefaultBodyRetention, Usage: "how long the body of a target's event is kept, for matching and for reviewing the quarantine (at least every target's evidence.match_for)", Sources: cli.EnvVars("OPBROKER_EVIDENCE_BODY_RETENTION")},
 		&cli.DurationFlag{Name: "dispatch-lease", Value: dispatcher.DefaultLease, Usage: "how long a claim is held before an expired one becomes UNKNOWN (extended during a call)", Sources: cli.EnvVars("OPBROKER_DISPATCH_LEASE")},
 	}
 }

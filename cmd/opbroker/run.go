@@ -22,6 +22,7 @@ import (
 	"github.com/opbroker/opbroker/brokermetrics"
 	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/dispatcher"
+	"github.com/opbroker/opbroker/evidence"
 	"github.com/opbroker/opbroker/reconciler"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/store"
@@ -44,6 +45,9 @@ type broker struct {
 	sweeper    *sweeper.Sweeper       // runs where the dispatcher does
 	dispatch   bool                   // whether this replica claims PREPARED operations
 	reconciler *reconciler.Reconciler // nil when this replica does not reconcile
+	evidence   *evidence.Matcher      // matches the events targets report
+	webhookSrv *http.Server           // nil without --webhook-addr
+	webhookLis net.Listener
 	notifier   *store.Notifier
 	ledger     *brokermetrics.Ledger // the ledger's gauges; nil when --metrics-interval is 0
 	hub        *watch.Hub
@@ -122,6 +126,11 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	b.notifier = b.store.NewNotifier(b.log, 10*time.Millisecond)
 	b.hub = watch.New(b.store, b.log, time.Second)
 
+	b.evidence, err = evidence.New(evidence.Config{Store: b.store, Targets: b.targets, Logger: b.log, MeterProvider: b.meters,
+		BodyRetention: cmd.Duration("evidence-body-retention")})
+	if err != nil {
+		return err
+	}
 	b.srv, err = server.New(server.Options{
 		Store:           b.store,
 		Targets:         b.targets,
@@ -134,6 +143,7 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 		Limits:          limitsFromFlags(cmd),
 		Credentials:     sec.credentials,
 		Reflection:      sec.reflection,
+		Evidence:        b.evidence,
 	})
 	if err != nil {
 		return err
@@ -184,6 +194,18 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	if b.httpLis, err = net.Listen("tcp", cmd.String("http-addr")); err != nil {
 		return fmt.Errorf("--http-addr: %w", err)
 	}
+	if addr := cmd.String("webhook-addr"); addr != "" {
+		webhooks := evidence.NewWebhooks(b.evidence, b.targets, int64(cmd.Int("webhook-max-body")), clock)
+		if webhooks.Paths() == 0 {
+			b.log.Warn("--webhook-addr is set, but no target's contract has evidence.webhook: every delivery gets 404")
+		}
+		if b.webhookLis, err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("--webhook-addr: %w", err)
+		}
+		// The providers' side: bounded in time and size, whoever connects.
+		b.webhookSrv = &http.Server{Handler: webhooks, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
+			WriteTimeout: 15 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+	}
 	b.mux = http.NewServeMux()
 	b.mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	b.httpSrv = &http.Server{Handler: b.mux, ReadHeaderTimeout: 10 * time.Second}
@@ -219,6 +241,9 @@ func (b *broker) run(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := b.evidence.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
 	if err := b.health.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
@@ -228,6 +253,14 @@ func (b *broker) run(ctx context.Context) error {
 			b.log.Error("metrics endpoint stopped", "error", err)
 		}
 	}()
+	if b.webhookSrv != nil {
+		go func() {
+			if err := b.webhookSrv.Serve(b.webhookLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				b.log.Error("webhook listener stopped", "error", err)
+			}
+		}()
+		b.log.Info("receiving webhooks", "addr", "http://"+b.webhookLis.Addr().String())
+	}
 	b.srv.SetServing()
 	b.log.Info("serving", "grpc", b.grpcLis.Addr().String(), "metrics", "http://"+b.httpLis.Addr().String()+"/metrics")
 
@@ -247,6 +280,16 @@ func (b *broker) run(ctx context.Context) error {
 		b.dispatcher.Stop()
 	})
 	stopping.Go(b.sweeper.Stop)
+	stopping.Go(func() {
+		if b.webhookSrv != nil {
+			// Deliveries in progress finish (their events are kept); new ones are refused,
+			// and their senders deliver them again to another replica or later.
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), b.grace)
+			_ = b.webhookSrv.Shutdown(shutdownCtx)
+			cancel()
+		}
+		b.evidence.Stop()
+	})
 	stopping.Wait()
 	b.close()
 	return err
@@ -258,7 +301,7 @@ func (b *broker) close() {
 		_ = b.httpSrv.Shutdown(shutdownCtx)
 		cancel()
 	}
-	for _, l := range []net.Listener{b.grpcLis, b.httpLis} {
+	for _, l := range []net.Listener{b.grpcLis, b.httpLis, b.webhookLis} {
 		if l != nil {
 			l.Close()
 		}
