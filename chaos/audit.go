@@ -36,6 +36,8 @@ type ledgerEvent struct {
 	Reason   string
 	// For a person's resolution: why, and what was checked.
 	Summary, Evidence string
+	// EventID, for a change evidence made, is the target's event it records.
+	EventID string
 	// Class is the event's reason alone: on the outcome its holder recorded, the
 	// outcome's class. Sent, on that outcome, says whether the request can have left.
 	Class string
@@ -124,11 +126,12 @@ func (c *cluster) readLedger(ctx context.Context) (map[string]*ledgerOp, error) 
 	rows, _ = c.admin.Query(ctx, `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id,
 			revision, from_state::text, to_state::text, fence_token, created_at, actor,
 			coalesce(reason, '') || ' ' || coalesce(observation->>'outcome', ''),
-			coalesce(observation->>'summary', ''), coalesce(observation->>'evidence', ''), coalesce(reason, ''), sent
+			coalesce(observation->>'summary', ''), coalesce(observation->>'evidence', ''), coalesce(reason, ''), sent,
+			coalesce(observation->>'event_id', '')
 		FROM operation_events ORDER BY tenant_id, operation_id, revision`)
 	var name string
 	var ev ledgerEvent
-	if _, err := pgx.ForEachRow(rows, []any{&name, &ev.Revision, &ev.From, &ev.To, &ev.Fence, &ev.At, &ev.Actor, &ev.Reason, &ev.Summary, &ev.Evidence, &ev.Class, &ev.Sent}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&name, &ev.Revision, &ev.From, &ev.To, &ev.Fence, &ev.At, &ev.Actor, &ev.Reason, &ev.Summary, &ev.Evidence, &ev.Class, &ev.Sent, &ev.EventID}, func() error {
 		if o := ops[name]; o != nil {
 			o.Events = append(o.Events, ev)
 		}
@@ -240,9 +243,16 @@ func redact(text string, secrets []secret) (held []string, excerpt string) {
 	return held, strings.ToValidUTF8(text[from:min(len(text), from+300)], "")
 }
 
-// audit checks invariants I1–I13 (docs/testing.md#the-chaos-run) and fills the report's
+// evidenceAudit is what I14 and I15 read: the events the charge target sent, and those
+// the ledger kept.
+type evidenceAudit struct {
+	sent []simtarget.WebhookTruth
+	kept map[string]ledgerEvidence
+}
+
+// audit checks invariants I1–I15 (docs/testing.md#the-chaos-run) and fills the report's
 // counts; leaks are I12's violations (credentialLeaks).
-func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyTruth, h *history, leaks []string) {
+func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyTruth, h *history, leaks []string, ev evidenceAudit) {
 	inv := map[string][]string{}
 	fail := func(id, format string, args ...any) { inv[id] = append(inv[id], fmt.Sprintf(format, args...)) }
 	keys := map[string]string{} // remote key → operation
@@ -347,13 +357,14 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 	for _, v := range leaks {
 		fail("I12", "%s", v)
 	}
+	auditEvidence(r, ops, truth, ev.sent, ev.kept, fail)
 
 	slices.Sort(resolutions)
 	if n := len(resolutions); n > 0 {
 		r.UnknownToResolution = Durations{Median: resolutions[n/2].Round(time.Millisecond), Worst: resolutions[n-1].Round(time.Millisecond)}
 	}
 	r.AmendmentsWaited = h.amendmentsWaited
-	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "I11", "I12", "I13"} {
+	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "I11", "I12", "I13", "I14", "I15"} {
 		res := Invariant{ID: id, Name: invariantNames[id], Held: len(inv[id]) == 0}
 		res.Violations = inv[id][:min(len(inv[id]), 20)]
 		r.Invariants = append(r.Invariants, res)
@@ -389,16 +400,24 @@ func auditEvents(op *ledgerOp, fail func(id, format string, args ...any)) {
 	// I5: an outcome was applied only under the fence of its own claim: every event that
 	// took the operation out of IN_FLIGHT, other than to UNKNOWN (which the sweeper may
 	// do when the lease expires), is a holder's outcome (it says whether the request
-	// left) under the fence the operation entered IN_FLIGHT with; and a stale outcome
-	// was kept only for a fence that was claimed and whose holder applied no outcome.
+	// left) under the fence the operation entered IN_FLIGHT with, or the target's
+	// evidence, which takes the next fence from the holder; and a stale outcome was
+	// kept only for a fence that was claimed and whose holder applied no outcome.
 	for i, e := range op.Events {
 		if e.From == nil || *e.From != "IN_FLIGHT" || i == 0 {
+			continue
+		}
+		claim := op.Events[i-1]
+		if e.EventID != "" {
+			if e.Sent != nil || e.Fence != claim.Fence+1 {
+				fail("I5", "%s: evidence took it out of IN_FLIGHT under fence %d, entered under %d", op.Name, e.Fence, claim.Fence)
+			}
 			continue
 		}
 		if e.To != "UNKNOWN" && e.Sent == nil {
 			fail("I5", "%s: left IN_FLIGHT for %s under fence %d, but not as its holder's outcome", op.Name, e.To, e.Fence)
 		}
-		if claim := op.Events[i-1]; e.Fence != claim.Fence {
+		if e.Fence != claim.Fence {
 			fail("I5", "%s: left IN_FLIGHT under fence %d, entered under %d", op.Name, e.Fence, claim.Fence)
 		}
 	}
@@ -475,4 +494,6 @@ var invariantNames = map[string]string{
 	"I11": "an amendment is recorded only beside a settled original, or one it cancelled before any send",
 	"I12": "no credential appears in the ledger or the replicas' logs",
 	"I13": "every resolution by a person names the operator, the reason and the evidence",
+	"I14": "no quarantined, unverified or fabricated event changed an operation",
+	"I15": "every matched event's operation is consistent with the target's ground truth",
 }

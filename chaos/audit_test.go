@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/simtarget"
 )
 
 // TestAuditFindsOutcomesOutsideTheirFence: I5 reads the attempts from the events and
@@ -71,5 +73,65 @@ func TestAuditReadsAnAttemptsClass(t *testing.T) {
 		var found []string
 		auditAmendment(amendment, original, nil, func(id, format string, args ...any) { found = append(found, id) })
 		require.Len(t, found, want, class)
+	}
+}
+
+// TestAuditOfEvidence: I5 accepts evidence that takes an IN_FLIGHT operation under the
+// next fence, and only that; I14 flags a fabricated event that was applied, a change
+// recorded from an event the ledger quarantined, an event the target never sent and an
+// acknowledged forgery; I15 flags a matched event whose operation disagrees with it or
+// is not its charge's.
+func TestAuditOfEvidence(t *testing.T) {
+	state := func(s string) *string { return &s }
+	history := func(fence int64, eventID string) []ledgerEvent {
+		return []ledgerEvent{
+			{Revision: 1, To: "PREPARED"},
+			{Revision: 2, From: state("PREPARED"), To: "IN_FLIGHT", Fence: 1},
+			{Revision: 3, From: state("IN_FLIGHT"), To: "SUCCEEDED", Fence: fence, EventID: eventID},
+		}
+	}
+	for fence, want := range map[int64]int{2: 0, 1: 1} {
+		var found []string
+		auditEvents(&ledgerOp{State: "SUCCEEDED", Events: history(fence, "evt_1")}, func(id, format string, args ...any) {
+			found = append(found, id+": "+fmt.Sprintf(format, args...))
+		})
+		require.Len(t, found, want, "evidence under fence %d: %v", fence, found)
+	}
+
+	op := &ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k1", RemoteRef: "ch_1", Events: history(2, "evt_1")}
+	truth := map[string]*simtarget.KeyTruth{"k1": {Effects: 1, IDs: []string{"ch_1"}}}
+	genuine := simtarget.WebhookTruth{EventID: "evt_1", Type: "charge.succeeded", Reference: "k1", EffectID: "ch_1", Genuine: true, Acknowledged: true}
+	applied := ledgerEvidence{EventID: "evt_1", Meaning: "SUCCEEDED", Disposition: "APPLIED", Name: "op"}
+	for name, c := range map[string]struct {
+		op   ledgerOp
+		sent []simtarget.WebhookTruth
+		kept map[string]ledgerEvidence
+		want string
+	}{
+		"a genuine success applied": {*op, []simtarget.WebhookTruth{genuine}, map[string]ledgerEvidence{"evt_1": applied}, ""},
+		"a fabricated event applied": {*op, []simtarget.WebhookTruth{func() simtarget.WebhookTruth { g := genuine; g.Genuine = false; return g }()},
+			map[string]ledgerEvidence{"evt_1": applied}, "I14: event evt_1, fabricated"},
+		"a change from a quarantined event": {*op, []simtarget.WebhookTruth{genuine},
+			map[string]ledgerEvidence{"evt_1": {EventID: "evt_1", Disposition: "QUARANTINED", Name: "op"}}, "I14: op: revision 3 records event evt_1"},
+		"an event never sent": {ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k1", RemoteRef: "ch_1"}, nil,
+			map[string]ledgerEvidence{"evt_9": {EventID: "evt_9", Disposition: "QUARANTINED"}}, "I14: event evt_9 was kept, but the target never sent it"},
+		"an acknowledged forgery": {ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k1", RemoteRef: "ch_1"},
+			[]simtarget.WebhookTruth{{EventID: "evt_1", Forged: true, Acknowledged: true, LastStatus: 200}}, nil, "I14: event evt_1: a copy signed with a wrong secret"},
+		"a success beside FAILED_TERMINAL": {ledgerOp{Name: "op", State: "FAILED_TERMINAL", RemoteKey: "k1"}, []simtarget.WebhookTruth{genuine},
+			map[string]ledgerEvidence{"evt_1": {EventID: "evt_1", Meaning: "SUCCEEDED", Disposition: "OBSERVED", Name: "op"}}, "I15: op is FAILED_TERMINAL"},
+		"another charge's event": {ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k2", RemoteRef: "ch_1"}, []simtarget.WebhookTruth{genuine},
+			map[string]ledgerEvidence{"evt_1": {EventID: "evt_1", Meaning: "SUCCEEDED", Disposition: "OBSERVED", Name: "op"}}, "I15: event evt_1, about the charge under key k1"},
+	} {
+		var found []string
+		r := &Report{Faults: map[string]int{}, Evidence: EvidenceCounts{Quarantined: map[string]int{}}}
+		auditEvidence(r, map[string]*ledgerOp{"op": &c.op}, truth, c.sent, c.kept, func(id, format string, args ...any) {
+			found = append(found, id+": "+fmt.Sprintf(format, args...))
+		})
+		if c.want == "" {
+			require.Empty(t, found, name)
+			continue
+		}
+		require.Len(t, found, 1, "%s: %v", name, found)
+		require.Contains(t, found[0], c.want, name)
 	}
 }

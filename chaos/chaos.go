@@ -132,7 +132,21 @@ type Report struct {
 	ByState             map[string]int `json:"operations_by_state"`
 	UnknownToResolution Durations      `json:"unknown_to_resolution"`
 	Settled             bool           `json:"settled"`
-	Invariants          []Invariant    `json:"invariants"`
+	// Evidence is what became of the charge target's webhooks.
+	Evidence   EvidenceCounts `json:"evidence"`
+	Invariants []Invariant    `json:"invariants"`
+}
+
+// EvidenceCounts count the events the ledger kept by what they did, and the deliveries
+// signed with a wrong secret (never kept).
+type EvidenceCounts struct {
+	Kept        int            `json:"kept"`
+	Applied     int            `json:"applied"`
+	Observed    int            `json:"observed"`
+	Quarantined map[string]int `json:"quarantined"` // by reason
+	Forged      int            `json:"forged_deliveries"`
+	// Settled: every delivery ended and every kept event was decided before the audit.
+	Settled bool `json:"settled"`
 }
 
 // Durations summarises a distribution.
@@ -198,6 +212,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	c.heal()
 	c.restartArmed()
 	settled := c.settle(ctx, cfg.SettleBound)
+	evidenceSettled := c.settleEvidence(ctx, cfg.SettleBound)
 	// The owners of the escalations check their targets and record what they found.
 	resolvedByHand, err := c.resolveEscalations(ctx, rand.New(rand.NewPCG(cfg.Seed, 13)))
 	if err != nil {
@@ -214,10 +229,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chaos: audit: %w", err)
 	}
+	kept, err := c.readEvidence(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: audit: %w", err)
+	}
 	truth := c.truth()
 	r := &Report{Seed: cfg.Seed, Intents: len(h.intents), Tenants: cfg.Tenants, Replicas: cfg.Replicas,
 		Faults: maps.Clone(c.faults), Crashes: c.crashes, Probes: h.probes, GaveUp: h.gaveUp,
-		ByState: map[string]int{}, Settled: settled}
+		ByState: map[string]int{}, Settled: settled,
+		Evidence: EvidenceCounts{Quarantined: map[string]int{}, Settled: evidenceSettled}}
 	for _, s := range c.sims {
 		r.PreconditionRefusals += s.Snapshot().PreconditionFailed
 		for f, n := range s.Snapshot().Faults {
@@ -227,7 +247,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	r.ResolvedByHand = resolvedByHand
-	audit(r, ops, truth, h, leaks)
+	audit(r, ops, truth, h, leaks, evidenceAudit{sent: c.charge.Snapshot().Webhooks, kept: kept})
 	r.Elapsed = time.Since(start).Round(time.Second).String()
 	return r, nil
 }
@@ -271,6 +291,9 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "    %s\n", u)
 	}
 	fmt.Fprintf(w, "  UNKNOWN to resolution: median %s, worst %s\n", r.UnknownToResolution.Median, r.UnknownToResolution.Worst)
+	e := r.Evidence
+	fmt.Fprintf(w, "  webhooks: %d events kept, %d applied, %d observed, quarantined %v; %d deliveries with a wrong signature refused (settled: %v)\n",
+		e.Kept, e.Applied, e.Observed, e.Quarantined, e.Forged, e.Settled)
 	var states []string
 	for _, k := range slices.Sorted(maps.Keys(r.ByState)) {
 		states = append(states, fmt.Sprintf("%s %d", k, r.ByState[k]))

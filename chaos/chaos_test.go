@@ -14,6 +14,7 @@ import (
 
 	"github.com/opbroker/opbroker/chaos"
 	"github.com/opbroker/opbroker/crashpoint"
+	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/storetest"
 )
 
@@ -39,7 +40,8 @@ func TestMain(m *testing.M) {
 // TestShortChaosRun is the short, fixed-seed chaos run: three replicas as processes,
 // every fault of the targets, crash points, kill -9, SIGSTOP past the lease,
 // pg_terminate_backend, a rotation of a target's credential and (on the embedded
-// PostgreSQL) an immediate restart, then the audit of I1–I13.
+// PostgreSQL) an immediate restart, every fault of the charge target's webhooks, then
+// the audit of I1–I15.
 func TestShortChaosRun(t *testing.T) {
 	var log bytes.Buffer
 	report, err := chaos.Run(context.Background(), chaos.Config{
@@ -69,4 +71,13 @@ func TestShortChaosRun(t *testing.T) {
 	require.Positive(t, report.ResolvedByHand, "the operator resolved the escalations through the API")
 	require.Positive(t, report.Pending, "some answers were pending")
 	require.Positive(t, report.Resent, "some operations were sent again after an answer documented as not executed")
+	for _, f := range simtarget.WebhookFaults {
+		require.Positive(t, report.Faults["webhook: "+string(f)], "no charge's webhooks had the fault %s", f)
+	}
+	require.True(t, report.Evidence.Settled, "every delivery ended and every event was decided")
+	require.Positive(t, report.Evidence.Applied, "some webhooks resolved their operations")
+	require.Positive(t, report.Evidence.Forged, "some deliveries were signed with a wrong secret")
+	for _, reason := range []string{"UNMATCHED", "TENANT_CONFLICT", "PAYLOAD_MISMATCH"} {
+		require.Positive(t, report.Evidence.Quarantined[reason], "no event was quarantined as %s", reason)
+	}
 }

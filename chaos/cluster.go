@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,6 +66,9 @@ type cluster struct {
 	// key, set in the replicas' environment.
 	chargeToken  string
 	provisionKey string
+	// webhookAddrs is each replica's webhook listener, the same at every start: the
+	// charge target posts its events to them, in turn, as to a load balancer's.
+	webhookAddrs []string
 
 	mu       sync.Mutex
 	replicas []*replica
@@ -132,6 +136,9 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 	if c.admin, err = pgxpool.New(ctx, c.adminURL); err != nil {
 		return c, err
 	}
+	if c.webhookAddrs, err = freeAddrs(cfg.Replicas); err != nil {
+		return c, err
+	}
 	if err := c.startTargets(); err != nil {
 		return c, err
 	}
@@ -165,9 +172,24 @@ func (c *cluster) startTargets() error {
 		return err
 	}
 	c.provisionKey = c.newSecret("the provision target's API key")
+	webhookSecret := filepath.Join(c.dir, "webhook-secret")
+	signing := c.newSecret("the charge target's webhook signing secret")
+	if err := os.WriteFile(webhookSecret, []byte(signing+"\n"), 0o600); err != nil {
+		return err
+	}
 	rates := map[simtarget.Fault]float64{}
 	for _, f := range simtarget.Faults {
 		rates[f] = c.cfg.FaultRate / float64(len(simtarget.Faults))
+	}
+	// The charge target reports its charges by webhook, every fault of its events as
+	// often as a create gets any one fault, each event's account the tenant's.
+	hooks := &simtarget.WebhookConfig{Secret: signing, SecretSource: target.Secret{File: webhookSecret},
+		FaultRates: map[simtarget.WebhookFault]float64{}, LateDelay: 2 * time.Second, Account: true}
+	for _, addr := range c.webhookAddrs {
+		hooks.URLs = append(hooks.URLs, "http://"+addr+simtarget.WebhookPath)
+	}
+	for _, f := range simtarget.WebhookFaults {
+		hooks.FaultRates[f] = 2 * c.cfg.FaultRate / float64(len(simtarget.WebhookFaults))
 	}
 	// Lookups fail as often as a create gets any one fault: a failed lookup must never
 	// let a replay through that the key does not cover.
@@ -175,8 +197,8 @@ func (c *cluster) startTargets() error {
 	// Charges process for a moment before they succeed, or fail when the payload asks:
 	// nothing may be SUCCEEDED while the target says processing.
 	stripeCfg := simtarget.Config{FaultRates: rates, Seed: c.cfg.Seed, LookupFailures: lookupFailures, SlowDelay: 4 * time.Second,
-		Completion: chargeCompletion,
-		Auth:       &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: c.chargeToken}}, Credential: token}
+		Completion: chargeCompletion, Webhooks: hooks,
+		Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: c.chargeToken}}, Credential: token}
 	stripe, err := simtarget.Start(stripeCfg)
 	if err != nil {
 		return err
@@ -195,6 +217,9 @@ func (c *cluster) startTargets() error {
 	demo := simtarget.Contracts(stripe.URL, stripeCfg)
 	charge, notify, object := demo[0], demo[1], demo[2]
 	charge.Name, charge.OperationTypes = "chaos-payments", []string{typeCharge}
+	// An event whose reference no operation has is quarantined soon: the audit reads
+	// the quarantine once the work settles.
+	charge.Evidence.MatchFor = target.Duration(evidenceMatchFor)
 	notify.Name, notify.OperationTypes = "chaos-notify", []string{typeNotify}
 	object.Name, object.OperationTypes = "chaos-objects", []string{typeObject}
 	provision := simtarget.Contracts(forgetful.URL, forgetfulCfg)[0]
@@ -205,6 +230,24 @@ func (c *cluster) startTargets() error {
 	}
 	c.targets = filepath.Join(c.dir, "targets.yaml")
 	return os.WriteFile(c.targets, data, 0o600)
+}
+
+// evidenceMatchFor is how long the charge target's events are matched again before one
+// whose reference names no operation is quarantined.
+const evidenceMatchFor = 5 * time.Second
+
+// freeAddrs returns n loopback addresses whose ports were free a moment ago.
+func freeAddrs(n int) ([]string, error) {
+	var addrs []string
+	for range n {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		addrs = append(addrs, lis.Addr().String())
+		lis.Close()
+	}
+	return addrs, nil
 }
 
 // newSecret returns a random credential, recorded under name for the leak check before
@@ -259,7 +302,7 @@ func tenants(n int) []string {
 // crashPoints are the broker's named crash points the run enables, one per replica
 // start at most.
 var crashPoints = []string{crashpoint.DispatchAfterClaim, crashpoint.DispatchAfterSend, crashpoint.DispatchAfterReply,
-	crashpoint.DispatchAfterRecord, crashpoint.PrepareAfterCommit}
+	crashpoint.DispatchAfterRecord, crashpoint.PrepareAfterCommit, crashpoint.EvidenceAfterReceipt}
 
 // start starts replica i (again) and waits until it serves. A third of the starts run
 // on a clock off the database's (seconds either way). Half the starts arm a crash
@@ -288,7 +331,8 @@ func (c *cluster) start(i int) error {
 	cmd := exec.Command(c.cfg.Broker, "serve", "--database-url", url, "--targets", c.targets,
 		"--auth-config", c.auth, "--plaintext", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--log-format", "text", "--dispatch-lease", c.cfg.Lease.String(), "--reconcile-lease", c.cfg.Lease.String(), "--shutdown-grace", "2s",
-		"--tenant-rate", "100000", "--tenant-burst", "100000", "--reconcile-deadline", c.cfg.ResolutionDeadline.String())
+		"--tenant-rate", "100000", "--tenant-burst", "100000", "--reconcile-deadline", c.cfg.ResolutionDeadline.String(),
+		"--webhook-addr", c.webhookAddrs[i])
 	cmd.Env = append(os.Environ(), provisionKeyEnv+"="+c.provisionKey)
 	if crash != "" {
 		cmd.Env = append(cmd.Env, crashpoint.EnvVar+"="+crash)

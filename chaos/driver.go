@@ -18,6 +18,7 @@ import (
 
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/server"
+	"github.com/opbroker/opbroker/simtarget"
 )
 
 // intent is one business intent of the workload and what the clients were told of it.
@@ -90,12 +91,17 @@ func (c *cluster) drive(ctx context.Context, h *history, round int) {
 func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i int) {
 	tenant := fmt.Sprintf("tenant-%d", hotTenant(rng, c.cfg.Tenants))
 	typ := []string{typeCharge, typeCharge, typeCharge, typeProvision, typeProvision, typeNotify, typeObject, typeObject}[rng.IntN(8)]
-	payload := fmt.Appendf(nil, `{"amount":%d,"order":%d}`, 1+rng.IntN(10000), i)
+	// The account is the tenant's at the targets: the charge target's events name it.
+	payload := fmt.Appendf(nil, `{"account":%q,"amount":%d,"order":%d}`, tenant, 1+rng.IntN(10000), i)
 	if typ == typeCharge && rng.IntN(10) == 0 { // a charge the provider declines after processing
-		payload = fmt.Appendf(nil, `{"amount":%d,"order":%d,"sim":{"completes":"failed"}}`, 1+rng.IntN(10000), i)
+		payload = fmt.Appendf(nil, `{"account":%q,"amount":%d,"order":%d,"sim":{"completes":"failed"}}`, tenant, 1+rng.IntN(10000), i)
 	}
 	if i == 0 { // a charge throttled once (429, documented as not executed), then sent again
-		typ, payload = typeCharge, fmt.Appendf(nil, `{"amount":1,"order":0,"sim":{"fault":"throttle","times":1}}`)
+		typ, payload = typeCharge, fmt.Appendf(nil, `{"account":%q,"amount":1,"order":0,"sim":{"fault":"throttle","times":1}}`, tenant)
+	}
+	if i >= 1 && i <= len(simtarget.WebhookFaults) { // each fault of the charge target's events, on a charge that takes effect
+		typ, payload = typeCharge, fmt.Appendf(nil, `{"account":%q,"amount":%d,"order":%d,"sim":{"fault":%q,"webhook":%q}}`,
+			tenant, 1+rng.IntN(10000), i, simtarget.FaultLookupLag, simtarget.WebhookFaults[i-1])
 	}
 	in := &intent{req: &opbrokerv1.PrepareOperationRequest{Tenant: tenant, OperationType: typ,
 		IntentRef: fmt.Sprintf("intent-%d", i), ContentType: "application/json", Payload: payload}}
@@ -127,7 +133,7 @@ func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i i
 		amend := &intent{req: cloneRequest(in.req)}
 		amend.req.IntentRef += "-amend"
 		amend.req.Supersedes = name
-		amend.req.Payload = fmt.Appendf(nil, `{"amount":%d,"order":%d,"amended":true}`, 1+rng.IntN(10000), i)
+		amend.req.Payload = fmt.Appendf(nil, `{"account":%q,"amount":%d,"order":%d,"amended":true}`, tenant, 1+rng.IntN(10000), i)
 		h.add(amend)
 		c.amend(ctx, rng, h, amend)
 	}

@@ -1,0 +1,156 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/opbroker/opbroker/simtarget"
+)
+
+// ledgerEvidence is a target's event as the ledger kept it.
+type ledgerEvidence struct {
+	EventID, EventType, Meaning, Reference, RemoteRef string
+	Disposition, Reason                               string
+	Name                                              string // the operation it names, or ""
+}
+
+// readEvidence reads every event the replicas kept, by id.
+func (c *cluster) readEvidence(ctx context.Context) (map[string]ledgerEvidence, error) {
+	out := map[string]ledgerEvidence{}
+	rows, _ := c.admin.Query(ctx, `SELECT event_id, event_type, meaning, reference, coalesce(remote_ref, ''),
+			disposition, coalesce(reason, ''), coalesce('tenants/' || tenant_id || '/operations/' || operation_id, '')
+		FROM inbound_evidence`)
+	var e ledgerEvidence
+	if _, err := pgx.ForEachRow(rows, []any{&e.EventID, &e.EventType, &e.Meaning, &e.Reference, &e.RemoteRef,
+		&e.Disposition, &e.Reason, &e.Name}, func() error {
+		out[e.EventID] = e
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading evidence: %w", err)
+	}
+	return out, nil
+}
+
+// settleEvidence waits, up to bound, until the charge target has no delivery pending
+// and the replicas have decided every event they kept; it reports whether they did.
+func (c *cluster) settleEvidence(ctx context.Context, bound time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	if err := c.charge.WebhooksIdle(ctx); err != nil {
+		return false
+	}
+	for ctx.Err() == nil {
+		var pending int
+		err := c.admin.QueryRow(ctx, `SELECT count(*) FROM inbound_evidence WHERE disposition = 'PENDING'`).Scan(&pending)
+		if err == nil && pending == 0 {
+			return true
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return false
+}
+
+// auditEvidence checks I14 and I15 against the charge target's record of the events it
+// sent, and counts what became of them.
+//
+// I14: an operation event that records evidence names an event kept as APPLIED or
+// ATTACHED for that operation; every event the ledger kept is one the target sent; no
+// event a fault fabricated (another reference, account or amount) was applied,
+// attached or observed; no delivery signed with a wrong secret was acknowledged.
+//
+// I15: every event matched to an operation is genuine and about that operation's
+// charge (its reference is the operation's remote key, its charge one the target made
+// under that key), and the operation agrees with it: a success is never FAILED_TERMINAL
+// (and, SUCCEEDED, has the charge's reference), a failure never SUCCEEDED.
+func auditEvidence(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyTruth, sent []simtarget.WebhookTruth,
+	kept map[string]ledgerEvidence, fail func(id, format string, args ...any)) {
+	byID := map[string]simtarget.WebhookTruth{} // the genuine or fabricated event of each id
+	faulted := map[simtarget.WebhookFault]map[string]bool{}
+	for _, s := range sent {
+		if s.Forged {
+			r.Evidence.Forged++
+			if s.Acknowledged {
+				fail("I14", "event %s: a copy signed with a wrong secret was acknowledged (status %d)", s.EventID, s.LastStatus)
+			}
+			continue
+		}
+		if !s.Duplicate {
+			byID[s.EventID] = s
+		}
+		if s.Genuine && s.Fault != simtarget.WebhookNone { // charges, by their genuine events
+			if faulted[s.Fault] == nil {
+				faulted[s.Fault] = map[string]bool{}
+			}
+			faulted[s.Fault][s.Reference] = true
+		}
+	}
+	for f, charges := range faulted {
+		r.Faults["webhook: "+string(f)] = len(charges)
+	}
+	for _, op := range ops {
+		for _, e := range op.Events {
+			if e.EventID == "" {
+				continue
+			}
+			k, ok := kept[e.EventID]
+			if !ok || (k.Disposition != "APPLIED" && k.Disposition != "ATTACHED") || k.Name != op.Name {
+				fail("I14", "%s: revision %d records event %s, which the ledger kept as %q for %q", op.Name, e.Revision, e.EventID, k.Disposition, k.Name)
+			}
+		}
+	}
+	for _, id := range slices.Sorted(func(yield func(string) bool) {
+		for id := range kept {
+			if !yield(id) {
+				return
+			}
+		}
+	}) {
+		k := kept[id]
+		r.Evidence.Kept++
+		switch k.Disposition {
+		case "APPLIED":
+			r.Evidence.Applied++
+		case "OBSERVED":
+			r.Evidence.Observed++
+		case "QUARANTINED":
+			r.Evidence.Quarantined[k.Reason]++
+		}
+		s, ok := byID[id]
+		if !ok {
+			fail("I14", "event %s was kept, but the target never sent it", id)
+			continue
+		}
+		matched := k.Disposition == "APPLIED" || k.Disposition == "OBSERVED" || k.Disposition == "ATTACHED"
+		if !s.Genuine {
+			if matched {
+				fail("I14", "event %s, fabricated (%s), was %s for %s", id, s.Fault, k.Disposition, k.Name)
+			}
+			continue
+		}
+		if !matched {
+			continue
+		}
+		op := ops[k.Name]
+		if op == nil {
+			fail("I15", "event %s matched %s, which the ledger does not hold", id, k.Name)
+			continue
+		}
+		kt := orEmpty(truth[op.RemoteKey])
+		switch {
+		case s.Reference != op.RemoteKey:
+			fail("I15", "event %s, about the charge under key %s, matched %s (key %s)", id, s.Reference, op.Name, op.RemoteKey)
+		case !slices.Contains(kt.IDs, s.EffectID):
+			fail("I15", "event %s is about charge %s, which the target did not make under %s's key", id, s.EffectID, op.Name)
+		case k.Meaning == "SUCCEEDED" && (op.State == "FAILED_TERMINAL" || op.State == "CANCELLED"):
+			fail("I15", "%s is %s, but event %s reported its charge succeeded", op.Name, op.State, id)
+		case k.Meaning == "SUCCEEDED" && op.State == "SUCCEEDED" && op.RemoteRef != s.EffectID:
+			fail("I15", "%s succeeded with reference %s, but event %s reported charge %s", op.Name, op.RemoteRef, id, s.EffectID)
+		case k.Meaning == "FAILED" && (op.State == "SUCCEEDED" || kt.Failed == 0):
+			fail("I15", "%s is %s and the target has %d failed charges, but event %s reported its charge failed", op.Name, op.State, kt.Failed, id)
+		}
+	}
+}
