@@ -70,6 +70,10 @@ type Input struct {
 	// AbsenceFinalAfter, if set, is how long after a send the target documents that the
 	// request can no longer take effect.
 	AbsenceFinalAfter time.Duration
+	// EventsWithin, for a target that reports its effects by events (webhooks), is how
+	// long after a send they can be expected: without a lookup, an operation that would
+	// otherwise be escalated waits for them until then (the events resolve it).
+	EventsWithin time.Duration
 
 	// MayHaveExecuted: some earlier attempt may have reached the target (anything but a
 	// send that provably never left).
@@ -216,6 +220,9 @@ func Decide(in Input) Decision {
 		if replayable {
 			return Decision{Action: Replay, Reason: "no lookup; a same-key replay is safe: the key covers every earlier attempt, inside its retention window"}
 		}
+		if in.EventsWithin > in.SinceLastSend {
+			return in.waitOrEscalate(budgetSpent, 0, "the outcome is unknown: "+whyNot)
+		}
 		return Decision{Action: Escalate, Reason: "the outcome is unknown and the target offers no way to find out: " + whyNot}
 	}
 }
@@ -263,9 +270,14 @@ func (in Input) absenceFinal(replayable bool) bool {
 }
 
 // waitOrEscalate waits (exponential backoff with jitter, at least atLeast) unless the
-// budget is spent or there is no way to look again.
+// budget is spent or there is no way to look again; without a lookup, it waits for the
+// target's events while they can still be expected.
 func (in Input) waitOrEscalate(budgetSpent bool, atLeast time.Duration, reason string) Decision {
 	if !in.Lookup {
+		if left := in.EventsWithin - in.SinceLastSend; left > 0 && !budgetSpent {
+			return Decision{Action: Wait, After: min(max(left, minWait), max(in.ResolutionLeft, minWait)),
+				Reason: reason + "; the target offers no lookup: wait for its events"}
+		}
 		return Decision{Action: Escalate, Reason: reason + "; the target offers no lookup"}
 	}
 	if budgetSpent {

@@ -249,3 +249,37 @@ func FuzzDecide(f *testing.F) {
 		}
 	})
 }
+
+// TestWaitForEvents: without a lookup, what would be escalated waits for the target's
+// events while they can be expected after the last send (never past the resolution
+// deadline or the look budget), and is escalated after; a target with a lookup, or
+// without events, is unchanged.
+func TestWaitForEvents(t *testing.T) {
+	t.Parallel()
+	pending := Input{Replay: true, KeyCoversEveryAttempt: true, KeyWindowLeft: time.Hour, MayHaveExecuted: true,
+		Evidence: Evidence{Kind: InProgress}, AcceptedBefore: true, SinceLastSend: time.Minute,
+		ResolutionLeft: 48 * time.Hour, MaxLooks: 20}
+	require.Equal(t, Escalate, Decide(pending).Action, "no lookup, no events: a person decides")
+
+	pending.EventsWithin = 30 * time.Minute
+	d := Decide(pending)
+	require.Equal(t, Wait, d.Action)
+	require.Equal(t, 29*time.Minute, d.After, "until the events can no longer be expected")
+	require.Contains(t, d.Reason, "wait for its events")
+
+	late := pending
+	late.SinceLastSend = 31 * time.Minute
+	require.Equal(t, Escalate, Decide(late).Action, "past the window")
+	deadline := pending
+	deadline.ResolutionLeft = 5 * time.Minute
+	require.Equal(t, 5*time.Minute, Decide(deadline).After, "never past the resolution deadline")
+	spent := pending
+	spent.Looks = 20
+	require.Equal(t, Escalate, Decide(spent).Action, "nor past the budget")
+
+	// An unkeyed target (D): no replay, no lookup; its events are the way to learn.
+	unkeyed := Input{MayHaveExecuted: true, SinceLastSend: time.Second, ResolutionLeft: time.Hour, EventsWithin: time.Minute}
+	require.Equal(t, Wait, Decide(unkeyed).Action)
+	unkeyed.EventsWithin = 0
+	require.Equal(t, Escalate, Decide(unkeyed).Action)
+}

@@ -245,6 +245,9 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress,
 		Jitter:                rand.Float64(),
 	}
+	if contract.Evidence != nil {
+		in.EventsWithin = contract.Evidence.ExpectedWithin.D()
+	}
 	if contract.Lookup != nil {
 		in.VisibilityDelay = contract.Lookup.VisibilityDelay.D()
 		in.AbsenceFinalAfter = contract.Lookup.AbsenceFinalAfter.D()

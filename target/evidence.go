@@ -51,6 +51,11 @@ type Evidence struct {
 	// before it is quarantined as unmatched: a webhook can come before the broker has
 	// recorded the answer that carries the target's reference (DefaultMatchFor).
 	MatchFor Duration `yaml:"match_for,omitempty"`
+	// ExpectedWithin, optional, is how long after a send the target's events can be
+	// expected. For a target without a lookup, an UNKNOWN operation that would be
+	// escalated waits for them until then (bounded by the resolution deadline), since
+	// they are its only way to be resolved without a person.
+	ExpectedWithin Duration `yaml:"expected_within,omitempty"`
 
 	Webhook *Webhook `yaml:"webhook,omitempty"`
 }
@@ -396,6 +401,9 @@ func (e *Evidence) validate(bad func(field, format string, args ...any)) {
 	}
 	if e.MatchFor < 0 || e.MatchFor.D() > 7*24*time.Hour {
 		bad("evidence.match_for", "must be between 0 (the default, %s) and a week", DefaultMatchFor)
+	}
+	if e.ExpectedWithin < 0 || e.ExpectedWithin.D() > 7*24*time.Hour {
+		bad("evidence.expected_within", "must be between 0 (no wait) and a week")
 	}
 	if w := e.Webhook; w != nil {
 		w.validate(bad)
