@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/opbroker/opbroker/provision"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
 )
 
 func devCommand() *cli.Command {
@@ -21,7 +24,7 @@ func devCommand() *cli.Command {
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "data-dir", Value: ".opbroker-dev", Usage: "folder for the embedded PostgreSQL; reused across restarts", Sources: cli.EnvVars("OPBROKER_DATA_DIR")},
 			&cli.StringFlag{Name: "pg-bin-dir", Usage: "a PostgreSQL installation (containing bin/pg_ctl); default: found on the machine, else downloaded", Sources: cli.EnvVars("OPBROKER_PG_BIN_DIR")},
-		}, serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "text")...),
+		}, serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "127.0.0.1:9091", "text")...),
 		Action: runDev,
 	}
 }
@@ -64,7 +67,27 @@ func runDev(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 
-	sim, err := simtarget.Start(simtarget.Config{})
+	// The demo target reports its charges by webhook to the broker's listener, signed
+	// with a secret made for this start and kept in the data folder.
+	var simCfg simtarget.Config
+	if addr := cmd.String("webhook-addr"); addr != "" {
+		// The target must know the listener's address before the broker listens: a
+		// port 0 is chosen now.
+		if addr, err = freeAddr(addr); err != nil {
+			return fmt.Errorf("--webhook-addr: %w", err)
+		}
+		if err := cmd.Set("webhook-addr", addr); err != nil {
+			return err
+		}
+		secretFile := filepath.Join(dataDir, "webhook-secret")
+		secret := rand.Text()
+		if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
+			return err
+		}
+		simCfg.Webhooks = &simtarget.WebhookConfig{URLs: []string{"http://" + addr + simtarget.WebhookPath},
+			Secret: secret, SecretSource: target.Secret{File: secretFile}}
+	}
+	sim, err := simtarget.Start(simCfg)
 	if err != nil {
 		return err
 	}
@@ -85,6 +108,7 @@ opbroker dev is ready.
   metrics:               http://%s/metrics
   demo target:           %s  (demo.charge: idempotency key and lookup; demo.notify: neither; demo.object: conditional create and lookup)
   demo ground truth:     http://%s/sim/truth
+  webhooks:              %s  (the demo target reports its charges here, signed)
   PostgreSQL:            %s  (the ledger is in schema opbroker)
   data folder:           %s (kept across restarts; delete it to start afresh)
 
@@ -93,6 +117,24 @@ opbroker dev is ready.
 
   A JSON payload may ask the demo target for a fault: {"amount": 100, "sim": {"fault": "commit_then_reset"}}
 
-`, b.grpcLis.Addr(), b.grpcLis.Addr(), b.httpLis.Addr(), sim.URL, b.httpLis.Addr(), pg.URL(), dataDir)
+`, b.grpcLis.Addr(), b.grpcLis.Addr(), b.httpLis.Addr(), sim.URL, b.httpLis.Addr(), webhooks(b), pg.URL(), dataDir)
 	return b.run(ctx)
+}
+
+// freeAddr returns addr with its port chosen, if it was 0, by listening on it a moment.
+func freeAddr(addr string) (string, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer lis.Close()
+	return lis.Addr().String(), nil
+}
+
+// webhooks says where the broker receives webhooks, if it does.
+func webhooks(b *broker) string {
+	if b.webhookLis == nil {
+		return "none (--webhook-addr is empty)"
+	}
+	return "http://" + b.webhookLis.Addr().String() + simtarget.WebhookPath
 }

@@ -302,7 +302,7 @@ func TestDevRunsWithNothingGiven(t *testing.T) {
 	// The embedded server runs as another user when tests run as root.
 	require.NoError(t, os.Chmod(parent, 0o755))
 	dataDir := filepath.Join(parent, "dev")
-	args := []string{"dev", "--data-dir", dataDir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}
+	args := []string{"dev", "--data-dir", dataDir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0"}
 
 	p := start(t, args...)
 	addr := p.waitReady(t)
@@ -313,8 +313,21 @@ func TestDevRunsWithNothingGiven(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, resp.GetCreated())
 
+	// The demo target reports a charge whose answer it lost by webhook: the operation
+	// is resolved by that evidence, before a lookup could see the charge.
+	lost, err := client.PrepareOperation(ctx, &opbrokerv1.PrepareOperationRequest{Tenant: "acme", OperationType: "demo.charge",
+		IntentRef: "order-lost", ContentType: "application/json", Payload: []byte(`{"amount":100,"sim":{"fault":"commit_then_reset"}}`)})
+	require.NoError(t, err)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		got, err := client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: lost.GetOperation().GetName()})
+		assert.NoError(c, err)
+		assert.Equal(c, opbrokerv1.Operation_STATE_SUCCEEDED, got.GetOperation().GetState())
+		assert.Equal(c, opbrokerv1.Operation_SOURCE_EVIDENCE, got.GetOperation().GetLastObservation().GetSource())
+	}, 10*time.Second, 20*time.Millisecond)
+
 	services := listServices(t, conn)
 	require.Contains(t, services, "opbroker.v1.OperationService")
+	require.Contains(t, services, "opbroker.v1.EvidenceService")
 	require.Contains(t, services, "grpc.health.v1.Health")
 
 	metricsAddr := regexp.MustCompile(`metrics=http://(\S+)/metrics`).FindStringSubmatch(p.Output())
