@@ -78,6 +78,7 @@ fuzz:
 	go test ./server -run '^$$' -fuzz FuzzPageToken -fuzztime 30s
 	go test ./server -run '^$$' -fuzz FuzzResumeToken -fuzztime 30s
 	go test ./server -run '^$$' -fuzz FuzzAdmit -fuzztime 30s
+	go test ./evidence -run '^$$' -fuzz FuzzWebhook -fuzztime 30s
 
 generate:
 	$(BUF) format -w

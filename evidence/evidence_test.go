@@ -49,7 +49,7 @@ type bundle struct {
 }
 
 // setup builds the bundle; adjust changes the contract's evidence section first.
-func setup(t *testing.T, adjust ...func(*target.Evidence)) *bundle {
+func setup(t testing.TB, adjust ...func(*target.Evidence)) *bundle {
 	t.Helper()
 	b := &bundle{ctx: context.Background()}
 	b.store, b.admin = storetest.NewStore(t)
@@ -81,13 +81,13 @@ func setup(t *testing.T, adjust ...func(*target.Evidence)) *bundle {
 }
 
 // prepare records a charge of tenant for amount; its payload names the tenant's account.
-func (b *bundle) prepare(t *testing.T, tenant, intent string, amount int) store.Operation {
+func (b *bundle) prepare(t testing.TB, tenant, intent string, amount int) store.Operation {
 	t.Helper()
 	return storetest.PrepareJSON(t, b.store, tenant, chargeType, intent, fmt.Sprintf(`{"account":%q,"amount":%d}`, tenant, amount))
 }
 
 // claim takes the operation IN_FLIGHT and returns its claim.
-func (b *bundle) claim(t *testing.T, op store.Operation) store.Claimed {
+func (b *bundle) claim(t testing.TB, op store.Operation) store.Claimed {
 	t.Helper()
 	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{FairClaim: store.FairClaim{OperationTypes: []string{chargeType},
 		Worker: "w", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}})
@@ -102,7 +102,7 @@ func (b *bundle) claim(t *testing.T, op store.Operation) store.Claimed {
 }
 
 // unknown prepares a charge and records its send as UNKNOWN.
-func (b *bundle) unknown(t *testing.T, tenant, intent string, amount int) store.Operation {
+func (b *bundle) unknown(t testing.TB, tenant, intent string, amount int) store.Operation {
 	t.Helper()
 	op := b.prepare(t, tenant, intent, amount)
 	c := b.claim(t, op)
@@ -112,19 +112,19 @@ func (b *bundle) unknown(t *testing.T, tenant, intent string, amount int) store.
 	return op
 }
 
-func (b *bundle) get(t *testing.T, op store.Operation) store.Operation {
+func (b *bundle) get(t testing.TB, op store.Operation) store.Operation {
 	t.Helper()
 	got, err := b.store.AllTenants().Get(b.ctx, op.TenantID, op.ID)
 	require.NoError(t, err)
 	return got
 }
 
-func (b *bundle) key(t *testing.T, op store.Operation) string {
+func (b *bundle) key(t testing.TB, op store.Operation) string {
 	t.Helper()
 	return storetest.RemoteKey(t, b.admin, op.ID)
 }
 
-func (b *bundle) evidence(t *testing.T, eventID string) store.InboundEvidence {
+func (b *bundle) evidence(t testing.TB, eventID string) store.InboundEvidence {
 	t.Helper()
 	e, err := b.store.AllTenants().Evidence(b.ctx, "charges", eventID)
 	require.NoError(t, err)
@@ -147,7 +147,7 @@ func sign(key string, body []byte, now time.Time) string {
 }
 
 // post delivers body to path, signed with key, and returns the status and answer.
-func (b *bundle) post(t *testing.T, path string, body []byte, key string) (int, string) {
+func (b *bundle) post(t testing.TB, path string, body []byte, key string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, b.listener.URL+path, bytes.NewReader(body))
 	require.NoError(t, err)
@@ -165,7 +165,7 @@ func (b *bundle) deliver(t *testing.T, body []byte) {
 	require.Equal(t, http.StatusOK, status, answer)
 }
 
-func (b *bundle) countEvidence(t *testing.T) int {
+func (b *bundle) countEvidence(t testing.TB) int {
 	t.Helper()
 	var n int
 	require.NoError(t, b.admin.QueryRow(b.ctx, `SELECT count(*) FROM inbound_evidence`).Scan(&n))
@@ -173,7 +173,7 @@ func (b *bundle) countEvidence(t *testing.T) int {
 }
 
 // events returns the reasons of the operation's events, in order.
-func (b *bundle) events(t *testing.T, op store.Operation) []string {
+func (b *bundle) events(t testing.TB, op store.Operation) []string {
 	t.Helper()
 	rows, err := b.admin.Query(b.ctx, `SELECT coalesce(reason, '') || ' by ' || actor FROM operation_events
 		WHERE tenant_id = $1 AND operation_id = $2 ORDER BY revision`, op.TenantID, op.ID)
@@ -416,4 +416,46 @@ func TestReviewQuarantine(t *testing.T) {
 	require.ErrorIs(t, err, evidence.ErrNotQuarantined)
 	_, err = b.matcher.Dismiss(b.ctx, "charges", "evt_none", "operator:bob", "none")
 	require.ErrorIs(t, err, store.ErrEvidenceNotFound)
+}
+
+// FuzzWebhook: whatever a sender posts (body, signature header), the listener answers
+// one of its documented statuses and never panics; it keeps an event only when its
+// signature verifies, and a kept event changes an operation only as decide allows (the
+// one its reference names, which stays in its tenant). Half the inputs are signed with
+// the real secret, so that reading and matching arbitrary signed bodies are reached.
+func FuzzWebhook(f *testing.F) {
+	b := setup(f)
+	op := b.unknown(f, "acme", "order-1", 100)
+	key := b.key(f, op)
+	f.Add(event("evt_1", "charge.succeeded", key, "ch_1", "acme", 100), "", true)
+	f.Add(event("evt_2", "charge.processing", key, "ch_1", "acme", 100), "", true)
+	f.Add(event("evt_3", "charge.failed", key, "ch_1", "globex", 100), "", true)
+	f.Add(event("evt_4", "charge.succeeded", key, "ch_1", "acme", 7), "t=1,v1=00", false)
+	f.Add([]byte(`{"id":"evt_5","type":"charge.succeeded","data":{"object":{"reference":[1,2]}}}`), "", true)
+	f.Add([]byte(`{"id":"","type":"","data":null}`), "t=,v1=,v1", false)
+	f.Add([]byte{0xff, 0xfe, '{'}, strings.Repeat("v1=", 200), true)
+	f.Fuzz(func(t *testing.T, body []byte, header string, signed bool) {
+		kept := b.countEvidence(t)
+		req, err := http.NewRequest(http.MethodPost, b.listener.URL+"/charges", bytes.NewReader(body))
+		require.NoError(t, err)
+		if signed {
+			header = sign(secret, body, time.Now())
+		}
+		if !strings.ContainsFunc(header, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+			req.Header.Set("Stripe-Signature", header) // a client sends no header it cannot encode
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Contains(t, []int{http.StatusOK, http.StatusBadRequest, http.StatusUnauthorized, http.StatusRequestEntityTooLarge},
+			resp.StatusCode)
+		if !signed || resp.StatusCode != http.StatusOK {
+			require.Equal(t, kept, b.countEvidence(t), "nothing is kept from a delivery refused or not signed")
+		}
+		got := b.get(t, op)
+		require.Equal(t, "acme", got.TenantID)
+		if got.State != store.StateUnknown {
+			require.Equal(t, "EVIDENCE", got.LastObservation.Source, "only evidence changed it")
+		}
+	})
 }
