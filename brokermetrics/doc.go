@@ -6,7 +6,8 @@
 //   - Events: what happens to UNKNOWN operations, counted when it happens by the
 //     dispatcher and the reconciler (entered, by cause; resolved, by how and how long
 //     after the first send);
-//   - TimedConnector: how long each request to a target takes.
+//   - TimedConnector: how long each request to a target takes;
+//   - Evidence: the events targets report, kept, decided and refused (package evidence).
 //
 // No metric is labelled by tenant or operation: their series are bounded by the targets
 // in the contracts, the states and the outcome classes.

@@ -76,7 +76,7 @@ func TestAlertsPointIntoTheRunbook(t *testing.T) {
 			}
 		}
 	}
-	require.Equal(t, 7, alerts)
+	require.Equal(t, 10, alerts)
 }
 
 // TestDashboardUsesDocumentedMetrics: the Grafana dashboard beside the alerts queries
@@ -133,6 +133,12 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 	require.NoError(t, err)
 	timed.Lookup(ctx, payments, uuid.New(), nil)
 	timed.Send(ctx, target.Request{Contract: payments})
+	evidence, err := brokermetrics.NewEvidence(mp)
+	require.NoError(t, err)
+	evidence.Received(ctx, "demo-payments", store.SourceWebhook, true)
+	evidence.Decided(ctx, "demo-payments", store.EvidenceQuarantined, "UNMATCHED")
+	evidence.Rejected(ctx, "demo-payments", "mismatch")
+	evidence.Ignored(ctx, "demo-payments")
 
 	var names []string
 	for _, name := range scrapeNow().names() {
@@ -140,7 +146,7 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 			names = append(names, name)
 		}
 	}
-	require.Len(t, names, 11, "%v", names)
+	require.Len(t, names, 15, "%v", names)
 	for _, name := range names {
 		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
 			if base, ok := strings.CutSuffix(name, suffix); ok && strings.HasSuffix(base, "_seconds") {
