@@ -113,6 +113,8 @@ func TestAuditOfEvidence(t *testing.T) {
 			map[string]ledgerEvidence{"evt_1": applied}, "I14: event evt_1, fabricated"},
 		"a change from a quarantined event": {*op, []simtarget.WebhookTruth{genuine},
 			map[string]ledgerEvidence{"evt_1": {EventID: "evt_1", Disposition: "QUARANTINED", Name: "op"}}, "I14: op: revision 3 records event evt_1"},
+		"applied without an operation event": {ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k1", RemoteRef: "ch_1"},
+			[]simtarget.WebhookTruth{genuine}, map[string]ledgerEvidence{"evt_1": applied}, "I14: event evt_1 was kept as applied to op, which has no event"},
 		"an event never sent": {ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k1", RemoteRef: "ch_1"}, nil,
 			map[string]ledgerEvidence{"evt_9": {EventID: "evt_9", Disposition: "QUARANTINED"}}, "I14: event evt_9 was kept, but the target never sent it"},
 		"an acknowledged forgery": {ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k1", RemoteRef: "ch_1"},

@@ -38,19 +38,27 @@ func (c *cluster) readEvidence(ctx context.Context) (map[string]ledgerEvidence, 
 // settleEvidence waits, up to bound, until the charge target has no delivery pending
 // and the replicas have decided every event they kept; it reports whether they did.
 func (c *cluster) settleEvidence(ctx context.Context, bound time.Duration) bool {
-	ctx, cancel := context.WithTimeout(ctx, bound)
+	waitCtx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	if err := c.charge.WebhooksIdle(ctx); err != nil {
+	if err := c.charge.WebhooksIdle(waitCtx); err != nil {
+		unsent := 0
+		for _, s := range c.charge.Snapshot().Webhooks {
+			if !s.Acknowledged && !s.GaveUp {
+				unsent++
+			}
+		}
+		fmt.Fprintf(c.cfg.Log, "chaos: %d webhook sendings still pending after %s\n", unsent, bound)
 		return false
 	}
-	for ctx.Err() == nil {
-		var pending int
-		err := c.admin.QueryRow(ctx, `SELECT count(*) FROM inbound_evidence WHERE disposition = 'PENDING'`).Scan(&pending)
+	var pending int
+	for waitCtx.Err() == nil {
+		err := c.admin.QueryRow(waitCtx, `SELECT count(*) FROM inbound_evidence WHERE disposition = 'PENDING'`).Scan(&pending)
 		if err == nil && pending == 0 {
 			return true
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+	fmt.Fprintf(c.cfg.Log, "chaos: %d kept events still PENDING after %s\n", pending, bound)
 	return false
 }
 
@@ -58,7 +66,8 @@ func (c *cluster) settleEvidence(ctx context.Context, bound time.Duration) bool 
 // sent, and counts what became of them.
 //
 // I14: an operation event that records evidence names an event kept as APPLIED or
-// ATTACHED for that operation; every event the ledger kept is one the target sent; no
+// ATTACHED for that operation, and an event kept as APPLIED has one; every event the
+// ledger kept is one the target sent; no
 // event a fault fabricated (another reference, account or amount) was applied,
 // attached or observed; no delivery signed with a wrong secret was acknowledged.
 //
@@ -118,6 +127,11 @@ func auditEvidence(r *Report, ops map[string]*ledgerOp, truth map[string]*simtar
 			r.Evidence.Observed++
 		case "QUARANTINED":
 			r.Evidence.Quarantined[k.Reason]++
+		}
+		if k.Disposition == "APPLIED" {
+			if op := ops[k.Name]; op == nil || !slices.ContainsFunc(op.Events, func(e ledgerEvent) bool { return e.EventID == id }) {
+				fail("I14", "event %s was kept as applied to %s, which has no event recording it", id, k.Name)
+			}
 		}
 		s, ok := byID[id]
 		if !ok {

@@ -126,7 +126,7 @@ func (b *bundle) key(t testing.TB, op store.Operation) string {
 
 func (b *bundle) evidence(t testing.TB, eventID string) store.InboundEvidence {
 	t.Helper()
-	e, err := b.store.AllTenants().Evidence(b.ctx, "charges", eventID)
+	e, err := b.store.AllTenants().Evidence(b.ctx, store.EvidenceKey{Target: "charges", EventID: eventID})
 	require.NoError(t, err)
 	return e
 }
@@ -216,11 +216,13 @@ func TestUnmatchedAndCrossTenantEventsAreQuarantined(t *testing.T) {
 	require.Eventually(t, func() bool { return b.evidence(t, "evt_unmatched").Disposition == store.EvidenceQuarantined },
 		5*time.Second, 20*time.Millisecond)
 
-	for id, reason := range map[string]string{"evt_unmatched": evidence.ReasonUnmatched, "evt_cross": evidence.ReasonTenantConflict,
-		"evt_reported": evidence.ReasonTenantConflict} {
-		e := b.evidence(t, id)
-		require.Equal(t, store.EvidenceQuarantined, e.Disposition, id)
-		require.Equal(t, reason, e.Reason, id)
+	for k, reason := range map[store.EvidenceKey]string{key("evt_unmatched"): evidence.ReasonUnmatched,
+		key("evt_cross"): evidence.ReasonTenantConflict,
+		{Target: "charges", EventID: "evt_reported", Reporter: "svc-acme"}: evidence.ReasonTenantConflict} {
+		e, err := b.store.AllTenants().Evidence(b.ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, store.EvidenceQuarantined, e.Disposition, k)
+		require.Equal(t, reason, e.Reason, k)
 	}
 	got := b.get(t, globex)
 	require.Equal(t, store.StateUnknown, got.State, "a cross-tenant event changes nothing")
@@ -241,6 +243,9 @@ func TestUnmatchedAndCrossTenantEventsAreQuarantined(t *testing.T) {
 	require.False(t, more)
 	require.Len(t, page, 3)
 }
+
+// key is the key of the test target's webhook event id.
+func key(id string) store.EvidenceKey { return store.EvidenceKey{Target: "charges", EventID: id} }
 
 func mustContract(t *testing.T, b *bundle) *target.Contract {
 	t.Helper()
@@ -390,14 +395,14 @@ func TestReviewQuarantine(t *testing.T) {
 	require.Eventually(t, func() bool { return b.evidence(t, "evt_dismissed").Disposition == store.EvidenceQuarantined }, 5*time.Second, 20*time.Millisecond)
 	b.matcher.Stop()
 
-	_, err := b.matcher.Attach(b.ctx, "charges", "evt_changed", "acme", op.ID, "operator:ann", "the support ticket says so")
+	_, err := b.matcher.Attach(b.ctx, key("evt_changed"), "acme", op.ID, "operator:ann", "the support ticket says so")
 	var mismatch *evidence.MismatchError
 	require.ErrorAs(t, err, &mismatch)
 	require.Equal(t, evidence.ReasonPayloadMismatch, mismatch.Reason)
 	require.Equal(t, store.EvidenceQuarantined, b.evidence(t, "evt_changed").Disposition)
 	require.Equal(t, store.StateUnknown, b.get(t, op).State)
 
-	attached, err := b.matcher.Attach(b.ctx, "charges", "evt_1", "acme", op.ID, "operator:ann", "the charge's reference was mistyped at the target")
+	attached, err := b.matcher.Attach(b.ctx, key("evt_1"), "acme", op.ID, "operator:ann", "the charge's reference was mistyped at the target")
 	require.NoError(t, err)
 	require.Equal(t, store.EvidenceAttached, attached.Disposition)
 	require.Equal(t, "operator:ann", attached.ReviewedBy)
@@ -405,16 +410,16 @@ func TestReviewQuarantine(t *testing.T) {
 	got := b.get(t, op)
 	require.Equal(t, store.StateSucceeded, got.State)
 	require.Contains(t, b.events(t, op), "EVIDENCE_SUCCEEDED by operator:ann")
-	_, err = b.matcher.Attach(b.ctx, "charges", "evt_1", "acme", op.ID, "operator:ann", "again")
+	_, err = b.matcher.Attach(b.ctx, key("evt_1"), "acme", op.ID, "operator:ann", "again")
 	require.ErrorIs(t, err, evidence.ErrNotQuarantined)
 
-	dismissed, err := b.matcher.Dismiss(b.ctx, "charges", "evt_dismissed", "operator:bob", "a test event from the provider's dashboard")
+	dismissed, err := b.matcher.Dismiss(b.ctx, key("evt_dismissed"), "operator:bob", "a test event from the provider's dashboard")
 	require.NoError(t, err)
 	require.Equal(t, store.EvidenceDismissed, dismissed.Disposition)
 	require.Equal(t, got.Revision, b.get(t, op).Revision)
-	_, err = b.matcher.Dismiss(b.ctx, "charges", "evt_dismissed", "operator:bob", "again")
+	_, err = b.matcher.Dismiss(b.ctx, key("evt_dismissed"), "operator:bob", "again")
 	require.ErrorIs(t, err, evidence.ErrNotQuarantined)
-	_, err = b.matcher.Dismiss(b.ctx, "charges", "evt_none", "operator:bob", "none")
+	_, err = b.matcher.Dismiss(b.ctx, key("evt_none"), "operator:bob", "none")
 	require.ErrorIs(t, err, store.ErrEvidenceNotFound)
 }
 
@@ -458,4 +463,85 @@ func FuzzWebhook(f *testing.F) {
 			require.Equal(t, "EVIDENCE", got.LastObservation.Source, "only evidence changed it")
 		}
 	})
+}
+
+// TestPendingEvidenceStopsAReplayAlreadyDecided: the target's word that it accepted the
+// request without finishing it stops a same-key replay even when it comes after a
+// reconciler claimed the operation, and counts for the next claim even when it came
+// while the operation was IN_FLIGHT.
+func TestPendingEvidenceStopsAReplayAlreadyDecided(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fair := store.FairClaim{OperationTypes: []string{chargeType}, Worker: "r", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}
+
+	op := b.unknown(t, "acme", "order-1", 100)
+	claimed, err := b.store.AllTenants().ClaimUnknown(b.ctx, fair)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.False(t, claimed[0].AcceptedUnfinished)
+	b.deliver(t, event("evt_1", "charge.processing", b.key(t, op), "ch_1", "acme", 100))
+	_, err = b.store.AllTenants().BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID,
+		Fence: claimed[0].FenceToken, Worker: "r", Lease: time.Minute})
+	require.ErrorIs(t, err, store.ErrFenceLost, "the replay decided before the event is refused")
+	require.Equal(t, store.StateUnknown, b.get(t, op).State)
+
+	sending := b.prepare(t, "acme", "order-2", 100)
+	c := b.claim(t, sending)
+	b.deliver(t, event("evt_2", "charge.processing", c.RemoteKey.String(), "ch_2", "acme", 100))
+	require.Equal(t, store.EvidenceObserved, b.evidence(t, "evt_2").Disposition)
+	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: sending.ID, Fence: c.FenceToken,
+		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "w"})
+	require.NoError(t, err)
+	_, err = b.admin.Exec(b.ctx, `UPDATE operations SET lease_expires_at = NULL, lease_owner = NULL WHERE operation_id = $1`, op.ID)
+	require.NoError(t, err)
+	again, err := b.store.AllTenants().ClaimUnknown(b.ctx, fair)
+	require.NoError(t, err)
+	for _, u := range again {
+		require.True(t, u.AcceptedUnfinished, "%s: the target said it accepted the request", u.IntentRef)
+	}
+	require.Len(t, again, 2)
+}
+
+// TestQuarantineDetailIsClipped: a detail quotes what the event carries; however long
+// that is, the event is quarantined with a detail the ledger holds, and the matcher's
+// queue moves on.
+func TestQuarantineDetailIsClipped(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(e *target.Evidence) { e.MatchFor = target.Duration(100 * time.Millisecond) })
+	_, _, err := b.matcher.Receive(b.ctx, mustContract(t, b), event("evt_long", "charge.succeeded", strings.Repeat(`"`, 500), "ch_1", "acme", 1),
+		evidence.Source{Reporter: "svc", Tenant: "acme"})
+	require.NoError(t, err)
+	require.NoError(t, b.matcher.Start(b.ctx))
+	t.Cleanup(b.matcher.Stop)
+	k := store.EvidenceKey{Target: "charges", EventID: "evt_long", Reporter: "svc"}
+	require.Eventually(t, func() bool {
+		e, err := b.store.AllTenants().Evidence(b.ctx, k)
+		return err == nil && e.Disposition == store.EvidenceQuarantined
+	}, 5*time.Second, 20*time.Millisecond)
+	e, err := b.store.AllTenants().Evidence(b.ctx, k)
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(e.Detail), 1024)
+	require.True(t, strings.HasSuffix(e.Detail, "…"))
+}
+
+// TestEachSenderHasItsOwnEventIDs: an event id one sender used does not make another
+// sender's event a repeat: a reporter cannot pre-empt the target's signed webhook.
+func TestEachSenderHasItsOwnEventIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := b.unknown(t, "globex", "order-1", 100)
+	// A reporter for acme reports, first, an event id the target will use for globex.
+	_, fresh, err := b.matcher.Receive(b.ctx, mustContract(t, b), event("evt_1", "charge.succeeded", b.key(t, op), "ch_1", "acme", 100),
+		evidence.Source{Reporter: "svc-acme", Tenant: "acme"})
+	require.NoError(t, err)
+	require.True(t, fresh)
+	require.Equal(t, store.StateUnknown, b.get(t, op).State, "reported for another tenant")
+	status, answer := b.post(t, "/charges", event("evt_1", "charge.succeeded", b.key(t, op), "ch_1", "globex", 100), secret)
+	require.Equal(t, http.StatusOK, status)
+	require.JSONEq(t, `{"event_id":"evt_1","duplicate":false}`, answer)
+	require.Equal(t, store.StateSucceeded, b.get(t, op).State, "the target's own event is kept and applied")
+	_, fresh, err = b.matcher.Receive(b.ctx, mustContract(t, b), event("evt_1", "charge.succeeded", b.key(t, op), "ch_1", "acme", 100),
+		evidence.Source{Reporter: "svc-acme", Tenant: "acme"})
+	require.NoError(t, err)
+	require.False(t, fresh, "the reporter's own repeat adds nothing")
 }

@@ -118,7 +118,7 @@ func (m *Matcher) Receive(ctx context.Context, contract *target.Contract, body [
 		m.log.Warn("evidence kept, its match failed; it is matched again", "target", contract.Name, "error", err)
 		return kept, true, nil
 	}
-	if now, err := m.cfg.Store.AllTenants().Evidence(ctx, kept.Target, kept.EventID); err == nil {
+	if now, err := m.cfg.Store.AllTenants().Evidence(ctx, kept.Key()); err == nil {
 		kept = now
 	}
 	return kept, true, nil
@@ -144,7 +144,7 @@ func (m *Matcher) match(ctx context.Context, contract *target.Contract, e store.
 		}
 		v := decide(contract, e, found, actor(e))
 		if v.later {
-			disposition, err := scope.MatchLater(ctx, e.Target, e.EventID, v.reason, v.detail)
+			disposition, err := scope.MatchLater(ctx, e.Key(), v.reason, v.detail)
 			if err == nil && disposition == store.EvidenceQuarantined {
 				m.quarantined(ctx, contract, e, v)
 			}
@@ -153,14 +153,14 @@ func (m *Matcher) match(ctx context.Context, contract *target.Contract, e store.
 			}
 			return err
 		}
-		s := store.EvidenceSettlement{Target: e.Target, EventID: e.EventID, From: store.EvidencePending,
+		s := store.EvidenceSettlement{EvidenceKey: e.Key(), From: store.EvidencePending,
 			To: v.disposition, Reason: v.reason, Detail: v.detail, Change: v.change}
 		if v.candidate != nil {
 			s.TenantID, s.ID = v.candidate.TenantID, v.candidate.ID
 		}
 		err = scope.SettleEvidence(ctx, s)
 		if errors.Is(err, store.ErrEvidenceChanged) {
-			if e, err = scope.Evidence(ctx, e.Target, e.EventID); err != nil || e.Disposition != store.EvidencePending {
+			if e, err = scope.Evidence(ctx, e.Key()); err != nil || e.Disposition != store.EvidencePending {
 				return err
 			}
 			continue
@@ -171,6 +171,7 @@ func (m *Matcher) match(ctx context.Context, contract *target.Contract, e store.
 		m.recorded(ctx, contract, e, v)
 		return nil
 	}
+	m.log.Info("evidence: its operation kept moving; it is matched again", "target", e.Target, "event_id", e.EventID)
 	return nil
 }
 
@@ -243,7 +244,7 @@ func (m *Matcher) runOnce(ctx context.Context) bool {
 			// The contract no longer reads this target's events: a person decides.
 			v := verdict{disposition: store.EvidenceQuarantined, reason: ReasonUnmatched,
 				detail: "the targets file no longer has target " + e.Target + " with evidence"}
-			err = m.cfg.Store.AllTenants().SettleEvidence(ctx, store.EvidenceSettlement{Target: e.Target, EventID: e.EventID,
+			err = m.cfg.Store.AllTenants().SettleEvidence(ctx, store.EvidenceSettlement{EvidenceKey: e.Key(),
 				From: store.EvidencePending, To: v.disposition, Reason: v.reason, Detail: v.detail})
 			if err == nil {
 				m.metrics.Decided(ctx, e.Target, v.disposition, v.reason)
@@ -252,7 +253,11 @@ func (m *Matcher) runOnce(ctx context.Context) bool {
 			err = m.match(ctx, contract, e)
 		}
 		if err != nil && ctx.Err() == nil {
-			m.log.Warn("evidence match failed; it is matched again", "target", e.Target, "error", err)
+			// Whatever failed, the event must not hold the queue: it waits its turn again.
+			m.log.Warn("evidence match failed; it is matched again in a minute", "target", e.Target, "event_id", e.EventID, "error", err)
+			if err := m.cfg.Store.AllTenants().PostponeEvidence(ctx, e.Key(), time.Minute); err != nil && ctx.Err() == nil {
+				m.log.Warn("evidence: postponing a failed match failed", "error", err)
+			}
 		}
 	}
 	return len(due) == matchBatch

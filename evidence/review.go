@@ -38,16 +38,16 @@ func (e *MismatchError) Error() string {
 // actor: the event becomes ATTACHED, with the reviewer and note, in the same statement
 // as its change to the operation. An event that still disagrees is a *MismatchError;
 // store.ErrEvidenceChanged means the event or the operation moved meanwhile.
-func (m *Matcher) Attach(ctx context.Context, targetName, eventID, tenantID string, id uuid.UUID, reviewer, note string) (store.InboundEvidence, error) {
+func (m *Matcher) Attach(ctx context.Context, k store.EvidenceKey, tenantID string, id uuid.UUID, reviewer, note string) (store.InboundEvidence, error) {
 	scope := m.cfg.Store.AllTenants()
-	e, err := scope.Evidence(ctx, targetName, eventID)
+	e, err := scope.Evidence(ctx, k)
 	if err != nil {
 		return store.InboundEvidence{}, err
 	}
 	if e.Disposition != store.EvidenceQuarantined {
 		return store.InboundEvidence{}, ErrNotQuarantined
 	}
-	contract, ok := m.cfg.Targets.ByName(targetName)
+	contract, ok := m.cfg.Targets.ByName(k.Target)
 	if !ok || contract.Evidence == nil {
 		return store.InboundEvidence{}, ErrUnknownTarget
 	}
@@ -68,26 +68,26 @@ func (m *Matcher) Attach(ctx context.Context, targetName, eventID, tenantID stri
 	if v.change != nil {
 		v.change.Observation.Summary += "; attached by " + reviewer + ": " + note
 	}
-	err = scope.SettleEvidence(ctx, store.EvidenceSettlement{Target: targetName, EventID: eventID,
+	err = scope.SettleEvidence(ctx, store.EvidenceSettlement{EvidenceKey: k,
 		From: store.EvidenceQuarantined, To: store.EvidenceAttached, TenantID: tenantID, ID: id,
 		Change: v.change, Reviewer: reviewer, Note: note})
 	if err != nil {
 		return store.InboundEvidence{}, err
 	}
-	m.log.Warn("quarantined evidence attached", "target", targetName, "event_id", eventID, "reviewer", reviewer,
-		"tenant", tenantID, "operation", id)
-	m.metrics.Decided(ctx, targetName, store.EvidenceAttached, "")
-	return scope.Evidence(ctx, targetName, eventID)
+	m.log.Warn("quarantined evidence attached", "target", k.Target, "event_id", k.EventID, "reporter", k.Reporter,
+		"reviewer", reviewer, "tenant", tenantID, "operation", id)
+	m.metrics.Decided(ctx, k.Target, store.EvidenceAttached, "")
+	return scope.Evidence(ctx, k)
 }
 
 // Dismiss closes a quarantined event without changing any operation, with the reviewer
 // and note.
-func (m *Matcher) Dismiss(ctx context.Context, targetName, eventID, reviewer, note string) (store.InboundEvidence, error) {
+func (m *Matcher) Dismiss(ctx context.Context, k store.EvidenceKey, reviewer, note string) (store.InboundEvidence, error) {
 	scope := m.cfg.Store.AllTenants()
-	err := scope.SettleEvidence(ctx, store.EvidenceSettlement{Target: targetName, EventID: eventID,
+	err := scope.SettleEvidence(ctx, store.EvidenceSettlement{EvidenceKey: k,
 		From: store.EvidenceQuarantined, To: store.EvidenceDismissed, Reviewer: reviewer, Note: note})
 	if errors.Is(err, store.ErrEvidenceChanged) {
-		if _, err := scope.Evidence(ctx, targetName, eventID); err != nil {
+		if _, err := scope.Evidence(ctx, k); err != nil {
 			return store.InboundEvidence{}, err
 		}
 		return store.InboundEvidence{}, ErrNotQuarantined
@@ -95,7 +95,7 @@ func (m *Matcher) Dismiss(ctx context.Context, targetName, eventID, reviewer, no
 	if err != nil {
 		return store.InboundEvidence{}, err
 	}
-	m.log.Warn("quarantined evidence dismissed", "target", targetName, "event_id", eventID, "reviewer", reviewer)
-	m.metrics.Decided(ctx, targetName, store.EvidenceDismissed, "")
-	return scope.Evidence(ctx, targetName, eventID)
+	m.log.Warn("quarantined evidence dismissed", "target", k.Target, "event_id", k.EventID, "reporter", k.Reporter, "reviewer", reviewer)
+	m.metrics.Decided(ctx, k.Target, store.EvidenceDismissed, "")
+	return scope.Evidence(ctx, k)
 }

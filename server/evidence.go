@@ -90,7 +90,7 @@ func (s *adminService) ReviewQuarantine(ctx context.Context, req *opbrokerv1.Rev
 		if perr != nil {
 			return nil, toStatus(ctx, s.log, perr)
 		}
-		reviewed, err = s.evidence.Attach(ctx, req.GetTarget(), req.GetEventId(), tenant, id, reviewer, req.GetNote())
+		reviewed, err = s.evidence.Attach(ctx, reviewKey(req), tenant, id, reviewer, req.GetNote())
 		if err == nil {
 			op, gerr := ledger(ctx, s.store).Get(ctx, tenant, id)
 			if gerr != nil {
@@ -99,7 +99,7 @@ func (s *adminService) ReviewQuarantine(ctx context.Context, req *opbrokerv1.Rev
 			resp.Operation = operationFor(ctx, s.targets, op)
 		}
 	} else {
-		reviewed, err = s.evidence.Dismiss(ctx, req.GetTarget(), req.GetEventId(), reviewer, req.GetNote())
+		reviewed, err = s.evidence.Dismiss(ctx, reviewKey(req), reviewer, req.GetNote())
 	}
 	if err != nil {
 		return nil, toStatus(ctx, s.log, reviewError(req, err))
@@ -108,6 +108,11 @@ func (s *adminService) ReviewQuarantine(ctx context.Context, req *opbrokerv1.Rev
 		"target", req.GetTarget(), "event_id", req.GetEventId(), "review", reviewed.Disposition)
 	resp.Event = quarantinedEvent(reviewed)
 	return resp, nil
+}
+
+// reviewKey is the event a review names.
+func reviewKey(req *opbrokerv1.ReviewQuarantineRequest) store.EvidenceKey {
+	return store.EvidenceKey{Target: req.GetTarget(), EventID: req.GetEventId(), Reporter: req.GetReporter()}
 }
 
 // reviewError turns the errors of a review into statuses; others pass to toStatus.

@@ -77,7 +77,7 @@ func (b *evidenceBundle) state(t *testing.T) opbrokerv1.Operation_State {
 }
 
 // quarantined reports an event that disagrees with the charge (another amount), which
-// is quarantined at once.
+// is quarantined at once. Its reporter is the dev principal, "dev".
 func (b *evidenceBundle) quarantined(t *testing.T, id string) {
 	t.Helper()
 	_, err := b.report("acme", chargeEvent(id, "charge.succeeded", b.key, 999))
@@ -133,6 +133,16 @@ func TestReportEvidence(t *testing.T) {
 	require.Equal(t, "svc", q.GetReporter())
 	require.Equal(t, "globex", q.GetClaimedTenant())
 	require.NotEmpty(t, q.GetBody())
+
+	// A reported event is named by its reporter too.
+	review := &opbrokerv1.ReviewQuarantineRequest{Target: "demo-payments", EventId: "evt_cross",
+		Action: opbrokerv1.ReviewQuarantineRequest_REVIEW_ACTION_DISMISS, Note: "misrouted by the reporter"}
+	_, err = b.admin.ReviewQuarantine(ops, review)
+	requireStatus(t, err, codes.NotFound, server.ReasonEvidenceNotFound)
+	review.Reporter = "svc"
+	resp, err := b.admin.ReviewQuarantine(ops, review)
+	require.NoError(t, err)
+	require.Equal(t, "DISMISSED", resp.GetEvent().GetReview())
 }
 
 // stripped drops the message's internal state for comparison.
@@ -163,7 +173,7 @@ func TestQuarantineReview(t *testing.T) {
 	requireStatus(t, err, codes.InvalidArgument, server.ReasonPageTokenMismatch)
 
 	_, err = b.admin.ReviewQuarantine(b.ctx, &opbrokerv1.ReviewQuarantineRequest{Target: "demo-payments", EventId: "evt_a",
-		Action: opbrokerv1.ReviewQuarantineRequest_REVIEW_ACTION_ATTACH, Operation: b.name, Note: "looks like ours"})
+		Action: opbrokerv1.ReviewQuarantineRequest_REVIEW_ACTION_ATTACH, Operation: b.name, Note: "looks like ours", Reporter: "dev"})
 	st := requireStatus(t, err, codes.FailedPrecondition, server.ReasonEvidenceDoesNotMatch)
 	require.Contains(t, st.Message(), "/data/object/request/amount")
 	require.Equal(t, opbrokerv1.Operation_STATE_UNKNOWN, b.state(t))
@@ -173,7 +183,7 @@ func TestQuarantineReview(t *testing.T) {
 	requireStatus(t, err, codes.InvalidArgument, server.ReasonFieldRequired)
 
 	resp, err := b.admin.ReviewQuarantine(b.ctx, &opbrokerv1.ReviewQuarantineRequest{Target: "demo-payments", EventId: "evt_b",
-		Action: opbrokerv1.ReviewQuarantineRequest_REVIEW_ACTION_DISMISS, Note: "the provider's test event"})
+		Action: opbrokerv1.ReviewQuarantineRequest_REVIEW_ACTION_DISMISS, Note: "the provider's test event", Reporter: "dev"})
 	require.NoError(t, err)
 	require.Equal(t, "DISMISSED", resp.GetEvent().GetReview())
 	require.Equal(t, "operator:dev", resp.GetEvent().GetReviewedBy())
@@ -190,7 +200,7 @@ func reviewReasons(t *testing.T, reason string) seen {
 	b := setupEvidence(t)
 	review := func(id string, action opbrokerv1.ReviewQuarantineRequest_ReviewAction) error {
 		_, err := b.admin.ReviewQuarantine(b.ctx, &opbrokerv1.ReviewQuarantineRequest{Target: "demo-payments", EventId: id,
-			Action: action, Operation: b.name, Note: "review"})
+			Action: action, Operation: b.name, Note: "review", Reporter: "dev"})
 		return err
 	}
 	switch reason {

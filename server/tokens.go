@@ -122,9 +122,10 @@ func decodeEscalationToken(req *opbrokerv1.ListEscalationsRequest) (*store.Escal
 // quarantineToken continues the quarantine after an event.
 type quarantineToken struct {
 	tokenScope
-	At      time.Time `json:"at"`
-	Target  string    `json:"tg"`
-	EventID string    `json:"e"`
+	At       time.Time `json:"at"`
+	Target   string    `json:"tg"`
+	EventID  string    `json:"e"`
+	Reporter string    `json:"r,omitempty"`
 }
 
 func (t *quarantineToken) valid() bool { return !t.At.IsZero() && t.Target != "" && t.EventID != "" }
@@ -135,7 +136,8 @@ func quarantineScope(req *opbrokerv1.ListQuarantineRequest) tokenScope {
 }
 
 func encodeQuarantineToken(req *opbrokerv1.ListQuarantineRequest, last store.InboundEvidence) string {
-	return encodeToken(quarantineToken{tokenScope: quarantineScope(req), At: last.ReceivedAt, Target: last.Target, EventID: last.EventID})
+	return encodeToken(quarantineToken{tokenScope: quarantineScope(req), At: last.ReceivedAt, Target: last.Target,
+		EventID: last.EventID, Reporter: last.Reporter})
 }
 
 // decodeQuarantineToken sets where the quarantine continues in p.
@@ -147,7 +149,7 @@ func decodeQuarantineToken(req *opbrokerv1.ListQuarantineRequest, p *store.Quara
 	if err := decodeToken("page_token", req.GetPageToken(), quarantineScope(req), &tok); err != nil {
 		return err
 	}
-	p.AfterReceived, p.AfterTarget, p.AfterEventID = tok.At, tok.Target, tok.EventID
+	p.AfterReceived, p.AfterKey = tok.At, store.EvidenceKey{Target: tok.Target, EventID: tok.EventID, Reporter: tok.Reporter}
 	return nil
 }
 

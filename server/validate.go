@@ -114,6 +114,7 @@ var ruleWords = map[ruleKey]ruleText{
 	{"operation", "string.pattern"}: {nameWords, ReasonFieldInvalid},
 	{"note", "string.min_len"}:      {"must say why, in a few words", ReasonFieldInvalid},
 	{"note", "string.max_len"}:      {"must be at most 1000 characters", ReasonFieldInvalid},
+	{"reporter", "string.max_len"}:  {"must be a principal's name, at most 63 characters", ReasonFieldInvalid},
 
 	{"page_size", "int32.gte"}:            {"must be 0 (meaning 50) or more; more than 1000 means 1000", ReasonFieldInvalid},
 	{"start_after_revision", "int64.gte"}: {"must be 0 (to start with the current state) or the last revision the client saw", ReasonFieldInvalid},

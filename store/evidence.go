@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -25,6 +26,14 @@ const (
 	SourceWebhook  = "WEBHOOK"
 	SourceReported = "REPORTED"
 )
+
+// EvidenceKey names one kept event: a webhook's by its target and id, a reported one
+// by its reporter too (each sender's ids are its own).
+type EvidenceKey struct {
+	Target   string
+	EventID  string
+	Reporter string // "" for a webhook
+}
 
 // InboundEvidence is an event a target reported about one of its effects, verified, as
 // the ledger keeps it: never the payload, and the event's body only until its purge.
@@ -57,7 +66,12 @@ type InboundEvidence struct {
 	ReviewNote  string
 }
 
-const evidenceColumns = `target, event_id, source, coalesce(reporter, ''), coalesce(claimed_tenant, ''), event_type,
+// Key returns the event's key.
+func (e InboundEvidence) Key() EvidenceKey {
+	return EvidenceKey{Target: e.Target, EventID: e.EventID, Reporter: e.Reporter}
+}
+
+const evidenceColumns = `target, event_id, source, reporter, coalesce(claimed_tenant, ''), event_type,
 	meaning, reference, reference_kind, coalesce(remote_ref, ''), body, received_at, attempts, disposition,
 	coalesce(reason, ''), coalesce(detail, ''), coalesce(tenant_id, ''), coalesce(operation_id, '00000000-0000-0000-0000-000000000000'),
 	coalesce(reviewed_by, ''), reviewed_at, coalesce(review_note, '')`
@@ -72,12 +86,12 @@ func scanEvidence(row pgx.CollectableRow) (InboundEvidence, error) {
 
 // ReceiveEvidence keeps a verified event, PENDING its match, with its body until
 // bodyRetention and matched again while its reference finds nothing until matchFor, both
-// from now by the database's clock. An event whose id the target already reported adds
-// nothing: the row kept is returned, with fresh false.
+// from now by the database's clock. An event its sender already delivered (the same key)
+// adds nothing: the row kept is returned, with fresh false.
 func (q Scope) ReceiveEvidence(ctx context.Context, e InboundEvidence, bodyRetention, matchFor time.Duration) (InboundEvidence, bool, error) {
-	var reporter, claimed, ref *string
+	var claimed, ref *string
 	if e.Reporter != "" {
-		reporter, claimed = &e.Reporter, &e.ClaimedTenant
+		claimed = &e.ClaimedTenant
 	}
 	if e.RemoteRef != "" {
 		ref = &e.RemoteRef
@@ -87,16 +101,16 @@ func (q Scope) ReceiveEvidence(ctx context.Context, e InboundEvidence, bodyReten
 			INSERT INTO inbound_evidence (target, event_id, source, reporter, claimed_tenant, event_type, meaning,
 				reference, reference_kind, remote_ref, body, body_purge_at, match_until)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now() + $12::interval, now() + $13::interval)
-			ON CONFLICT (target, event_id) DO NOTHING
+			ON CONFLICT (target, event_id, reporter) DO NOTHING
 			RETURNING *
 		)
 		SELECT `+evidenceColumns+` FROM ins`,
-		e.Target, e.EventID, e.Source, reporter, claimed, e.EventType, e.Meaning,
+		e.Target, e.EventID, e.Source, e.Reporter, claimed, e.EventType, e.Meaning,
 		e.Reference, e.ReferenceKind, ref, e.Body, bodyRetention, matchFor)
 	kept, err := pgx.CollectExactlyOneRow(rows, scanEvidence)
 	if err = translate(err); errors.Is(err, ErrNotFound) {
 		// Kept before (ON CONFLICT DO NOTHING returns no row): the row kept answers.
-		kept, err = q.Evidence(ctx, e.Target, e.EventID)
+		kept, err = q.Evidence(ctx, e.Key())
 		return kept, false, err
 	} else if err != nil {
 		return InboundEvidence{}, false, fmt.Errorf("store: receive evidence: %w", err)
@@ -104,12 +118,13 @@ func (q Scope) ReceiveEvidence(ctx context.Context, e InboundEvidence, bodyReten
 	return kept, true, nil
 }
 
-// ErrEvidenceNotFound means no event has that id in that target.
+// ErrEvidenceNotFound means no event has that key.
 var ErrEvidenceNotFound = errors.New("evidence not found")
 
 // Evidence returns one event.
-func (q Scope) Evidence(ctx context.Context, target, eventID string) (InboundEvidence, error) {
-	rows := q.query(ctx, `SELECT `+evidenceColumns+` FROM inbound_evidence WHERE target = $1 AND event_id = $2`, target, eventID)
+func (q Scope) Evidence(ctx context.Context, k EvidenceKey) (InboundEvidence, error) {
+	rows := q.query(ctx, `SELECT `+evidenceColumns+` FROM inbound_evidence WHERE target = $1 AND event_id = $2 AND reporter = $3`,
+		k.Target, k.EventID, k.Reporter)
 	e, err := pgx.CollectExactlyOneRow(rows, scanEvidence)
 	if err = translate(err); errors.Is(err, ErrNotFound) {
 		return InboundEvidence{}, ErrEvidenceNotFound
@@ -179,8 +194,7 @@ func scanCandidate(row pgx.CollectableRow) (Candidate, error) {
 // EvidenceSettlement decides an event: its new disposition and, when it changes its
 // operation, the change.
 type EvidenceSettlement struct {
-	Target  string
-	EventID string
+	EvidenceKey
 	// From is the disposition the event must still have (PENDING for the matcher,
 	// QUARANTINED for a review): otherwise nothing is recorded.
 	From string
@@ -250,8 +264,8 @@ func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 	var settled, changed bool
 	err := q.queryRow(ctx, `
 		WITH row0 AS (
-			SELECT target, event_id FROM inbound_evidence
-			WHERE target = $1 AND event_id = $2 AND disposition = $3
+			SELECT target, event_id, reporter FROM inbound_evidence
+			WHERE target = $1 AND event_id = $2 AND reporter = $19 AND disposition = $3
 			FOR UPDATE
 		), upd AS (
 			UPDATE operations o SET state = $9, revision = o.revision + 1,
@@ -272,13 +286,13 @@ func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 				tenant_id = coalesce($5, i.tenant_id), operation_id = coalesce($6, i.operation_id),
 				decided_at = coalesce(i.decided_at, now()), reviewed_by = $17,
 				reviewed_at = CASE WHEN $17::text IS NULL THEN NULL ELSE now() END, review_note = $18
-			FROM row0 WHERE i.target = row0.target AND i.event_id = row0.event_id
+			FROM row0 WHERE i.target = row0.target AND i.event_id = row0.event_id AND i.reporter = row0.reporter
 				AND ($7::bigint IS NULL OR EXISTS (SELECT 1 FROM upd))
 			RETURNING 1
 		)
 		SELECT EXISTS (SELECT 1 FROM mark), EXISTS (SELECT 1 FROM upd)`,
 		s.Target, s.EventID, s.From, s.To, tenant, id, revision, from, to, ref, accepted, obs, actor, reason,
-		nullable(s.Reason), nullable(s.Detail), nullable(s.Reviewer), nullable(s.Note)).Scan(&settled, &changed)
+		nullable(s.Reason), nullable(clip(s.Detail)), nullable(s.Reviewer), nullable(s.Note), s.Reporter).Scan(&settled, &changed)
 	if err != nil {
 		return fmt.Errorf("store: settle evidence: %w", translate(err))
 	}
@@ -294,7 +308,7 @@ func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 // MatchLater records that a PENDING event's reference found no operation: it is matched
 // again after a wait that doubles up to a minute, until its match window closes, when
 // it is quarantined with reason and detail. It returns the event's disposition.
-func (q Scope) MatchLater(ctx context.Context, target, eventID, reason, detail string) (string, error) {
+func (q Scope) MatchLater(ctx context.Context, k EvidenceKey, reason, detail string) (string, error) {
 	var disposition string
 	err := q.queryRow(ctx, `
 		UPDATE inbound_evidence SET attempts = attempts + 1,
@@ -304,8 +318,8 @@ func (q Scope) MatchLater(ctx context.Context, target, eventID, reason, detail s
 			decided_at = CASE WHEN now() >= match_until THEN now() END,
 			next_match_at = least(now() + least(interval '1 second' * power(2, least(attempts, 6)), interval '1 minute'),
 				greatest(match_until, now()))
-		WHERE target = $1 AND event_id = $2 AND disposition = 'PENDING'
-		RETURNING disposition`, target, eventID, reason, detail).Scan(&disposition)
+		WHERE target = $1 AND event_id = $2 AND reporter = $5 AND disposition = 'PENDING'
+		RETURNING disposition`, k.Target, k.EventID, reason, clip(detail), k.Reporter).Scan(&disposition)
 	if err = translate(err); errors.Is(err, ErrNotFound) {
 		return "", ErrEvidenceChanged
 	} else if err != nil {
@@ -319,8 +333,7 @@ type QuarantineParams struct {
 	Target string // "" for every target
 	// After continues after the last event of the previous page.
 	AfterReceived time.Time
-	AfterTarget   string
-	AfterEventID  string
+	AfterKey      EvidenceKey
 	Limit         int
 }
 
@@ -328,9 +341,9 @@ type QuarantineParams struct {
 func (q Scope) Quarantine(ctx context.Context, p QuarantineParams) ([]InboundEvidence, bool, error) {
 	rows := q.query(ctx, `SELECT `+evidenceColumns+` FROM inbound_evidence
 		WHERE disposition = 'QUARANTINED' AND ($1 = '' OR target = $1)
-			AND (received_at, target, event_id) > ($2, $3, $4)
-		ORDER BY received_at, target, event_id LIMIT $5`,
-		p.Target, p.AfterReceived, p.AfterTarget, p.AfterEventID, p.Limit+1)
+			AND (received_at, target, event_id, reporter) > ($2, $3, $4, $5)
+		ORDER BY received_at, target, event_id, reporter LIMIT $6`,
+		p.Target, p.AfterReceived, p.AfterKey.Target, p.AfterKey.EventID, p.AfterKey.Reporter, p.Limit+1)
 	page, err := pgx.CollectRows(rows, scanEvidence)
 	if err != nil {
 		return nil, false, fmt.Errorf("store: quarantine: %w", translate(err))
@@ -351,4 +364,32 @@ func (q Scope) PurgeEvidenceBodies(ctx context.Context, limit int) (int64, error
 		return 0, fmt.Errorf("store: purge evidence bodies: %w", translate(err))
 	}
 	return tag.RowsAffected(), nil
+}
+
+// maxDetail is the most a quarantined event's detail holds (the column's check).
+const maxDetail = 1024
+
+// clip shortens a detail to maxDetail bytes without splitting a character: a detail
+// quotes values the event controls, which must never keep its decision from being
+// recorded.
+func clip(detail string) string {
+	if len(detail) <= maxDetail {
+		return detail
+	}
+	cut := maxDetail - len("…")
+	for cut > 0 && !utf8.RuneStart(detail[cut]) {
+		cut--
+	}
+	return detail[:cut] + "…"
+}
+
+// PostponeEvidence puts off the next match of a PENDING event by d, for an event whose
+// decision could not be recorded: it must not hold the matchers' queue.
+func (q Scope) PostponeEvidence(ctx context.Context, k EvidenceKey, d time.Duration) error {
+	_, err := q.exec(ctx, `UPDATE inbound_evidence SET next_match_at = now() + $4::interval
+		WHERE target = $1 AND event_id = $2 AND reporter = $3 AND disposition = 'PENDING'`, k.Target, k.EventID, k.Reporter, d)
+	if err != nil {
+		return fmt.Errorf("store: postpone evidence: %w", translate(err))
+	}
+	return nil
 }

@@ -354,7 +354,7 @@ func evidenceWorkload(t *testing.T, all store.Scope, claimed []store.Claimed) {
 		require.Len(t, found, 1)
 		_, err = all.EvidenceCandidates(ctx, types, "remote_ref", fmt.Sprintf("ch_%d", 1+i))
 		require.NoError(t, err)
-		s := store.EvidenceSettlement{Target: e.Target, EventID: e.EventID, From: store.EvidencePending,
+		s := store.EvidenceSettlement{EvidenceKey: e.Key(), From: store.EvidencePending,
 			To: store.EvidenceQuarantined, Reason: "PAYLOAD_MISMATCH", Detail: "test", TenantID: c.TenantID, ID: c.ID}
 		if i%2 == 0 {
 			op := found[0].Operation
@@ -374,7 +374,7 @@ func evidenceWorkload(t *testing.T, all store.Scope, claimed []store.Claimed) {
 	require.NoError(t, err)
 	_, err = all.DueEvidence(ctx, 64)
 	require.NoError(t, err)
-	_, err = all.MatchLater(ctx, "demo-payments", "evt_unmatched", "UNMATCHED", "none")
+	_, err = all.MatchLater(ctx, store.EvidenceKey{Target: "demo-payments", EventID: "evt_unmatched"}, "UNMATCHED", "none")
 	require.NoError(t, err)
 	_, _, err = all.Quarantine(ctx, store.QuarantineParams{Limit: 50})
 	require.NoError(t, err)

@@ -18,6 +18,10 @@ type UnknownClaim struct {
 	// (a claim into IN_FLIGHT) whose outcome was not recorded as provably never sent
 	// (OutcomeParams.NotSent), by its holder or, later, by a stale worker.
 	MayHaveExecuted bool
+	// AcceptedUnfinished (of Claimed.Operation) also holds when the target reported, by an
+	// event matched to the operation, that it accepted the request and has not finished
+	// it, even while the operation was IN_FLIGHT.
+	//
 	// SinceLastSend is how long ago, by the database's clock, the broker stopped waiting
 	// for the operation's last send: its outcome was recorded (by the holder of its
 	// fence or, later, by a stale one) or its lease expired. A lookup cannot see a write
@@ -57,14 +61,17 @@ func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClai
 				(SELECT max(e.created_at) FROM operation_events e
 				 WHERE e.tenant_id = claimed.tenant_id AND e.operation_id = claimed.operation_id AND e.from_state = 'IN_FLIGHT'),
 				(SELECT max(s.recorded_at) FROM stale_outcomes s
-				 WHERE s.tenant_id = claimed.tenant_id AND s.operation_id = claimed.operation_id))`)+`, 0)
+				 WHERE s.tenant_id = claimed.tenant_id AND s.operation_id = claimed.operation_id))`)+`, 0),
+			`+acceptedByEvidence("claimed.tenant_id", "claimed.operation_id")+`
 		FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease)
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (UnknownClaim, error) {
 		var c UnknownClaim
 		var sinceLast int64
-		err := scanClaimedInto(row, &c.Claimed, &c.MayHaveExecuted, &sinceLast)
+		var accepted bool
+		err := scanClaimedInto(row, &c.Claimed, &c.MayHaveExecuted, &sinceLast, &accepted)
 		c.SinceLastSend = duration(sinceLast)
+		c.AcceptedUnfinished = c.AcceptedUnfinished || accepted
 		return c, err
 	})
 	if err != nil {
@@ -156,8 +163,10 @@ type BeginReplayParams struct {
 }
 
 // BeginReplay moves an UNKNOWN operation to IN_FLIGHT for a same-key replay: fence + 1,
-// attempt + 1 and an event, only under the caller's fence. The returned claim is sent
-// and recorded like a dispatcher's.
+// attempt + 1 and an event, only under the caller's fence, and never once the target
+// said it accepted the request without finishing it (accepted_unfinished, or a matched
+// event saying so, which may have come after the caller decided). The returned claim is
+// sent and recorded like a dispatcher's.
 func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
 	rows := q.query(ctx, `
 		WITH upd AS (
@@ -165,6 +174,7 @@ func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, e
 				attempt_count = attempt_count + 1, replays = replays + 1, next_check_at = NULL,
 				lease_owner = $4, lease_expires_at = now() + $5::interval, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
+				AND NOT accepted_unfinished AND NOT `+acceptedByEvidence("$1", "$2")+`
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "'reconciler:' || $4", "'SAME_KEY_REPLAY'", "NULL")+`)
 		SELECT `+claimedColumns+` FROM upd`,
@@ -207,4 +217,12 @@ func (q Scope) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) 
 		return "", false, fmt.Errorf("store: stale success: %w", err)
 	}
 	return ref, true, nil
+}
+
+// acceptedByEvidence is the SQL condition that an event matched to the operation
+// (tenant and id, SQL expressions of this package) said the target accepted its request
+// without finishing it.
+func acceptedByEvidence(tenant, id string) string {
+	return `EXISTS (SELECT 1 FROM inbound_evidence i WHERE i.tenant_id = ` + tenant + ` AND i.operation_id = ` + id + `
+		AND i.meaning = 'PENDING' AND i.disposition IN ('APPLIED', 'OBSERVED', 'ATTACHED'))`
 }

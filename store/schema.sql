@@ -170,7 +170,7 @@ CREATE TABLE opbroker.inbound_evidence (
     target text NOT NULL,
     event_id text NOT NULL,
     source text NOT NULL,
-    reporter text,
+    reporter text DEFAULT ''::text NOT NULL,
     claimed_tenant text,
     event_type text NOT NULL,
     meaning text NOT NULL,
@@ -206,7 +206,7 @@ END),
     CONSTRAINT inbound_evidence_operation CHECK (((tenant_id IS NULL) = (operation_id IS NULL))),
     CONSTRAINT inbound_evidence_reference_kind CHECK ((reference_kind = ANY (ARRAY['remote_key'::text, 'remote_ref'::text]))),
     CONSTRAINT inbound_evidence_sizes CHECK ((((octet_length(event_id) >= 1) AND (octet_length(event_id) <= 256)) AND (octet_length(event_type) <= 256) AND ((octet_length(reference) >= 1) AND (octet_length(reference) <= 512)) AND (COALESCE(octet_length(remote_ref), 0) <= 512) AND (COALESCE(octet_length(detail), 0) <= 1024))),
-    CONSTRAINT inbound_evidence_source CHECK (((source = ANY (ARRAY['WEBHOOK'::text, 'REPORTED'::text])) AND ((source = 'REPORTED'::text) = ((reporter IS NOT NULL) AND (claimed_tenant IS NOT NULL)))))
+    CONSTRAINT inbound_evidence_source CHECK (((source = ANY (ARRAY['WEBHOOK'::text, 'REPORTED'::text])) AND ((source = 'REPORTED'::text) = (reporter <> ''::text)) AND ((source = 'REPORTED'::text) = (claimed_tenant IS NOT NULL))))
 );
 
 ALTER TABLE ONLY opbroker.inbound_evidence FORCE ROW LEVEL SECURITY;
@@ -363,7 +363,7 @@ ALTER TABLE ONLY opbroker.stale_outcomes FORCE ROW LEVEL SECURITY;
 --
 
 ALTER TABLE ONLY opbroker.inbound_evidence
-    ADD CONSTRAINT inbound_evidence_pkey PRIMARY KEY (target, event_id);
+    ADD CONSTRAINT inbound_evidence_pkey PRIMARY KEY (target, event_id, reporter);
 
 --
 -- Name: operation_events operation_events_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
@@ -422,7 +422,7 @@ CREATE INDEX inbound_evidence_purge_idx ON opbroker.inbound_evidence USING btree
 -- Name: inbound_evidence_quarantine_idx; Type: INDEX; Schema: opbroker; Owner: -
 --
 
-CREATE INDEX inbound_evidence_quarantine_idx ON opbroker.inbound_evidence USING btree (received_at, target, event_id) WHERE (disposition = 'QUARANTINED'::text);
+CREATE INDEX inbound_evidence_quarantine_idx ON opbroker.inbound_evidence USING btree (received_at, target, event_id, reporter) WHERE (disposition = 'QUARANTINED'::text);
 
 --
 -- Name: operation_events_feed_idx; Type: INDEX; Schema: opbroker; Owner: -

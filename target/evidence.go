@@ -179,6 +179,8 @@ func (e *Evidence) Read(body []byte) (Event, error) {
 			return Event{}, fmt.Errorf("%w: no %s at %s", ErrMalformedEvent, f.name, f.pointer)
 		case len(v) > f.max:
 			return Event{}, fmt.Errorf("%w: %s is longer than %d bytes", ErrMalformedEvent, f.name, f.max)
+		case strings.ContainsFunc(v, isControl):
+			return Event{}, fmt.Errorf("%w: %s holds a control character", ErrMalformedEvent, f.name)
 		}
 		*f.dest = v
 	}
@@ -193,7 +195,7 @@ func (e *Evidence) Read(body []byte) (Event, error) {
 	if e.ReferenceKind == ReferenceRemoteRef {
 		ev.RemoteRef = ev.Reference
 	} else if e.RemoteRef != "" {
-		if ref, ok := jsonPointerString(body, e.RemoteRef); ok && len(ref) <= maxReference {
+		if ref, ok := jsonPointerString(body, e.RemoteRef); ok && len(ref) <= maxReference && !strings.ContainsFunc(ref, isControl) {
 			ev.RemoteRef = ref
 		}
 	}

@@ -121,7 +121,8 @@ func TestEvidenceRead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, target.Meaning(""), ev.Meaning)
 	for _, body := range []string{`not json`, `{"type":"charge.succeeded","data":{"object":{"reference":"k"}}}`,
-		`{"id":"e","type":"charge.succeeded","data":{}}`, `{"id":"` + strings.Repeat("x", 300) + `","type":"t","data":{"object":{"reference":"k"}}}`} {
+		`{"id":"e","type":"charge.succeeded","data":{}}`, `{"id":"` + strings.Repeat("x", 300) + `","type":"t","data":{"object":{"reference":"k"}}}`,
+		`{"id":"evt\u0000","type":"charge.succeeded","data":{"object":{"reference":"k"}}}`} {
 		_, err := e.Read([]byte(body))
 		require.ErrorIs(t, err, target.ErrMalformedEvent, body)
 	}

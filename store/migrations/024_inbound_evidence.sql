@@ -1,8 +1,9 @@
 -- Evidence from outside: the events a target reports about its effects, by signed
 -- webhook or through an internal service (EvidenceService.ReportEvidence). Every event
 -- that passed its verification is kept here before its sender is answered, once per
--- event id within its target (a repeated delivery adds nothing), and then matched to
--- exactly one operation by its reference:
+-- event id within its target and its sender (a repeated delivery adds nothing; a
+-- webhook and each reporter have ids of their own, so that no sender's event can stand
+-- in for another's), and then matched to exactly one operation by its reference:
 --
 -- * PENDING: received, not matched yet (next at next_match_at). A reference that names
 --   no operation is matched again until match_until (the event may have come before its operation's send was
@@ -20,7 +21,7 @@ CREATE TABLE inbound_evidence (
   target         text        NOT NULL,
   event_id       text        NOT NULL,
   source         text        NOT NULL,
-  reporter       text,
+  reporter       text        NOT NULL DEFAULT '',
   claimed_tenant text,
   event_type     text        NOT NULL,
   meaning        text        NOT NULL,
@@ -42,12 +43,12 @@ CREATE TABLE inbound_evidence (
   reviewed_by    text,
   reviewed_at    timestamptz,
   review_note    text,
-  PRIMARY KEY (target, event_id),
+  PRIMARY KEY (target, event_id, reporter),
   CONSTRAINT inbound_evidence_sizes CHECK (octet_length(event_id) BETWEEN 1 AND 256
     AND octet_length(event_type) <= 256 AND octet_length(reference) BETWEEN 1 AND 512
     AND coalesce(octet_length(remote_ref), 0) <= 512 AND coalesce(octet_length(detail), 0) <= 1024),
   CONSTRAINT inbound_evidence_source CHECK (source IN ('WEBHOOK', 'REPORTED')
-    AND (source = 'REPORTED') = (reporter IS NOT NULL AND claimed_tenant IS NOT NULL)),
+    AND (source = 'REPORTED') = (reporter <> '') AND (source = 'REPORTED') = (claimed_tenant IS NOT NULL)),
   CONSTRAINT inbound_evidence_meaning CHECK (meaning IN ('SUCCEEDED', 'PENDING', 'FAILED')),
   CONSTRAINT inbound_evidence_reference_kind CHECK (reference_kind IN ('remote_key', 'remote_ref')),
   CONSTRAINT inbound_evidence_disposition CHECK (CASE disposition
@@ -63,7 +64,7 @@ CREATE TABLE inbound_evidence (
 
 -- The matcher's queue, the quarantine's list and the body purge.
 CREATE INDEX inbound_evidence_pending_idx ON inbound_evidence (next_match_at) WHERE disposition = 'PENDING';
-CREATE INDEX inbound_evidence_quarantine_idx ON inbound_evidence (received_at, target, event_id)
+CREATE INDEX inbound_evidence_quarantine_idx ON inbound_evidence (received_at, target, event_id, reporter)
   WHERE disposition = 'QUARANTINED';
 CREATE INDEX inbound_evidence_purge_idx ON inbound_evidence (body_purge_at) WHERE body IS NOT NULL;
 CREATE INDEX inbound_evidence_operation_idx ON inbound_evidence (tenant_id, operation_id)

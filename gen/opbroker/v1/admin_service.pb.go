@@ -1233,7 +1233,10 @@ type ReviewQuarantineRequest struct {
 	// tenants/{tenant}/operations/{operation}.
 	Operation string `protobuf:"bytes,4,opt,name=operation,proto3" json:"operation,omitempty"`
 	// Why, in the operator's words.
-	Note          string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	Note string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	// For a reported event: its reporter (QuarantinedEvent.reporter); empty for a
+	// webhook's. Each sender's event ids are its own.
+	Reporter      string `protobuf:"bytes,6,opt,name=reporter,proto3" json:"reporter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1299,6 +1302,13 @@ func (x *ReviewQuarantineRequest) GetOperation() string {
 func (x *ReviewQuarantineRequest) GetNote() string {
 	if x != nil {
 		return x.Note
+	}
+	return ""
+}
+
+func (x *ReviewQuarantineRequest) GetReporter() string {
+	if x != nil {
+		return x.Reporter
 	}
 	return ""
 }
@@ -1852,13 +1862,15 @@ const file_opbroker_v1_admin_service_proto_rawDesc = "" +
 	"\vreview_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reviewTime\x12\x1f\n" +
 	"\vreview_note\x18\x11 \x01(\tR\n" +
-	"reviewNote\"\xe9\x03\n" +
+	"reviewNote\"\x91\x04\n" +
 	"\x17ReviewQuarantineRequest\x12$\n" +
 	"\x06target\x18\x01 \x01(\tB\f\xe0A\x02\xbaH\x06r\x04\x10\x01\x18?R\x06target\x12(\n" +
 	"\bevent_id\x18\x02 \x01(\tB\r\xe0A\x02\xbaH\ar\x05\x10\x01\x18\x80\x02R\aeventId\x12X\n" +
 	"\x06action\x18\x03 \x01(\x0e21.opbroker.v1.ReviewQuarantineRequest.ReviewActionB\r\xe0A\x02\xbaH\a\x82\x01\x04\x10\x01 \x00R\x06action\x12\x9c\x01\n" +
 	"\toperation\x18\x04 \x01(\tB~\xe0A\x01\xbaHx\xd8\x01\x01rs2q^tenants/[a-z]([a-z0-9-]{0,61}[a-z0-9])?/operations/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$R\toperation\x12!\n" +
-	"\x04note\x18\x05 \x01(\tB\r\xe0A\x02\xbaH\ar\x05\x10\x01\x18\xe8\aR\x04note\"b\n" +
+	"\x04note\x18\x05 \x01(\tB\r\xe0A\x02\xbaH\ar\x05\x10\x01\x18\xe8\aR\x04note\x12&\n" +
+	"\breporter\x18\x06 \x01(\tB\n" +
+	"\xe0A\x01\xbaH\x04r\x02\x18?R\breporter\"b\n" +
 	"\fReviewAction\x12\x1d\n" +
 	"\x19REVIEW_ACTION_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14REVIEW_ACTION_ATTACH\x10\x01\x12\x19\n" +
