@@ -129,7 +129,9 @@ func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i i
 		h.add(repeat)
 		_ = c.prepare(ctx, rng, h, repeat)
 	}
-	if rng.IntN(20) == 0 { // an amendment of the acknowledged operation
+	// An amendment of the acknowledged operation; the first round's ninth intent always
+	// has one, so that a short run has one too.
+	if rng.IntN(20) == 0 || i == len(simtarget.WebhookFaults)+1 {
 		amend := &intent{req: cloneRequest(in.req)}
 		amend.req.IntentRef += "-amend"
 		amend.req.Supersedes = name
