@@ -70,6 +70,25 @@ const (
 // not say.
 const DefaultMatchFor = 10 * time.Minute
 
+// String says in a line how the target's events arrive and are matched, for
+// opbroker targets check.
+func (e *Evidence) String() string {
+	how := "reported by internal services only (no webhook)"
+	if w := e.Webhook; w != nil {
+		how = fmt.Sprintf("webhook at %s, signed (%s, secret in %s)", w.Path, w.Signature.Scheme, w.Signature.Secret)
+	}
+	by := "the target's reference"
+	if e.ReferenceKind == ReferenceRemoteKey {
+		by = "the broker's key"
+	}
+	tenant := ""
+	if e.Tenant != nil {
+		tenant = ", its account at " + e.Tenant.Remote
+	}
+	return fmt.Sprintf("%s; matched by %s at %s%s, then %d field(s) of the approved payload; an unmatched event is matched again for %s",
+		how, by, e.Reference, tenant, len(e.Match), e.MatchWindow())
+}
+
 // MatchWindow returns how long an unmatched event is matched again.
 func (e *Evidence) MatchWindow() time.Duration {
 	if e.MatchFor <= 0 {

@@ -128,6 +128,16 @@ func TestEvidenceRead(t *testing.T) {
 	}
 }
 
+// TestEvidenceSaysHowEventsArrive: targets check's line about a target's events.
+func TestEvidenceSaysHowEventsArrive(t *testing.T) {
+	t.Parallel()
+	c := webhookContract(t, target.Signature{Scheme: target.SignatureStripe, Secret: target.Secret{Env: "S"}, Documented: "x"})
+	c.Evidence.Tenant = &target.FieldMatch{Remote: "/data/object/account", Payload: "/account"}
+	require.Equal(t, "webhook at /charges, signed (stripe, secret in environment variable S); matched by the broker's key at "+
+		"/data/object/reference, its account at /data/object/account, then 0 field(s) of the approved payload; an unmatched event is matched again for 10m0s",
+		c.Evidence.String())
+}
+
 // TestEvidenceValidation: a contract's evidence section is checked field by field.
 func TestEvidenceValidation(t *testing.T) {
 	t.Parallel()

@@ -32,6 +32,9 @@ func targetsCommand() *cli.Command {
 				failed := 0
 				for _, c := range file.Targets {
 					fmt.Fprintf(out, "target %s (%v)\n  capabilities: %s\n", c.Name, c.OperationTypes, c.Capabilities())
+					if e := c.Evidence; e != nil {
+						fmt.Fprintf(out, "  events: %s\n", e)
+					}
 					// A credential is said to be present, missing or unreadable, never shown;
 					// one that is not present fails control 1.
 					for _, cred := range c.Credentials() {
