@@ -157,6 +157,9 @@ func (m *Matcher) match(ctx context.Context, contract *target.Contract, e store.
 			To: v.disposition, Reason: v.reason, Detail: v.detail, Change: v.change}
 		if v.candidate != nil {
 			s.TenantID, s.ID = v.candidate.TenantID, v.candidate.ID
+			if v.disposition == store.EvidenceObserved {
+				s.Revision = v.candidate.Revision // what it observed must still hold
+			}
 		}
 		err = scope.SettleEvidence(ctx, s)
 		if errors.Is(err, store.ErrEvidenceChanged) {

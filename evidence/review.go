@@ -70,7 +70,7 @@ func (m *Matcher) Attach(ctx context.Context, k store.EvidenceKey, tenantID stri
 	}
 	err = scope.SettleEvidence(ctx, store.EvidenceSettlement{EvidenceKey: k,
 		From: store.EvidenceQuarantined, To: store.EvidenceAttached, TenantID: tenantID, ID: id,
-		Change: v.change, Reviewer: reviewer, Note: note})
+		Change: v.change, Revision: c.Revision, Reviewer: reviewer, Note: note})
 	if err != nil {
 		return store.InboundEvidence{}, err
 	}

@@ -293,7 +293,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 	}
 	switch {
 	case errors.Is(err, store.ErrFenceLost):
-		log.Warn("fence lost; another actor moved the operation on")
+		log.Warn("fence lost; another actor moved the operation on (or, for a replay, the target said meanwhile that it accepted the request)")
 	case err != nil:
 		log.Error("decision not applied; the claim's lease will expire and it is decided again", "error", err)
 	default:

@@ -118,6 +118,9 @@ func reviewKey(req *opbrokerv1.ReviewQuarantineRequest) store.EvidenceKey {
 // reviewError turns the errors of a review into statuses; others pass to toStatus.
 func reviewError(req *opbrokerv1.ReviewQuarantineRequest, err error) error {
 	subject := req.GetTarget() + "/" + req.GetEventId()
+	if req.GetReporter() != "" {
+		subject += " reported by " + req.GetReporter()
+	}
 	precondition := func(reason, desc string) error {
 		return newStatus(codes.FailedPrecondition, desc, reason, map[string]string{"target": req.GetTarget(), "eventId": req.GetEventId()},
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
@@ -134,8 +137,8 @@ func reviewError(req *opbrokerv1.ReviewQuarantineRequest, err error) error {
 	case errors.Is(err, store.ErrEvidenceChanged):
 		return newStatus(codes.Aborted, "the event or its operation changed meanwhile: read them again", ReasonEvidenceChanged, nil)
 	case errors.Is(err, store.ErrEvidenceNotFound):
-		return newStatus(codes.NotFound, "no event has that id in that target", ReasonEvidenceNotFound, nil,
-			&errdetails.ResourceInfo{ResourceType: "opbroker.dev/Evidence", ResourceName: subject})
+		return newStatus(codes.NotFound, "no event of that target has that id from that sender (a reported event is named with its reporter)",
+			ReasonEvidenceNotFound, nil, &errdetails.ResourceInfo{ResourceType: "opbroker.dev/Evidence", ResourceName: subject})
 	}
 	return err
 }

@@ -210,6 +210,10 @@ type EvidenceSettlement struct {
 	// still at Change.Revision: the event's disposition and the change commit together,
 	// or neither does.
 	Change *EvidenceChange
+	// Revision, without a Change, is the operation's revision the decision read, if it
+	// must still hold (an observation that depends on the operation's state): the
+	// operation is held at it until the decision commits, or nothing is recorded.
+	Revision int64
 	// Reviewer and Note, for a review.
 	Reviewer string
 	Note     string
@@ -236,7 +240,7 @@ var ErrEvidenceChanged = errors.New("the evidence or its operation changed since
 
 // SettleEvidence records a decision on an event, and its change to the operation, in one
 // statement; ErrEvidenceChanged when the event is no longer From or the operation has
-// moved past Change.Revision.
+// moved past Change.Revision (or Revision).
 func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 	var tenant *string
 	var id *uuid.UUID
@@ -261,12 +265,20 @@ func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 		}
 		return &s
 	}
+	var observedAt *int64
+	if s.Change == nil && s.Revision > 0 {
+		observedAt = &s.Revision
+	}
 	var settled, changed bool
 	err := q.queryRow(ctx, `
 		WITH row0 AS (
 			SELECT target, event_id, reporter FROM inbound_evidence
 			WHERE target = $1 AND event_id = $2 AND reporter = $19 AND disposition = $3
 			FOR UPDATE
+		), held AS (
+			SELECT 1 FROM operations o
+			WHERE $20::bigint IS NOT NULL AND o.tenant_id = $5 AND o.operation_id = $6 AND o.revision = $20
+			FOR SHARE
 		), upd AS (
 			UPDATE operations o SET state = $9, revision = o.revision + 1,
 				fence_token = CASE WHEN $9 <> o.state THEN o.fence_token + 1 ELSE o.fence_token END,
@@ -288,11 +300,12 @@ func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 				reviewed_at = CASE WHEN $17::text IS NULL THEN NULL ELSE now() END, review_note = $18
 			FROM row0 WHERE i.target = row0.target AND i.event_id = row0.event_id AND i.reporter = row0.reporter
 				AND ($7::bigint IS NULL OR EXISTS (SELECT 1 FROM upd))
+				AND ($20::bigint IS NULL OR EXISTS (SELECT 1 FROM held))
 			RETURNING 1
 		)
 		SELECT EXISTS (SELECT 1 FROM mark), EXISTS (SELECT 1 FROM upd)`,
 		s.Target, s.EventID, s.From, s.To, tenant, id, revision, from, to, ref, accepted, obs, actor, reason,
-		nullable(s.Reason), nullable(clip(s.Detail)), nullable(s.Reviewer), nullable(s.Note), s.Reporter).Scan(&settled, &changed)
+		nullable(s.Reason), nullable(clip(s.Detail)), nullable(s.Reviewer), nullable(s.Note), s.Reporter, observedAt).Scan(&settled, &changed)
 	if err != nil {
 		return fmt.Errorf("store: settle evidence: %w", translate(err))
 	}
@@ -358,7 +371,7 @@ func (q Scope) Quarantine(ctx context.Context, p QuarantineParams) ([]InboundEvi
 // and returns how many it dropped.
 func (q Scope) PurgeEvidenceBodies(ctx context.Context, limit int) (int64, error) {
 	tag, err := q.exec(ctx, `UPDATE inbound_evidence SET body = NULL
-		WHERE (target, event_id) IN (SELECT target, event_id FROM inbound_evidence
+		WHERE (target, event_id, reporter) IN (SELECT target, event_id, reporter FROM inbound_evidence
 			WHERE body IS NOT NULL AND body_purge_at <= now() ORDER BY body_purge_at LIMIT $1)`, limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: purge evidence bodies: %w", translate(err))

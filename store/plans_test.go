@@ -358,7 +358,7 @@ func evidenceWorkload(t *testing.T, all store.Scope, claimed []store.Claimed) {
 			To: store.EvidenceQuarantined, Reason: "PAYLOAD_MISMATCH", Detail: "test", TenantID: c.TenantID, ID: c.ID}
 		if i%2 == 0 {
 			op := found[0].Operation
-			s.To, s.Reason, s.Detail = store.EvidenceObserved, "", ""
+			s.To, s.Reason, s.Detail, s.Revision = store.EvidenceObserved, "", "", op.Revision
 			if op.State == store.StateUnknown || op.State == store.StateInFlight {
 				s.To = store.EvidenceApplied
 				s.Change = &store.EvidenceChange{Revision: op.Revision, From: op.State, To: store.StateSucceeded,

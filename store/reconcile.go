@@ -11,17 +11,15 @@ import (
 )
 
 // UnknownClaim is a reconciler's claim of an UNKNOWN operation, with what the ledger
-// knows of the operation's sends, measured when it was claimed.
+// knows of the operation's sends, measured when it was claimed. Its AcceptedUnfinished
+// also holds when an event matched to the operation said the target accepted the request
+// and has not finished it, even one that came while the operation was IN_FLIGHT.
 type UnknownClaim struct {
 	Claimed
 	// MayHaveExecuted reports that some attempt may have reached the target: any attempt
 	// (a claim into IN_FLIGHT) whose outcome was not recorded as provably never sent
 	// (OutcomeParams.NotSent), by its holder or, later, by a stale worker.
 	MayHaveExecuted bool
-	// AcceptedUnfinished (of Claimed.Operation) also holds when the target reported, by an
-	// event matched to the operation, that it accepted the request and has not finished
-	// it, even while the operation was IN_FLIGHT.
-	//
 	// SinceLastSend is how long ago, by the database's clock, the broker stopped waiting
 	// for the operation's last send: its outcome was recorded (by the holder of its
 	// fence or, later, by a stale one) or its lease expired. A lookup cannot see a write
@@ -164,9 +162,9 @@ type BeginReplayParams struct {
 
 // BeginReplay moves an UNKNOWN operation to IN_FLIGHT for a same-key replay: fence + 1,
 // attempt + 1 and an event, only under the caller's fence, and never once the target
-// said it accepted the request without finishing it (accepted_unfinished, or a matched
-// event saying so, which may have come after the caller decided). The returned claim is
-// sent and recorded like a dispatcher's.
+// said it accepted the request without finishing it (accepted_unfinished, which an event
+// saying so sets on an UNKNOWN operation without taking its fence, so it may have come
+// after the caller decided). The returned claim is sent and recorded like a dispatcher's.
 func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
 	rows := q.query(ctx, `
 		WITH upd AS (
@@ -174,7 +172,7 @@ func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, e
 				attempt_count = attempt_count + 1, replays = replays + 1, next_check_at = NULL,
 				lease_owner = $4, lease_expires_at = now() + $5::interval, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
-				AND NOT accepted_unfinished AND NOT `+acceptedByEvidence("$1", "$2")+`
+				AND NOT accepted_unfinished
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "'reconciler:' || $4", "'SAME_KEY_REPLAY'", "NULL")+`)
 		SELECT `+claimedColumns+` FROM upd`,

@@ -31,8 +31,9 @@ const (
 // verified webhook. Errors follow OperationService's conventions.
 type EvidenceServiceClient interface {
 	// Reports one event of a target, as the target sent it, for a tenant the caller may
-	// act for. The event is kept durably before the call returns, once per event id
-	// within the target (a repeat adds nothing and says duplicate), and matched to
+	// act for. The event is kept durably before the call returns, once per event id the
+	// caller reports for the target (a repeat adds nothing and says duplicate; ids the
+	// target's webhooks or other callers use are theirs), and matched to
 	// exactly one operation by the reference the target's contract reads: the
 	// operation's tenant must be the one reported. Matching evidence resolves an UNKNOWN
 	// or IN_FLIGHT operation (SUCCEEDED, or FAILED_TERMINAL where the target documents
@@ -74,8 +75,9 @@ func (c *evidenceServiceClient) ReportEvidence(ctx context.Context, in *ReportEv
 // verified webhook. Errors follow OperationService's conventions.
 type EvidenceServiceServer interface {
 	// Reports one event of a target, as the target sent it, for a tenant the caller may
-	// act for. The event is kept durably before the call returns, once per event id
-	// within the target (a repeat adds nothing and says duplicate), and matched to
+	// act for. The event is kept durably before the call returns, once per event id the
+	// caller reports for the target (a repeat adds nothing and says duplicate; ids the
+	// target's webhooks or other callers use are theirs), and matched to
 	// exactly one operation by the reference the target's contract reads: the
 	// operation's tenant must be the one reported. Matching evidence resolves an UNKNOWN
 	// or IN_FLIGHT operation (SUCCEEDED, or FAILED_TERMINAL where the target documents

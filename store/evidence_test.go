@@ -1,0 +1,79 @@
+package store_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
+)
+
+// webhookEvent is a kept webhook event about no operation yet; reporter makes it a
+// reported one.
+func webhookEvent(id, reporter string) store.InboundEvidence {
+	e := store.InboundEvidence{Target: "demo-payments", EventID: id, Source: store.SourceWebhook, EventType: "charge.succeeded",
+		Meaning: "SUCCEEDED", Reference: "ref", ReferenceKind: "remote_ref", Body: []byte(`{"id":"` + id + `"}`)}
+	if reporter != "" {
+		e.Source, e.Reporter, e.ClaimedTenant = store.SourceReported, reporter, "acme"
+	}
+	return e
+}
+
+// TestEvidenceBodiesArePurgedPerSender: a body is purged at its own retention, never
+// with another sender's event of the same id.
+func TestEvidenceBodiesArePurgedPerSender(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, _, err := b.all.ReceiveEvidence(b.ctx, webhookEvent("evt_1", "svc"), time.Microsecond, time.Minute)
+	require.NoError(t, err)
+	_, _, err = b.all.ReceiveEvidence(b.ctx, webhookEvent("evt_1", ""), time.Hour, time.Minute)
+	require.NoError(t, err)
+	time.Sleep(10 * time.Millisecond)
+	n, err := b.all.PurgeEvidenceBodies(b.ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	hook, err := b.all.Evidence(b.ctx, store.EvidenceKey{Target: "demo-payments", EventID: "evt_1"})
+	require.NoError(t, err)
+	require.NotNil(t, hook.Body, "the webhook's body is kept until its own retention")
+	reported, err := b.all.Evidence(b.ctx, store.EvidenceKey{Target: "demo-payments", EventID: "evt_1", Reporter: "svc"})
+	require.NoError(t, err)
+	require.Nil(t, reported.Body)
+}
+
+// TestObservationHoldsAtItsRevision: an observation recorded for the revision it read
+// is refused once the operation moved on (then it is decided again), and holds the
+// operation at that revision until it commits.
+func TestObservationHoldsAtItsRevision(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
+	require.NoError(t, err)
+	_, _, err = b.all.ReceiveEvidence(b.ctx, webhookEvent("evt_1", ""), time.Hour, time.Minute)
+	require.NoError(t, err)
+	observe := func(revision int64) error {
+		return b.all.SettleEvidence(b.ctx, store.EvidenceSettlement{EvidenceKey: store.EvidenceKey{Target: "demo-payments", EventID: "evt_1"},
+			From: store.EvidencePending, To: store.EvidenceObserved, TenantID: "acme", ID: op.ID, Revision: revision})
+	}
+	require.ErrorIs(t, observe(op.Revision+1), store.ErrEvidenceChanged)
+	e, err := b.all.Evidence(b.ctx, store.EvidenceKey{Target: "demo-payments", EventID: "evt_1"})
+	require.NoError(t, err)
+	require.Equal(t, store.EvidencePending, e.Disposition)
+	require.NoError(t, observe(op.Revision))
+}
+
+// TestPostponedEvidenceWaitsItsTurn: an event whose decision could not be recorded
+// leaves the matchers' queue until its new turn.
+func TestPostponedEvidenceWaitsItsTurn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, _, err := b.all.ReceiveEvidence(b.ctx, webhookEvent("evt_1", ""), time.Hour, time.Minute)
+	require.NoError(t, err)
+	due, err := b.all.DueEvidence(b.ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, due, 1)
+	require.NoError(t, b.all.PostponeEvidence(b.ctx, due[0].Key(), time.Minute))
+	due, err = b.all.DueEvidence(b.ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, due)
+}
