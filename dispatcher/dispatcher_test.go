@@ -359,10 +359,13 @@ func TestClaimsRunAheadOnlyAsFarAsTheTargetKeeps(t *testing.T) {
 			}
 		}
 	}()
-	// About 50 sends a second: a quarter of the 1 s lease starts about 12.
+	// About 50 sends a second: a quarter of the 1 s lease starts about 12. IN_FLIGHT
+	// also counts the sends whose outcomes wait for their statement, more of them on a
+	// loaded machine (32 seen once with the whole suite running): the bound says only
+	// that a claim never takes the backlog.
 	drain(t, b, b.dispatcher(t, dispatcher.Config{Lease: time.Second}))
 	close(done)
-	require.LessOrEqual(t, <-most, 30, "claims held at once")
+	require.LessOrEqual(t, <-most, 45, "claims held at once")
 	require.Equal(t, 100, b.count(t, `SELECT count(*) FROM operations WHERE state = 'SUCCEEDED'`))
 }
 
