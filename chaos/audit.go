@@ -243,11 +243,12 @@ func redact(text string, secrets []secret) (held []string, excerpt string) {
 	return held, strings.ToValidUTF8(text[from:min(len(text), from+300)], "")
 }
 
-// evidenceAudit is what I14 and I15 read: the events the charge target sent, and those
-// the ledger kept.
+// evidenceAudit is what I14 and I15 read: the events the charge target sent, those the
+// reporter reported, and those the ledger kept.
 type evidenceAudit struct {
-	sent []simtarget.WebhookTruth
-	kept map[string]ledgerEvidence
+	sent    []simtarget.WebhookTruth
+	kept    map[string]ledgerEvidence // by evidenceKey
+	reports []report
 }
 
 // audit checks invariants I1–I15 (docs/testing.md#the-chaos-run) and fills the report's
@@ -357,7 +358,7 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 	for _, v := range leaks {
 		fail("I12", "%s", v)
 	}
-	auditEvidence(r, ops, truth, ev.sent, ev.kept, fail)
+	auditEvidence(r, ops, truth, ev.sent, ev.kept, ev.reports, fail)
 
 	slices.Sort(resolutions)
 	if n := len(resolutions); n > 0 {

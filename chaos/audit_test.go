@@ -102,31 +102,38 @@ func TestAuditOfEvidence(t *testing.T) {
 	truth := map[string]*simtarget.KeyTruth{"k1": {Effects: 1, IDs: []string{"ch_1"}}}
 	genuine := simtarget.WebhookTruth{EventID: "evt_1", Type: "charge.succeeded", Reference: "k1", EffectID: "ch_1", Genuine: true, Acknowledged: true}
 	applied := ledgerEvidence{EventID: "evt_1", Meaning: "SUCCEEDED", Disposition: "APPLIED", Name: "op"}
+	reportedApplied := applied
+	reportedApplied.Reporter = reporterName
 	for name, c := range map[string]struct {
-		op   ledgerOp
-		sent []simtarget.WebhookTruth
-		kept map[string]ledgerEvidence
-		want string
+		op      ledgerOp
+		sent    []simtarget.WebhookTruth
+		kept    map[string]ledgerEvidence
+		reports []report
+		want    string
 	}{
-		"a genuine success applied": {*op, []simtarget.WebhookTruth{genuine}, map[string]ledgerEvidence{"evt_1": applied}, ""},
+		"a report for another tenant, applied": {*op, []simtarget.WebhookTruth{genuine}, keyed(applied, reportedApplied),
+			[]report{{eventID: "evt_1", tenant: "tenant-2", wrong: true}}, "I14: event evt_1, reported for tenant tenant-2"},
+		"a report the ledger lost": {*op, []simtarget.WebhookTruth{genuine}, keyed(applied),
+			[]report{{eventID: "evt_1", tenant: "tenant-1"}}, "I14: event evt_1 was reported and acknowledged"},
+		"a genuine success applied": {*op, []simtarget.WebhookTruth{genuine}, keyed(applied), nil, ""},
 		"a fabricated event applied": {*op, []simtarget.WebhookTruth{func() simtarget.WebhookTruth { g := genuine; g.Genuine = false; return g }()},
-			map[string]ledgerEvidence{"evt_1": applied}, "I14: event evt_1, fabricated"},
+			keyed(applied), nil, "I14: event evt_1, fabricated"},
 		"a change from a quarantined event": {*op, []simtarget.WebhookTruth{genuine},
-			map[string]ledgerEvidence{"evt_1": {EventID: "evt_1", Disposition: "QUARANTINED", Name: "op"}}, "I14: op: revision 3 records event evt_1"},
+			keyed(ledgerEvidence{EventID: "evt_1", Disposition: "QUARANTINED", Name: "op"}), nil, "I14: op: revision 3 records event evt_1"},
 		"applied without an operation event": {ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k1", RemoteRef: "ch_1"},
-			[]simtarget.WebhookTruth{genuine}, map[string]ledgerEvidence{"evt_1": applied}, "I14: event evt_1 was kept as applied to op, which has no event"},
+			[]simtarget.WebhookTruth{genuine}, keyed(applied), nil, "I14: event evt_1 was kept as applied to op, which has no event"},
 		"an event never sent": {ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k1", RemoteRef: "ch_1"}, nil,
-			map[string]ledgerEvidence{"evt_9": {EventID: "evt_9", Disposition: "QUARANTINED"}}, "I14: event evt_9 was kept, but the target never sent it"},
+			keyed(ledgerEvidence{EventID: "evt_9", Disposition: "QUARANTINED"}), nil, "I14: event evt_9 was kept, but the target never sent it"},
 		"an acknowledged forgery": {ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k1", RemoteRef: "ch_1"},
-			[]simtarget.WebhookTruth{{EventID: "evt_1", Forged: true, Acknowledged: true, LastStatus: 200}}, nil, "I14: event evt_1: a copy signed with a wrong secret"},
+			[]simtarget.WebhookTruth{{EventID: "evt_1", Forged: true, Acknowledged: true, LastStatus: 200}}, nil, nil, "I14: event evt_1: a copy signed with a wrong secret"},
 		"a success beside FAILED_TERMINAL": {ledgerOp{Name: "op", State: "FAILED_TERMINAL", RemoteKey: "k1"}, []simtarget.WebhookTruth{genuine},
-			map[string]ledgerEvidence{"evt_1": {EventID: "evt_1", Meaning: "SUCCEEDED", Disposition: "OBSERVED", Name: "op"}}, "I15: op is FAILED_TERMINAL"},
+			keyed(ledgerEvidence{EventID: "evt_1", Meaning: "SUCCEEDED", Disposition: "OBSERVED", Name: "op"}), nil, "I15: op is FAILED_TERMINAL"},
 		"another charge's event": {ledgerOp{Name: "op", State: "SUCCEEDED", RemoteKey: "k2", RemoteRef: "ch_1"}, []simtarget.WebhookTruth{genuine},
-			map[string]ledgerEvidence{"evt_1": {EventID: "evt_1", Meaning: "SUCCEEDED", Disposition: "OBSERVED", Name: "op"}}, "I15: event evt_1, about the charge under key k1"},
+			keyed(ledgerEvidence{EventID: "evt_1", Meaning: "SUCCEEDED", Disposition: "OBSERVED", Name: "op"}), nil, "I15: event evt_1, about the charge under key k1"},
 	} {
 		var found []string
 		r := &Report{Faults: map[string]int{}, Evidence: EvidenceCounts{Quarantined: map[string]int{}}}
-		auditEvidence(r, map[string]*ledgerOp{"op": &c.op}, truth, c.sent, c.kept, func(id, format string, args ...any) {
+		auditEvidence(r, map[string]*ledgerOp{"op": &c.op}, truth, c.sent, c.kept, c.reports, func(id, format string, args ...any) {
 			found = append(found, id+": "+fmt.Sprintf(format, args...))
 		})
 		if c.want == "" {
@@ -136,4 +143,13 @@ func TestAuditOfEvidence(t *testing.T) {
 		require.Len(t, found, 1, "%s: %v", name, found)
 		require.Contains(t, found[0], c.want, name)
 	}
+}
+
+// keyed returns kept events by their audit key.
+func keyed(events ...ledgerEvidence) map[string]ledgerEvidence {
+	out := map[string]ledgerEvidence{}
+	for _, e := range events {
+		out[evidenceKey(e.EventID, e.Reporter)] = e
+	}
+	return out
 }

@@ -145,6 +145,10 @@ type EvidenceCounts struct {
 	Observed    int            `json:"observed"`
 	Quarantined map[string]int `json:"quarantined"` // by reason
 	Forged      int            `json:"forged_deliveries"`
+	// Reported: events the run's reporter reported (ReportEvidence), of which
+	// ReportedForAnotherTenant named another tenant than the event's account.
+	Reported                 int `json:"reported"`
+	ReportedForAnotherTenant int `json:"reported_for_another_tenant"`
 	// Settled: every delivery ended and every kept event was decided before the audit.
 	Settled bool `json:"settled"`
 }
@@ -189,6 +193,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	go c.supervise(superviseCtx)
 	faultsDone, covered := make(chan struct{}), make(chan struct{})
 	go func() { defer close(faultsDone); c.injectFaults(faultCtx, covered) }()
+	reportsDone := make(chan []report, 1)
+	go func() { reportsDone <- c.reportEvidence(faultCtx, rand.New(rand.NewPCG(cfg.Seed, 17))) }()
 
 	// Rounds of the workload until every kind of fault has struck at least once and the
 	// duration has passed.
@@ -207,6 +213,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	stopFaults()
 	<-faultsDone
+	reports := <-reportsDone
 
 	fmt.Fprintln(cfg.Log, "chaos: healing; waiting for the work to settle")
 	c.heal()
@@ -247,7 +254,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	r.ResolvedByHand = resolvedByHand
-	audit(r, ops, truth, h, leaks, evidenceAudit{sent: c.charge.Snapshot().Webhooks, kept: kept})
+	audit(r, ops, truth, h, leaks, evidenceAudit{sent: c.charge.Snapshot().Webhooks, kept: kept, reports: reports})
 	r.Elapsed = time.Since(start).Round(time.Second).String()
 	return r, nil
 }
@@ -294,6 +301,7 @@ func (r *Report) WriteText(w io.Writer) {
 	e := r.Evidence
 	fmt.Fprintf(w, "  webhooks: %d events kept, %d applied, %d observed, quarantined %v; %d deliveries with a wrong signature refused (settled: %v)\n",
 		e.Kept, e.Applied, e.Observed, e.Quarantined, e.Forged, e.Settled)
+	fmt.Fprintf(w, "  reported by a service (ReportEvidence): %d, %d of them for another tenant\n", e.Reported, e.ReportedForAnotherTenant)
 	var states []string
 	for _, k := range slices.Sorted(maps.Keys(r.ByState)) {
 		states = append(states, fmt.Sprintf("%s %d", k, r.ByState[k]))

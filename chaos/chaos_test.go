@@ -77,6 +77,8 @@ func TestShortChaosRun(t *testing.T) {
 	require.True(t, report.Evidence.Settled, "every delivery ended and every event was decided")
 	require.Positive(t, report.Evidence.Applied, "some webhooks resolved their operations")
 	require.Positive(t, report.Evidence.Forged, "some deliveries were signed with a wrong secret")
+	require.Positive(t, report.Evidence.Reported, "the reporter reported some events")
+	require.Positive(t, report.Evidence.ReportedForAnotherTenant, "one of them for another tenant")
 	for _, reason := range []string{"UNMATCHED", "TENANT_CONFLICT", "PAYLOAD_MISMATCH"} {
 		require.Positive(t, report.Evidence.Quarantined[reason], "no event was quarantined as %s", reason)
 	}

@@ -270,7 +270,8 @@ func stageSecretFile(path, value string) (install func() error, err error) {
 	return func() error { return os.Rename(tmp, path) }, nil
 }
 
-// writePrincipals makes one client principal per tenant, and the on-call operator.
+// writePrincipals makes one client principal per tenant, the on-call operator, and the
+// service that reports the charge target's events (role evidence).
 func (c *cluster) writePrincipals() error {
 	var file auth.File
 	for _, tenant := range tenants(c.cfg.Tenants) {
@@ -283,6 +284,10 @@ func (c *cluster) writePrincipals() error {
 	c.tokens[operatorName] = token
 	file.Principals = append(file.Principals, auth.PrincipalConfig{Name: operatorName,
 		Roles: []auth.Role{auth.RoleOperator}, AllTenants: true, TokenSHA256: []string{hash}})
+	token, hash = auth.NewToken()
+	c.tokens[reporterName] = token
+	file.Principals = append(file.Principals, auth.PrincipalConfig{Name: reporterName,
+		Roles: []auth.Role{auth.RoleEvidence}, AllTenants: true, TokenSHA256: []string{hash}})
 	data, err := yaml.Marshal(file)
 	if err != nil {
 		return err

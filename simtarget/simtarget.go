@@ -266,6 +266,15 @@ func (t *Target) WebhooksIdle(ctx context.Context) error {
 	return t.hooks.waitIdle(ctx)
 }
 
+// WebhookBody returns an event the target sent, as it sent it: for a service that
+// reports the target's events itself. False when it sent none of that id.
+func (t *Target) WebhookBody(eventID string) ([]byte, bool) {
+	if t.hooks == nil {
+		return nil, false
+	}
+	return t.hooks.body(eventID)
+}
+
 // TruthHandler serves the ground truth as JSON.
 func (t *Target) TruthHandler() http.Handler { return http.HandlerFunc(t.serveTruth) }
 

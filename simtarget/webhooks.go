@@ -177,8 +177,9 @@ type sender struct {
 	seq     int // events so far: their ids
 	sends   int // sendings so far: which URL each starts at
 	records []WebhookTruth
-	pending int           // sendings not yet acknowledged, given up or stopped
-	idle    chan struct{} // closed when pending drops to 0
+	bodies  map[string][]byte // each event as sent (not a forged copy), by id
+	pending int               // sendings not yet acknowledged, given up or stopped
+	idle    chan struct{}     // closed when pending drops to 0
 	closed  bool
 }
 
@@ -201,8 +202,9 @@ func newSender(cfg WebhookConfig, seed uint64, now func() time.Time) *sender {
 		client: &http.Client{Transport: transport, Timeout: deliveryTimeout,
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		// A source of its own, so webhooks do not change the faults a seed gives requests.
-		rng:   rand.New(rand.NewPCG(seed^0x6a09e667f3bcc908, seed)),
-		rates: maps.Clone(cfg.FaultRates),
+		rng:    rand.New(rand.NewPCG(seed^0x6a09e667f3bcc908, seed)),
+		rates:  maps.Clone(cfg.FaultRates),
+		bodies: map[string][]byte{},
 	}
 }
 
@@ -346,6 +348,9 @@ func (s *sender) queue(rec WebhookTruth, body []byte, delay time.Duration, after
 	m := &message{record: len(s.records), body: body, key: []byte(key), at: time.Now().Add(delay), after: after,
 		once: forged, start: s.sends % max(len(s.cfg.URLs), 1), tried: make(chan struct{}), done: make(chan struct{})}
 	s.sends++
+	if !forged {
+		s.bodies[rec.EventID] = body
+	}
 	s.records = append(s.records, rec)
 	if s.pending == 0 {
 		s.idle = make(chan struct{})
@@ -560,4 +565,12 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// body returns the event of that id as it was sent.
+func (s *sender) body(eventID string) ([]byte, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.bodies[eventID]
+	return b, ok
 }
