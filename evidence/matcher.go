@@ -85,8 +85,8 @@ type Source struct {
 var ErrIgnored = errors.New("an event type the contract does not list")
 
 // Receive keeps a verified event durably and then matches it. It returns the event as
-// the ledger keeps it, and fresh false when the target had reported its id before (the
-// repeat adds nothing). Once it returns without error the event is durable: a failure
+// it was kept (before its match), and fresh false when its sender had reported its id
+// before (the repeat adds nothing). Once it returns without error the event is durable: a failure
 // to match it now leaves it PENDING for the loop.
 func (m *Matcher) Receive(ctx context.Context, contract *target.Contract, body []byte, from Source) (store.InboundEvidence, bool, error) {
 	ev, err := contract.Evidence.Read(body)
@@ -116,10 +116,6 @@ func (m *Matcher) Receive(ctx context.Context, contract *target.Contract, body [
 	}
 	if err := m.match(ctx, contract, kept); err != nil {
 		m.log.Warn("evidence kept, its match failed; it is matched again", "target", contract.Name, "error", err)
-		return kept, true, nil
-	}
-	if now, err := m.cfg.Store.AllTenants().Evidence(ctx, kept.Key()); err == nil {
-		kept = now
 	}
 	return kept, true, nil
 }

@@ -52,7 +52,6 @@ type InboundEvidence struct {
 	RemoteRef     string
 	Body          []byte // nil once purged
 	ReceivedAt    time.Time
-	Attempts      int32
 	Disposition   string
 	// Reason says why it was quarantined; Detail, in words, what did not match.
 	Reason string
@@ -72,14 +71,14 @@ func (e InboundEvidence) Key() EvidenceKey {
 }
 
 const evidenceColumns = `target, event_id, source, reporter, coalesce(claimed_tenant, ''), event_type,
-	meaning, reference, reference_kind, coalesce(remote_ref, ''), body, received_at, attempts, disposition,
+	meaning, reference, reference_kind, coalesce(remote_ref, ''), body, received_at, disposition,
 	coalesce(reason, ''), coalesce(detail, ''), coalesce(tenant_id, ''), coalesce(operation_id, '00000000-0000-0000-0000-000000000000'),
 	coalesce(reviewed_by, ''), reviewed_at, coalesce(review_note, '')`
 
 func scanEvidence(row pgx.CollectableRow) (InboundEvidence, error) {
 	var e InboundEvidence
 	err := row.Scan(&e.Target, &e.EventID, &e.Source, &e.Reporter, &e.ClaimedTenant, &e.EventType,
-		&e.Meaning, &e.Reference, &e.ReferenceKind, &e.RemoteRef, &e.Body, &e.ReceivedAt, &e.Attempts, &e.Disposition,
+		&e.Meaning, &e.Reference, &e.ReferenceKind, &e.RemoteRef, &e.Body, &e.ReceivedAt, &e.Disposition,
 		&e.Reason, &e.Detail, &e.TenantID, &e.OperationID, &e.ReviewedBy, &e.ReviewedAt, &e.ReviewNote)
 	return e, err
 }
