@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -48,13 +49,18 @@ type DatabaseHealthConfig struct {
 	// DownAfter is how long every ping must fail before health turns NOT_SERVING
 	// (DefaultDatabaseDownAfter).
 	DownAfter time.Duration
+	// RequireSynchronousReplication makes each ping also check that commits wait for a
+	// standby (store.CheckSynchronousReplication); health turns NOT_SERVING at the first
+	// ping that finds they do not, without waiting DownAfter.
+	RequireSynchronousReplication bool
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
 
 // DatabaseHealth makes the server's health say whether it can reach its database: it
 // pings the database every Interval, turns health NOT_SERVING once every ping has
-// failed for DownAfter, and SERVING again at the first ping that succeeds. It only
+// failed for DownAfter (at once when synchronous replication is required and missing),
+// and SERVING again at the first ping that succeeds. It only
 // undoes what it did: it never turns SERVING a server that it did not turn NOT_SERVING
 // (one that SetServing has not yet made SERVING), and after Server.Stop began
 // (health's Shutdown) nothing changes health any more. Start and Stop follow package
@@ -110,7 +116,11 @@ func (h *DatabaseHealth) Start(ctx context.Context) error {
 func (h *DatabaseHealth) Check(ctx context.Context) error {
 	began := h.cfg.Now()
 	pingCtx, cancel := context.WithTimeout(ctx, h.cfg.Interval)
-	err := h.cfg.Store.Ping(pingCtx)
+	ping := h.cfg.Store.Ping
+	if h.cfg.RequireSynchronousReplication {
+		ping = h.cfg.Store.CheckSynchronousReplication
+	}
+	err := ping(pingCtx)
 	cancel()
 	if err != nil && ctx.Err() != nil {
 		return err
@@ -129,7 +139,13 @@ func (h *DatabaseHealth) Check(ctx context.Context) error {
 	if h.failingSince.IsZero() {
 		h.failingSince = began
 	}
-	if failing := h.cfg.Now().Sub(h.failingSince); !h.down && failing >= h.cfg.DownAfter {
+	switch failing := h.cfg.Now().Sub(h.failingSince); {
+	case h.down:
+	case errors.Is(err, store.ErrNotReplicated):
+		h.down = true
+		h.cfg.Server.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+		h.log.Warn("synchronous replication is required and missing: health is NOT_SERVING until commits wait for a standby", "error", err)
+	case failing >= h.cfg.DownAfter:
 		h.down = true
 		h.cfg.Server.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
 		h.log.Warn("the database does not answer: health is NOT_SERVING until it does", "unreachable_for", failing, "error", err)

@@ -120,6 +120,21 @@ func TestHealthCountsFromTheFirstFailure(t *testing.T) {
 	b.requireStatus(t, healthpb.HealthCheckResponse_SERVING)
 }
 
+// TestHealthRequiresSynchronousReplication: when synchronous replication is required, a
+// database that answers but whose commits do not wait for a standby turns health
+// NOT_SERVING at the first check, without waiting DownAfter.
+func TestHealthRequiresSynchronousReplication(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(0)
+	b := setupHealth(t, server.DatabaseHealthConfig{Interval: 200 * time.Millisecond, DownAfter: time.Hour, Now: clock.Now,
+		RequireSynchronousReplication: true})
+	b.requireStatus(t, healthpb.HealthCheckResponse_SERVING)
+	err := b.health.Check(t.Context())
+	require.ErrorIs(t, err, store.ErrNotReplicated)
+	require.ErrorContains(t, err, "synchronous_standby_names is empty")
+	b.requireStatus(t, healthpb.HealthCheckResponse_NOT_SERVING)
+}
+
 // TestHealthStaysNotServingOnceStopping: after Server.Stop began, the database coming
 // back does not make the server SERVING again.
 func TestHealthStaysNotServingOnceStopping(t *testing.T) {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,4 +45,12 @@ func MigrateTo(ctx context.Context, pool *pgxpool.Pool, version int32) error {
 		return err
 	}
 	return m.MigrateTo(ctx, version)
+}
+
+// SetListenCheck sets how long a listening connection waits in silence before it checks
+// its server, and how long the check may take, until the test ends.
+func SetListenCheck(t interface{ Cleanup(func()) }, every, timeout time.Duration) {
+	oldEvery, oldTimeout := listenCheckEvery, listenCheckTimeout
+	listenCheckEvery, listenCheckTimeout = every, timeout
+	t.Cleanup(func() { listenCheckEvery, listenCheckTimeout = oldEvery, oldTimeout })
 }

@@ -2,9 +2,14 @@ package store
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/opbroker/opbroker/startstop"
 )
@@ -146,9 +151,12 @@ func (n *Notifier) listenOnce(ctx context.Context) error {
 	n.store.wake.wakeLocal()
 	n.store.events.wakeLocal()
 	for {
-		note, err := conn.WaitForNotification(ctx)
+		note, err := waitForNotification(ctx, conn)
 		if err != nil {
 			return err
+		}
+		if note == nil {
+			continue
 		}
 		if note.Channel == eventsChannel {
 			n.store.events.wakeLocal()
@@ -156,4 +164,35 @@ func (n *Notifier) listenOnce(ctx context.Context) error {
 			n.store.wake.wakeLocal()
 		}
 	}
+}
+
+// listenCheckEvery is how long a listening connection waits in silence before it checks
+// that its server still answers: a primary that was stopped or cut off by a partition
+// keeps the connection open and sends nothing, while the notifications go to the new
+// primary. listenCheckTimeout is how long the check may take.
+var (
+	listenCheckEvery   = 5 * time.Second
+	listenCheckTimeout = 2 * time.Second
+)
+
+// waitForNotification waits for a notification on conn. After listenCheckEvery without
+// one it checks that the server answers and returns (nil, nil) if it does; it fails if
+// the server does not answer within listenCheckTimeout, or is no longer the primary.
+func waitForNotification(ctx context.Context, conn *pgx.Conn) (*pgconn.Notification, error) {
+	waitCtx, cancel := context.WithTimeout(ctx, listenCheckEvery)
+	note, err := conn.WaitForNotification(waitCtx)
+	cancel()
+	if err == nil || ctx.Err() != nil || !pgconn.Timeout(err) {
+		return note, err
+	}
+	checkCtx, cancel := context.WithTimeout(ctx, listenCheckTimeout)
+	defer cancel()
+	var standby bool
+	if err := conn.QueryRow(checkCtx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
+		return nil, fmt.Errorf("the listening connection's server does not answer: %w", err)
+	}
+	if standby {
+		return nil, errors.New("the listening connection's server is a standby")
+	}
+	return nil, nil
 }

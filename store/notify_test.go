@@ -53,3 +53,41 @@ func TestWorkWakesSubscribersHereAndAtOtherReplicas(t *testing.T) {
 		t.Fatal("the other replica was not woken")
 	}
 }
+
+// TestListenerLeavesAServerThatStoppedAnswering: when the listening connection's server
+// stops answering while another one takes the connections (a primary stopped or cut off
+// in a failover), the notifier checks it after a silence, listens again on a new
+// connection, and so hears the next notification; without the check it would wait on
+// the dead connection for good.
+func TestListenerLeavesAServerThatStoppedAnswering(t *testing.T) {
+	store.SetListenCheck(t, 200*time.Millisecond, 300*time.Millisecond)
+	here, _, proxy := storetest.NewStoreBehindProxy(t)
+	there := store.New(storetest.Pool(t, storetest.Schema(t)))
+	log := slog.New(slog.DiscardHandler)
+	for _, s := range []*store.Store{here, there} {
+		n := s.NewNotifier(log, 10*time.Millisecond)
+		require.NoError(t, n.Start(t.Context()))
+		t.Cleanup(n.Stop)
+	}
+	woken, stop := here.Subscribe()
+	defer stop()
+	drain := func() {
+		for {
+			select {
+			case <-woken:
+			case <-time.After(300 * time.Millisecond):
+				return
+			}
+		}
+	}
+	drain()
+	proxy.Strand()
+	drain() // the notifier finds the stranded connection and listens again
+	_, _, err := there.Tenant("acme").Prepare(t.Context(), prepareParams("acme", "after-strand", `{}`))
+	require.NoError(t, err)
+	select {
+	case <-woken:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the notification sent after the listening connection's server stopped answering was not heard")
+	}
+}

@@ -204,9 +204,10 @@ func (e *SupersededUnresolvedError) Error() string {
 		e.Superseded.ID, e.Superseded.State)
 }
 
-// ErrUnavailable wraps errors of reaching the database: the connection failed, was lost
-// or the server is shutting down. Whatever the call was, it may be retried: every write
-// of the ledger is idempotent or conditional.
+// ErrUnavailable wraps errors of reaching the database: the connection failed, was lost,
+// the server is shutting down or starting, or it is a standby (during a failover).
+// Whatever the call was, it may be retried: every write of the ledger is idempotent or
+// conditional.
 var ErrUnavailable = errors.New("database unavailable")
 
 // translate turns driver errors into the package's errors.
@@ -223,7 +224,8 @@ func translate(err error) error {
 		case pgErr.ConstraintName == "operations_supersedes_fkey":
 			return ErrSupersededNotFound
 		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
-			strings.HasPrefix(pgErr.Code, "57P"): // operator intervention: shutdown, terminated
+			strings.HasPrefix(pgErr.Code, "57P"), // operator intervention: shutdown, terminated, starting up
+			pgErr.Code == "25006":                // read-only transaction: the connection reached a standby (a failover)
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return err

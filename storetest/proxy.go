@@ -22,6 +22,7 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	flowing chan struct{} // closed while bytes pass; replaced by an open one at Freeze
+	strand  chan struct{} // closed at Strand for the connections open then; replaced
 	conns   []net.Conn
 	wg      sync.WaitGroup
 }
@@ -41,7 +42,7 @@ func NewStoreBehindProxy(t testing.TB) (*store.Store, *pgxpool.Pool, *Proxy) {
 	}
 	flowing := make(chan struct{})
 	close(flowing)
-	p := &Proxy{lis: lis, target: u.Host, flowing: flowing, done: make(chan struct{})}
+	p := &Proxy{lis: lis, target: u.Host, flowing: flowing, strand: make(chan struct{}), done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.serve()
 	u.Host = lis.Addr().String()
@@ -62,6 +63,16 @@ func (p *Proxy) Freeze() {
 		p.flowing = make(chan struct{})
 	default:
 	}
+}
+
+// Strand stops every byte of the connections open now, for good, while new connections
+// pass: as when a primary is stopped or cut off and another takes over, its clients'
+// connections stay open and nothing answers on them.
+func (p *Proxy) Strand() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	close(p.strand)
+	p.strand = make(chan struct{})
 }
 
 // Thaw makes the database reachable again: what was held while frozen passes on, in
@@ -102,16 +113,18 @@ func (p *Proxy) serve() {
 		default:
 		}
 		p.conns = append(p.conns, client, server)
+		strand := p.strand
 		p.mu.Unlock()
 		p.wg.Add(2)
-		go p.pipe(server, client)
-		go p.pipe(client, server)
+		go p.pipe(server, client, strand)
+		go p.pipe(client, server, strand)
 	}
 }
 
 // pipe copies from src to dst until either fails. While the proxy is frozen it holds
-// what it read, keeping both connections open, until a thaw or the cleanup.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// what it read, keeping both connections open, until a thaw or the cleanup; once strand
+// is closed it holds it until the cleanup.
+func (p *Proxy) pipe(dst, src net.Conn, strand <-chan struct{}) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
@@ -119,6 +132,12 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 		p.mu.Lock()
 		flowing := p.flowing
 		p.mu.Unlock()
+		select {
+		case <-strand:
+			<-p.done
+			return
+		default:
+		}
 		select {
 		case <-flowing:
 		case <-p.done:

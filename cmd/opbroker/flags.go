@@ -50,7 +50,13 @@ var targetsFlag = &cli.StringFlag{
 
 var databaseURLFlag = &cli.StringFlag{
 	Name:     "database-url",
-	Usage:    "PostgreSQL connection string (pool settings such as pool_max_conns may be added)",
+	Usage:    "PostgreSQL connection string (pool settings such as pool_max_conns may be added; for a replicated database, every node with target_session_attrs=read-write)",
 	Sources:  cli.EnvVars("DATABASE_URL"),
 	Required: true,
+}
+
+var requireSyncFlag = &cli.BoolFlag{
+	Name:    "require-synchronous-replication",
+	Usage:   "refuse to start, and report NOT_SERVING, unless every commit waits for a synchronous standby (without it a failover can lose acknowledged intents)",
+	Sources: cli.EnvVars("OPBROKER_REQUIRE_SYNCHRONOUS_REPLICATION"),
 }

@@ -182,6 +182,16 @@ func TestServeRefusesUnmigratedSchemaUntilMigrated(t *testing.T) {
 	p.stop(t, syscall.SIGTERM)
 }
 
+// TestServeRefusesUnreplicatedCommitsWhenRequired: with
+// --require-synchronous-replication, serve refuses a database whose commits do not wait
+// for a standby (the test's single server), and says which setting is wrong.
+func TestServeRefusesUnreplicatedCommitsWhenRequired(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	start(t, serveArgs(url, targetsFile(t, simURL(t)), "--require-synchronous-replication")...).
+		requireFails(t, "--require-synchronous-replication: commits do not wait for a synchronous standby: synchronous_standby_names is empty")
+}
+
 // TestServeDrainsOnSIGTERM: every PrepareOperation acknowledged before or during the
 // shutdown is in the ledger; the process exits 0.
 func TestServeDrainsOnSIGTERM(t *testing.T) {

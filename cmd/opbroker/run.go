@@ -58,7 +58,9 @@ type broker struct {
 	meters     *sdkmetric.MeterProvider
 	traces     *tracing.Provider
 	grace      time.Duration
-	grpcDone   chan error
+	// requireSync: --require-synchronous-replication was given.
+	requireSync bool
+	grpcDone    chan error
 }
 
 func newLogger(cmd *cli.Command) (*slog.Logger, error) {
@@ -77,10 +79,33 @@ func newLogger(cmd *cli.Command) (*slog.Logger, error) {
 	}
 }
 
+// defaultConnectTimeout bounds a new database connection when the URL sets no
+// connect_timeout; defaultPingTimeout the liveness ping of an idle one when it sets no
+// pool_ping_timeout.
+const (
+	defaultConnectTimeout = 5 * time.Second
+	defaultPingTimeout    = 2 * time.Second
+)
+
 // startBroker connects to the database, checks its schema and starts listening. The
 // caller runs it with serve and stops it with shutdown.
 func startBroker(ctx context.Context, cmd *cli.Command, log *slog.Logger, databaseURL string, targets *target.Targets, sec security) (*broker, error) {
-	pool, err := pgxpool.New(ctx, databaseURL)
+	poolCfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	// A node that accepts a connection and then says nothing (a stopped or partitioned
+	// primary) must not hold a new connection up for long: the next host of a
+	// multi-host URL is tried after it.
+	if poolCfg.ConnConfig.ConnectTimeout == 0 {
+		poolCfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
+	}
+	// Nor an idle connection to it: one idle for more than a second is pinged before
+	// use, and dropped for another if the ping takes longer than this.
+	if poolCfg.PingTimeout == 0 {
+		poolCfg.PingTimeout = defaultPingTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
@@ -98,6 +123,13 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	}
 	if err := store.CheckSchema(ctx, b.pool); err != nil {
 		return err
+	}
+	b.requireSync = cmd.Bool(requireSyncFlag.Name)
+	if b.requireSync {
+		if err := store.New(b.pool).CheckSynchronousReplication(ctx); err != nil {
+			return fmt.Errorf("--%s: %w", requireSyncFlag.Name, err)
+		}
+		b.log.Info("commits wait for a synchronous standby")
 	}
 	for _, v := range []string{crashpoint.EnvVar, crashpoint.ClockOffsetEnvVar} {
 		if !crashpoint.Enabled && os.Getenv(v) != "" {
@@ -148,7 +180,8 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 	if err != nil {
 		return err
 	}
-	b.health = server.NewDatabaseHealth(server.DatabaseHealthConfig{Server: b.srv, Store: b.store, Logger: b.log})
+	b.health = server.NewDatabaseHealth(server.DatabaseHealthConfig{Server: b.srv, Store: b.store, Logger: b.log,
+		RequireSynchronousReplication: b.requireSync})
 	connector, err := brokermetrics.TimeRequests(target.NewConnector(), b.meters)
 	if err != nil {
 		return err
