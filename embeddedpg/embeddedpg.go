@@ -105,7 +105,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 
 	binDir := cfg.BinDir
 	if binDir == "" {
-		binDir = findInstalled()
+		binDir = InstalledBinaries()
 	}
 	pgData := filepath.Join(dataDir, "pg", "data")
 	runtimeDir := filepath.Join(dataDir, "runtime")
@@ -249,10 +249,10 @@ func freePort() (uint32, error) {
 	return uint32(l.Addr().(*net.TCPAddr).Port), nil
 }
 
-// findInstalled returns a directory containing bin/pg_ctl of an installed PostgreSQL,
+// InstalledBinaries returns a directory containing bin/pg_ctl of an installed PostgreSQL,
 // or "" when there is none: pg_ctl on PATH first, then the usual package locations,
 // newest version first.
-func findInstalled() string {
+func InstalledBinaries() string {
 	if p, err := exec.LookPath("pg_ctl"); err == nil {
 		if real, err := filepath.EvalSymlinks(p); err == nil {
 			dir := filepath.Dir(filepath.Dir(real))

@@ -13,7 +13,7 @@ import (
 // TestStartRefusesClusterOfAnotherVersion: the library would wipe a data folder whose
 // version does not match; we refuse instead, and the cluster stays.
 func TestStartRefusesClusterOfAnotherVersion(t *testing.T) {
-	binDir := findInstalled()
+	binDir := InstalledBinaries()
 	if binDir == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
@@ -51,7 +51,7 @@ func TestReachable(t *testing.T) {
 // TestCrashRestartKeepsCommittedData: an immediate stop loses no committed transaction;
 // the server comes back on the same address.
 func TestCrashRestartKeepsCommittedData(t *testing.T) {
-	if findInstalled() == "" {
+	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
 	dataDir, err := os.MkdirTemp("", "embeddedpg-crash-")

@@ -22,7 +22,7 @@ func dropPrivileges(dataDir, binDir string) (string, error) {
 	if err != nil {
 		return "", errors.New("embeddedpg: running as root needs setpriv(1) (util-linux) to start PostgreSQL as an unprivileged user")
 	}
-	u, err := serverUser()
+	u, err := ServerUser()
 	if err != nil {
 		return "", err
 	}
@@ -60,7 +60,9 @@ func dropPrivileges(dataDir, binDir string) (string, error) {
 	return wrappers, nil
 }
 
-func serverUser() (*user.User, error) {
+// ServerUser returns the unprivileged account that runs PostgreSQL when we are root:
+// the first of postgres and nobody that exists.
+func ServerUser() (*user.User, error) {
 	for _, name := range serverUsers {
 		if u, err := user.Lookup(name); err == nil && u.Uid != "0" {
 			return u, nil
