@@ -470,13 +470,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 
 	replied, err := acquire(callCtx)
 	if err != nil {
-		// Cut while it waited: its fence was lost or its lease could not be kept (the
-		// sweeper makes it UNKNOWN), or the broker stopped and the grace period is over:
-		// then, never sent, it goes back to PREPARED for the next dispatcher.
-		if sendCtx.Err() != nil {
-			d.record(contract, op, target.Result{Outcome: target.NotExecuted, Class: "NOT_STARTED",
-				Summary: "the broker stopped before the claim's turn to be sent came; nothing was sent"})
-		}
+		d.cutBeforeSend(contract, op, sendCtx) // cut while it waited
 		return
 	}
 	defer replied()
@@ -544,6 +538,17 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 			return
 		}
 	}
+	// Cut before the send, although its wait ended with a slot? When the grace period
+	// ends, the cut of a call in progress frees its slot while the claims waiting for one
+	// may not be cut yet (a context cancels its children one at a time, after its own
+	// Err is set), and a wait whose slot and cut are both ready takes either. Sent on a
+	// cut context, the request would not leave, yet be recorded UNKNOWN as one that may
+	// have: a claim never sent is given back instead.
+	if sendCtx.Err() != nil || callCtx.Err() != nil {
+		replied()
+		d.cutBeforeSend(contract, op, sendCtx)
+		return
+	}
 	credential := d.cfg.Connector.CredentialVersion(contract)
 	var sentErr atomic.Pointer[error] // set on the transport's goroutine
 	callCtx, span := d.tracer.Start(callCtx, "opbroker.dispatch.send", append(tracing.LinkTo(op.TraceParent),
@@ -585,6 +590,17 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	}
 	d.record(contract, op, res)
 	_ = crashpoint.Hit(crashpoint.DispatchAfterRecord)
+}
+
+// cutBeforeSend ends a claim cut before its send, which was never made. If the broker
+// stopped (sendCtx, the calls' context, is cancelled when the grace period is over), it
+// goes back to PREPARED for the next dispatcher (NOT_STARTED); otherwise its fence was
+// lost or its lease could not be kept, and the sweeper makes it UNKNOWN.
+func (d *Dispatcher) cutBeforeSend(contract *target.Contract, op store.Claimed, sendCtx context.Context) {
+	if sendCtx.Err() != nil {
+		d.record(contract, op, target.Result{Outcome: target.NotExecuted, Class: "NOT_STARTED",
+			Summary: "the broker stopped before the claim's turn to be sent came; nothing was sent"})
+	}
 }
 
 // opLog returns the dispatcher's logger for one claim; it is made only when something

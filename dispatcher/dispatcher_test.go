@@ -4,9 +4,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -307,7 +313,16 @@ func TestStopRecordsCallsInProgress(t *testing.T) {
 // sent) for the next dispatcher, not to UNKNOWN.
 func TestStopGivesBackClaimsNeverSent(t *testing.T) {
 	t.Parallel()
-	b := setup(t, simtarget.Config{Latency: time.Second}, func(c *target.Contract) { c.Concurrency = 1 })
+	// The target answers nothing, so the first call holds its one slot until the grace
+	// period ends however slow the machine is. (With a latency of a second, a second
+	// claim slower than 600 ms would let the first call end within the grace, and a
+	// waiting claim take its slot and be sent: rightly, then cut as UNKNOWN.)
+	arrivals := silentTarget(t)
+	b := setup(t, simtarget.Config{}, func(c *target.Contract) {
+		c.Concurrency = 1
+		c.Endpoint.URL = arrivals.url(t, c.Endpoint.URL)
+		c.Endpoint.Timeout = target.Duration(time.Minute)
+	})
 	for i := range 6 {
 		b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprintf("q-%d", i), `{"amount":1}`)
 	}
@@ -315,13 +330,12 @@ func TestStopGivesBackClaimsNeverSent(t *testing.T) {
 	claimed, _, err := d.RunOnce(b.ctx) // the one free slot: one claim
 	require.NoError(t, err)
 	require.Equal(t, 1, claimed)
-	time.Sleep(dispatcher.PaceWindow) // its send started: the target's pace is known
+	arrivals.await(t, 1)              // its send started
+	time.Sleep(dispatcher.PaceWindow) // and the target's pace is known
 	claimed, _, err = d.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, 5, claimed, "claims run ahead of the one slot")
 	d.Stop()
-	// The target counts a request when its latency is over.
-	require.Eventually(t, func() bool { return b.sim.Snapshot().Requests == 1 }, 5*time.Second, 10*time.Millisecond)
 	var back, unknown int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT
 			count(*) FILTER (WHERE state = 'PREPARED' AND attempt_count = 1 AND not_executed = 1),
@@ -330,8 +344,90 @@ func TestStopGivesBackClaimsNeverSent(t *testing.T) {
 	require.Equal(t, 5, back, "the claims never sent are PREPARED again")
 	require.Equal(t, 1, unknown, "the call cut after the grace period")
 	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM operation_events WHERE reason = 'NOT_STARTED' AND NOT sent`))
-	require.Equal(t, 1, b.sim.Snapshot().Requests, "only the first was sent")
+	require.Equal(t, 1, arrivals.count(), "only the first was sent")
 }
+
+// TestStopGivesBackAClaimWhoseSlotCameWithTheCut: when the grace period ends, the cut
+// of a call in progress frees its slot while the claims waiting for one may not be cut
+// yet (a context cancels its children one at a time), and a wait with both its slot and
+// its cut ready may take the slot. Such a claim was never sent either: it goes back to
+// PREPARED, not to UNKNOWN as a request sent on the cut context would.
+func TestStopGivesBackAClaimWhoseSlotCameWithTheCut(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	contract, ok := b.targets.ByName("demo-payments")
+	require.True(t, ok)
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "slot-at-the-cut", `{"amount":1}`)
+	const worker = "w"
+	asOf := time.Now()
+	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: worker, Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	d := b.dispatcher(t, dispatcher.Config{Worker: worker, Lease: time.Minute, ShutdownGrace: 50 * time.Millisecond})
+	d.DeliverAfter(contract, claimed[0], asOf, func(ctx context.Context) (func(), error) {
+		<-ctx.Done()          // it waits until the grace period is over
+		return func() {}, nil // and then takes the slot, not the cut
+	})
+	d.Stop()
+	got := b.get(t, op)
+	require.Equal(t, store.StatePrepared, got.State, "%+v", got.LastObservation)
+	require.Equal(t, "NOT_STARTED", got.LastObservation.Outcome)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE reason = 'NOT_STARTED' AND NOT sent`))
+	require.Zero(t, b.sim.Snapshot().Requests, "never sent")
+}
+
+// silent is a target that answers nothing: it counts each request that arrives and
+// holds it until the client gives up.
+type silent struct {
+	srv     *httptest.Server
+	arrived chan struct{} // one value per request
+	n       atomic.Int64
+}
+
+func silentTarget(t *testing.T) *silent {
+	t.Helper()
+	s := &silent{arrived: make(chan struct{}, 64)}
+	done := make(chan struct{})
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.n.Add(1)
+		select {
+		case s.arrived <- struct{}{}:
+		default:
+		}
+		_, _ = io.Copy(io.Discard, r.Body) // read to the end, so a closed connection ends r's context
+		select {
+		case <-r.Context().Done():
+		case <-done:
+		}
+	}))
+	t.Cleanup(s.srv.Close)
+	t.Cleanup(func() { close(done) }) // runs first: no request is held at Close
+	return s
+}
+
+// url is rawURL with the silent target's host.
+func (s *silent) url(t *testing.T, rawURL string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	return strings.Replace(rawURL, u.Scheme+"://"+u.Host, s.srv.URL, 1)
+}
+
+// await waits until n requests arrived.
+func (s *silent) await(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		select {
+		case <-s.arrived:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no request arrived")
+		}
+	}
+}
+
+// count is how many requests arrived.
+func (s *silent) count() int { return int(s.n.Load()) }
 
 // TestClaimsRunAheadOnlyAsFarAsTheTargetKeeps: a claim takes what the target's slots
 // start at once and what its pace starts within a quarter of the lease, never the

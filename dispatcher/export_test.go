@@ -1,6 +1,12 @@
 package dispatcher
 
-import "context"
+import (
+	"context"
+	"time"
+
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/target"
+)
 
 // RunOnce is the claim loop's body, for tests that drive it by hand.
 func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err error) {
@@ -9,3 +15,15 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err e
 
 // PaceWindow is how long the claim loop measures a target's pace over.
 const PaceWindow = paceWindow
+
+// DeliverAfter hands the dispatcher a claim as its claim loop does: the claim is
+// delivered on a goroutine of its own, which Stop waits for and cuts, once acquire (the
+// claim's wait for its slots) returns.
+func (d *Dispatcher) DeliverAfter(contract *target.Contract, op store.Claimed, asOf time.Time,
+	acquire func(context.Context) (func(), error)) {
+	d.inFlight.Add(1)
+	go func() {
+		defer d.inFlight.Done()
+		d.deliver(contract, op, asOf, acquire)
+	}()
+}
