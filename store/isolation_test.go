@@ -83,4 +83,7 @@ func TestCheckSchemaRefusesARoleThatBypassesIsolation(t *testing.T) {
 	_, err := admin.Exec(ctx, `ALTER TABLE operation_events NO FORCE ROW LEVEL SECURITY`)
 	require.NoError(t, err)
 	require.ErrorContains(t, store.CheckSchema(ctx, app), "row-level security is not forced on [operation_events]")
+	_, err = admin.Exec(ctx, `ALTER TABLE inbound_evidence NO FORCE ROW LEVEL SECURITY`)
+	require.NoError(t, err)
+	require.ErrorContains(t, store.CheckSchema(ctx, app), "row-level security is not forced on [inbound_evidence operation_events]")
 }

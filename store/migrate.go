@@ -89,7 +89,7 @@ func checkIsolation(ctx context.Context, conn *pgxpool.Conn) error {
 	}
 	rows, _ := conn.Query(ctx, `SELECT relname FROM pg_class
 		WHERE oid IN ('operations'::regclass, 'operation_events'::regclass, 'stale_outcomes'::regclass,
-			'payload_mismatches'::regclass)
+			'payload_mismatches'::regclass, 'inbound_evidence'::regclass)
 		  AND NOT (relrowsecurity AND relforcerowsecurity) ORDER BY relname`)
 	unforced, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
