@@ -6,7 +6,7 @@ BUF := go tool -modfile=tools/buf/go.mod buf
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GO_FILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: all build build-chaos dev test test-race fuzz chaos bench generate lint check-generated schema
+.PHONY: all build build-chaos dev test test-race test-ha fuzz chaos chaos-ha bench generate lint check-generated schema
 
 all: lint test
 
@@ -22,6 +22,8 @@ help:
 		all 'lint, then test' \
 		fuzz '30 seconds of each fuzz target' \
 		chaos 'a chaos run and its audit (SEED=1 DURATION=10m by default); fails if an invariant broke' \
+		chaos-ha 'the chaos run on a failing-over PostgreSQL formation (Patroni)' \
+		test-ha 'the formation test and a short chaos run with failovers (Patroni)' \
 		bench 'every benchmark: prints numbers, asserts nothing' \
 		generate 'buf format -w and buf generate: proto/ to gen/' \
 		check-generated 'fails when gen/ does not match proto/' \
@@ -53,12 +55,24 @@ test:
 test-race:
 	go test -race ./...
 
+# The tests that start a replicated PostgreSQL (package formation): a failover keeps
+# every acknowledged commit, and the short chaos run with failovers. Needs Debian's
+# patroni and etcd-server packages.
+test-ha:
+	OPBROKER_TEST_FORMATION=1 go test -count=1 -timeout 15m -run 'TestAcknowledgedCommitsSurviveAFailover|TestShortChaosRunWithFailovers' ./formation ./chaos
+
 # The chaos run (package chaos): replicas as processes, every fault, then the audit of
 # invariants I1-I10. SEED and DURATION pick the run; it exits non-zero if an invariant broke.
 SEED ?= 1
 DURATION ?= 10m
 chaos: build-chaos
 	go run ./cmd/opchaos --broker bin/opbroker-chaos --seed $(SEED) --duration $(DURATION) --json bin/chaos-report.json
+
+# The chaos run on a replicated PostgreSQL (Patroni, etcd, three nodes on loopback,
+# strict synchronous mode), whose primary is killed and stopped over and over, beside
+# every other fault. Needs Debian's patroni and etcd-server packages.
+chaos-ha: build-chaos
+	go run ./cmd/opchaos --broker bin/opbroker-chaos --failover --seed $(SEED) --duration $(DURATION) --json bin/chaos-ha-report.json
 
 # Measures and prints; asserts nothing. Uses DATABASE_URL when set, else an embedded
 # PostgreSQL. compare-river builds bench/river (River's engine, a module of its own)

@@ -29,6 +29,8 @@ const (
 	DefaultFaultInterval = time.Second
 	DefaultFaultRate     = 0.3
 	DefaultSettleBound   = 60 * time.Second
+	// DefaultFailoverInterval is the mean time between failovers of Config.Failover.
+	DefaultFailoverInterval = 30 * time.Second
 )
 
 // Config describes a run. Zero fields take the defaults of the short run.
@@ -39,10 +41,16 @@ type Config struct {
 	// DatabaseURL is an administrator's connection string; empty starts an embedded
 	// PostgreSQL (which the run also restarts as a fault).
 	DatabaseURL string
-	Replicas    int // default 3
-	Tenants     int // default 4
-	Intents     int // default 150
-	Clients     int // concurrent clients, default 8
+	// Failover runs the ledger on a replicated PostgreSQL instead (package formation:
+	// Patroni, etcd, three nodes in strict synchronous mode), whose primary the run
+	// kills and stops, every FailoverInterval on average, while the replicas require
+	// synchronous replication. DatabaseURL must be empty.
+	Failover         bool
+	FailoverInterval time.Duration // default 30s
+	Replicas         int           // default 3
+	Tenants          int           // default 4
+	Intents          int           // default 150
+	Clients          int           // concurrent clients, default 8
 	// Duration keeps the faults going at least this long, the workload running in
 	// rounds of Intents until it ends; 0 runs one round.
 	Duration time.Duration
@@ -89,6 +97,9 @@ func (c *Config) setDefaults() {
 	if c.SettleBound <= 0 {
 		c.SettleBound = DefaultSettleBound
 	}
+	if c.FailoverInterval <= 0 {
+		c.FailoverInterval = DefaultFailoverInterval
+	}
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
@@ -132,6 +143,8 @@ type Report struct {
 	ByState             map[string]int `json:"operations_by_state"`
 	UnknownToResolution Durations      `json:"unknown_to_resolution"`
 	Settled             bool           `json:"settled"`
+	// Failovers are the formation's, with Config.Failover.
+	Failovers []Failover `json:"failovers,omitempty"`
 	// Evidence is what became of the charge target's webhooks.
 	Evidence   EvidenceCounts `json:"evidence"`
 	Invariants []Invariant    `json:"invariants"`
@@ -179,6 +192,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Broker == "" {
 		return nil, errors.New("chaos: no broker binary")
 	}
+	if cfg.Failover && cfg.DatabaseURL != "" {
+		return nil, errors.New("chaos: a failover run starts its own formation: give no database")
+	}
 	start := time.Now()
 	fmt.Fprintf(cfg.Log, "chaos: seed %d: starting PostgreSQL, targets and %d replicas\n", cfg.Seed, cfg.Replicas)
 	c, err := newCluster(ctx, cfg)
@@ -193,6 +209,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	go c.supervise(superviseCtx)
 	faultsDone, covered := make(chan struct{}), make(chan struct{})
 	go func() { defer close(faultsDone); c.injectFaults(faultCtx, covered) }()
+	failoversDone, failoversCovered := make(chan struct{}), make(chan struct{})
+	if cfg.Failover {
+		go func() { defer close(failoversDone); c.failoverLoop(faultCtx, cfg.FailoverInterval, failoversCovered) }()
+	} else {
+		close(failoversDone)
+		close(failoversCovered)
+	}
 	reportsDone := make(chan []report, 1)
 	go func() { reportsDone <- c.reportEvidence(faultCtx, rand.New(rand.NewPCG(cfg.Seed, 17))) }()
 
@@ -201,6 +224,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	enough := func() bool {
 		select {
 		case <-covered:
+		default:
+			return false
+		}
+		select {
+		case <-failoversCovered:
 			return time.Since(start) >= cfg.Duration
 		default:
 			return false
@@ -213,6 +241,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	stopFaults()
 	<-faultsDone
+	<-failoversDone
+	if c.ha != nil { // a failover that failed half-way may have left a node down
+		if err := errors.Join(c.ha.Heal(), c.ha.WaitWhole(ctx, 2*time.Minute)); err != nil {
+			fmt.Fprintf(cfg.Log, "chaos: healing the formation: %v\n", err)
+		}
+	}
 	reports := <-reportsDone
 
 	fmt.Fprintln(cfg.Log, "chaos: healing; waiting for the work to settle")
@@ -254,6 +288,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	r.ResolvedByHand = resolvedByHand
+	r.Failovers = slices.Clone(c.failovers)
+	c.calls.windows(r.Failovers)
 	audit(r, ops, truth, h, leaks, evidenceAudit{sent: c.charge.Snapshot().Webhooks, kept: kept, reports: reports})
 	r.Elapsed = time.Since(start).Round(time.Second).String()
 	return r, nil
@@ -292,6 +328,16 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  answered pending %d, sent again after an answer documented as not executed %d, conditional resends refused %d\n",
 		r.Pending, r.Resent, r.PreconditionRefusals)
 	fmt.Fprintf(w, "  escalations resolved by the operator after checking the target %d\n", r.ResolvedByHand)
+	if len(r.Failovers) > 0 {
+		fmt.Fprintf(w, "  failovers %d (new primary after; unavailable from the first failed PrepareOperation to the first acknowledged one):\n", len(r.Failovers))
+		for _, f := range r.Failovers {
+			fmt.Fprintf(w, "    %s: %s; %s", f.Fault, f.NewPrimary.Round(100*time.Millisecond), f.Unavailable.Round(100*time.Millisecond))
+			for _, k := range slices.Sorted(maps.Keys(f.Refusals)) {
+				fmt.Fprintf(w, "; %s %d", k, f.Refusals[k])
+			}
+			fmt.Fprintln(w)
+		}
+	}
 	fmt.Fprintf(w, "  lost %d, duplicated %d, unconfirmed %d, false-failed %d\n", r.Lost, r.Duplicated, r.Unconfirmed, r.FalseFailed)
 	fmt.Fprintf(w, "  recovered from UNKNOWN %d, escalated %d, still UNKNOWN %d (settled: %v)\n", r.Recovered, r.Escalated, r.Unresolved, r.Settled)
 	for _, u := range r.UnresolvedSamples {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/opbroker/opbroker/chaos"
 	"github.com/opbroker/opbroker/crashpoint"
+	"github.com/opbroker/opbroker/formation"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/storetest"
 )
@@ -81,5 +82,40 @@ func TestShortChaosRun(t *testing.T) {
 	require.Positive(t, report.Evidence.ReportedForAnotherTenant, "one of them for another tenant")
 	for _, reason := range []string{"UNMATCHED", "TENANT_CONFLICT", "PAYLOAD_MISMATCH"} {
 		require.Positive(t, report.Evidence.Quarantined[reason], "no event was quarantined as %s", reason)
+	}
+}
+
+// TestShortChaosRunWithFailovers is the short run on a replicated PostgreSQL (package
+// formation): its primary killed, then stopped, and more at random (every 20 s on
+// average), each returning as a standby, beside every other fault, then the same audit. It runs when
+// formation.EnvTest is 1 (make test-ha, .ci/run).
+func TestShortChaosRunWithFailovers(t *testing.T) {
+	if os.Getenv(formation.EnvTest) != "1" {
+		t.Skipf("set %s=1 to run the chaos run with failovers (make test-ha)", formation.EnvTest)
+	}
+	var log bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	report, err := chaos.Run(ctx, chaos.Config{
+		Seed: 20261201, Broker: broker, Failover: true, FailoverInterval: 20 * time.Second,
+		Intents: 60, Tenants: 4, FaultInterval: time.Second,
+		ResolutionDeadline: 6 * time.Second, SettleBound: 90 * time.Second, Log: &log,
+	})
+	require.NoError(t, err, log.String())
+	var text bytes.Buffer
+	report.WriteText(&text)
+	t.Log(text.String())
+	t.Log(log.String())
+
+	require.NoError(t, ctx.Err(), "the run did not end within 10 minutes")
+	require.True(t, report.Passed(), text.String())
+	require.Zero(t, report.Lost+report.Duplicated+report.Unconfirmed+report.FalseFailed)
+	require.True(t, report.Settled, "the work settles after healing")
+	for _, kind := range []string{"kill -9 of the PostgreSQL primary", "SIGSTOP of the PostgreSQL primary (a partition)"} {
+		require.Positive(t, report.Faults[kind], "%s never happened", kind)
+	}
+	require.GreaterOrEqual(t, len(report.Failovers), 2)
+	for _, f := range report.Failovers {
+		require.Positive(t, f.NewPrimary, "%s: no new primary", f.Fault)
 	}
 }

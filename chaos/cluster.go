@@ -25,6 +25,7 @@ import (
 	"github.com/opbroker/opbroker/auth"
 	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/embeddedpg"
+	"github.com/opbroker/opbroker/formation"
 	"github.com/opbroker/opbroker/provision"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
@@ -51,7 +52,8 @@ const provisionKeyEnv = "OPCHAOS_PROVISION_API_KEY"
 type cluster struct {
 	cfg      Config
 	dir      string
-	pg       *embeddedpg.Server // nil when the database was given
+	pg       *embeddedpg.Server   // nil when the database was given
+	ha       *formation.Formation // with Config.Failover
 	schema   string
 	adminURL string        // the administrator, on the run's schema
 	appURL   string        // the broker's ordinary role
@@ -70,13 +72,16 @@ type cluster struct {
 	// charge target posts its events to them, in turn, as to a load balancer's.
 	webhookAddrs []string
 
-	mu       sync.Mutex
-	replicas []*replica
-	conns    map[string]*grpc.ClientConn
-	rng      *rand.Rand
-	healing  bool
-	crashes  int
-	faults   map[string]int // process and crash-point faults by kind
+	calls callLog // every PrepareOperation attempt
+
+	mu        sync.Mutex
+	failovers []Failover
+	replicas  []*replica
+	conns     map[string]*grpc.ClientConn
+	rng       *rand.Rand
+	healing   bool
+	crashes   int
+	faults    map[string]int // process and crash-point faults by kind
 	// secrets is every credential the run made, in the order it made them; a secret is
 	// added before anything can read it, so every log line is checked against every
 	// secret that could be in it (I12).
@@ -90,13 +95,14 @@ type secret struct{ name, value string }
 
 // replica is one broker process.
 type replica struct {
-	id     int
-	cmd    *exec.Cmd
-	addr   string // gRPC, once serving
-	paused bool
-	stop   bool // stopped on purpose: its end is not a crash
-	exited chan struct{}
-	crash  string // the crash point it was started with, if any
+	id      int
+	cmd     *exec.Cmd
+	addr    string // gRPC, once serving
+	paused  bool
+	stop    bool // stopped on purpose: its end is not a crash
+	counted bool // its end was counted as a crash
+	exited  chan struct{}
+	crash   string // the crash point it was started with, if any
 }
 
 var servingLine = regexp.MustCompile(`msg=serving grpc=(\S+)`)
@@ -117,6 +123,13 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 		return c, err
 	}
 	base := cfg.DatabaseURL
+	if cfg.Failover {
+		fmt.Fprintln(cfg.Log, "chaos: starting the formation: etcd and three PostgreSQL nodes under Patroni")
+		if c.ha, err = formation.Start(ctx, formation.Config{Dir: filepath.Join(c.dir, "formation")}); err != nil {
+			return c, err
+		}
+		base = c.ha.URL()
+	}
 	if base == "" {
 		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: filepath.Join(c.dir, "pg")}); err != nil {
 			return c, err
@@ -146,8 +159,17 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 		return c, err
 	}
 	for i := range cfg.Replicas {
-		if err := c.start(i); err != nil {
-			return c, err
+		// A replica refuses to start while its database is unavailable, or, on a
+		// formation, while its commits do not wait for a standby yet: a few tries.
+		for try := 1; ; try++ {
+			err := c.start(i)
+			if err == nil {
+				break
+			}
+			if try == 5 {
+				return c, err
+			}
+			time.Sleep(time.Second)
 		}
 	}
 	return c, nil
@@ -338,6 +360,9 @@ func (c *cluster) start(i int) error {
 		"--log-format", "text", "--dispatch-lease", c.cfg.Lease.String(), "--reconcile-lease", c.cfg.Lease.String(), "--shutdown-grace", "2s",
 		"--tenant-rate", "100000", "--tenant-burst", "100000", "--reconcile-deadline", c.cfg.ResolutionDeadline.String(),
 		"--webhook-addr", c.webhookAddrs[i])
+	if c.ha != nil {
+		cmd.Args = append(cmd.Args, "--require-synchronous-replication")
+	}
 	cmd.Env = append(os.Environ(), provisionKeyEnv+"="+c.provisionKey)
 	if crash != "" {
 		cmd.Env = append(cmd.Env, crashpoint.EnvVar+"="+crash)
@@ -423,7 +448,10 @@ func (c *cluster) checkLog(i int, line string) {
 }
 
 // supervise restarts replicas that died (killed, or by a crash point) until ctx ends.
+// A replica that exits before serving (its database unreachable, as during a failover)
+// is started again a second later, not at once, as a process supervisor backs off.
 func (c *cluster) supervise(ctx context.Context) {
+	failedAt := map[int]time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -435,14 +463,19 @@ func (c *cluster) supervise(ctx context.Context) {
 		for _, r := range c.replicas {
 			if !r.alive() {
 				dead = append(dead, r.id)
-				if !r.stop {
+				if !r.stop && !r.counted {
 					c.crashes++
+					r.counted = true
 				}
 			}
 		}
 		c.mu.Unlock()
 		for _, i := range dead {
+			if time.Since(failedAt[i]) < time.Second {
+				continue
+			}
 			if err := c.start(i); err != nil && ctx.Err() == nil {
+				failedAt[i] = time.Now()
 				fmt.Fprintf(c.cfg.Log, "chaos: restarting replica %d: %v\n", i, err)
 			}
 		}
@@ -564,6 +597,9 @@ func (c *cluster) close() {
 	}
 	if c.pg != nil {
 		_ = c.pg.Stop()
+	}
+	if c.ha != nil {
+		c.ha.Close()
 	}
 	if c.dir != "" {
 		os.RemoveAll(c.dir)

@@ -213,6 +213,17 @@ func (c *cluster) waitSettled(ctx context.Context, rng *rand.Rand, tenant, name 
 	return false
 }
 
+// outcomeOf names a call's failure by its code and reason, or "" when it succeeded.
+func outcomeOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	if reason := reasonOf(err); reason != "" {
+		return status.Code(err).String() + " " + reason
+	}
+	return status.Code(err).String()
+}
+
 // reasonOf returns the ErrorInfo reason of a gRPC error, or "".
 func reasonOf(err error) string {
 	for _, d := range status.Convert(err).Details() {
@@ -235,6 +246,9 @@ func (c *cluster) prepare(ctx context.Context, rng *rand.Rand, h *history, in *i
 			var resp *opbrokerv1.PrepareOperationResponse
 			resp, err = opbrokerv1.NewOperationServiceClient(conn).PrepareOperation(callCtx, in.req)
 			cancel()
+			if err == nil || retryable(err) { // an answer that refuses is not an outage
+				c.calls.add(call{at: time.Now(), failed: outcomeOf(err)})
+			}
 			if err == nil {
 				in.ack(resp.GetOperation().GetName())
 				return nil

@@ -216,6 +216,10 @@ type report struct {
 func (c *cluster) reportEvidence(ctx context.Context, rng *rand.Rand) []report {
 	var reported []report
 	seen := map[string]bool{}
+	// retry holds each report whose call failed, sent again unchanged as a client
+	// retries: the failed call may have been kept, and its retry is then a duplicate of
+	// the same report.
+	retry := map[string]report{}
 	tenants := tenants(c.cfg.Tenants)
 	for {
 		select {
@@ -227,7 +231,8 @@ func (c *cluster) reportEvidence(ctx context.Context, rng *rand.Rand) []report {
 			if !s.Genuine || s.Forged || s.Duplicate || !s.Acknowledged || seen[s.EventID] || ctx.Err() != nil {
 				continue
 			}
-			if rng.IntN(4) != 0 {
+			r, retrying := retry[s.EventID]
+			if !retrying && rng.IntN(4) != 0 {
 				seen[s.EventID] = true
 				continue
 			}
@@ -247,22 +252,28 @@ func (c *cluster) reportEvidence(ctx context.Context, rng *rand.Rand) []report {
 				seen[s.EventID] = true
 				continue
 			}
-			r := report{eventID: s.EventID, tenant: event.Data.Object.Account}
-			if len(reported) == 0 || rng.IntN(5) == 0 { // the first too, so that a short run has one
-				r.tenant, r.wrong = tenants[(slices.Index(tenants, r.tenant)+1+rng.IntN(len(tenants)-1))%len(tenants)], true
+			if !retrying {
+				r = report{eventID: s.EventID, tenant: event.Data.Object.Account}
+				if len(reported) == 0 || rng.IntN(5) == 0 { // the first too, so that a short run has one
+					r.tenant, r.wrong = tenants[(slices.Index(tenants, r.tenant)+1+rng.IntN(len(tenants)-1))%len(tenants)], true
+				}
 			}
 			conn, err := c.client(rng)
 			if err != nil {
+				retry[s.EventID] = r
 				continue
 			}
 			callCtx, cancel := context.WithTimeout(c.as(ctx, reporterName), 5*time.Second)
 			_, err = opbrokerv1.NewEvidenceServiceClient(conn).ReportEvidence(callCtx,
 				&opbrokerv1.ReportEvidenceRequest{Tenant: r.tenant, Target: "chaos-payments", Event: body})
 			cancel()
-			if err == nil {
-				seen[s.EventID] = true
-				reported = append(reported, r)
+			if err != nil {
+				retry[s.EventID] = r
+				continue
 			}
+			delete(retry, s.EventID)
+			seen[s.EventID] = true
+			reported = append(reported, r)
 		}
 	}
 }

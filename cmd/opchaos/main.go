@@ -47,6 +47,8 @@ func newApp() *cli.Command {
 			&cli.DurationFlag{Name: "duration", Usage: "keep the faults and the workload going at least this long (0: one round)"},
 			&cli.DurationFlag{Name: "fault-interval", Value: chaos.DefaultFaultInterval, Usage: "mean time between process and database faults"},
 			&cli.Float64Flag{Name: "fault-rate", Value: chaos.DefaultFaultRate, Usage: "share of the targets' requests that get a fault"},
+			&cli.BoolFlag{Name: "failover", Usage: "run the ledger on a replicated PostgreSQL (Patroni, etcd, three nodes, strict synchronous mode) whose primary is killed and stopped (needs Debian's patroni and etcd-server)"},
+			&cli.DurationFlag{Name: "failover-interval", Value: chaos.DefaultFailoverInterval, Usage: "mean time between failovers, with --failover"},
 			&cli.DurationFlag{Name: "settle-bound", Value: chaos.DefaultSettleBound, Usage: "how long the work may take to settle after healing"},
 			&cli.StringFlag{Name: "json", Usage: "also write the report as JSON to this file"},
 			&cli.BoolFlag{Name: "verbose", Usage: "print the replicas' logs"},
@@ -63,7 +65,8 @@ func run(ctx context.Context, cmd *cli.Command) error {
 		Seed: cmd.Uint64("seed"), Broker: cmd.String("broker"), DatabaseURL: cmd.String("database-url"),
 		Replicas: cmd.Int("replicas"), Tenants: cmd.Int("tenants"), Intents: cmd.Int("intents"), Clients: cmd.Int("clients"),
 		Duration: cmd.Duration("duration"), FaultInterval: cmd.Duration("fault-interval"), FaultRate: cmd.Float64("fault-rate"),
-		SettleBound: cmd.Duration("settle-bound"), Log: os.Stderr,
+		SettleBound: cmd.Duration("settle-bound"), Failover: cmd.Bool("failover"), FailoverInterval: cmd.Duration("failover-interval"),
+		Log: os.Stderr,
 	}
 	if cmd.Bool("verbose") {
 		cfg.ReplicaLogs = os.Stderr

@@ -1,0 +1,170 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// The formation's faults (Config.Failover), by the names the report uses.
+const (
+	faultKillPrimary = "kill -9 of the PostgreSQL primary"
+	faultStopPrimary = "SIGSTOP of the PostgreSQL primary (a partition)"
+)
+
+// Failover is one of the formation's failovers, as the report gives it.
+type Failover struct {
+	Fault string    `json:"fault"`
+	At    time.Time `json:"at"`
+	// NewPrimary is how long after the fault another node held the leader lock.
+	NewPrimary time.Duration `json:"new_primary_after_ns"`
+	// Unavailable runs from the first PrepareOperation that failed after the fault to
+	// the first one acknowledged after that failure (0 when none failed); Refusals
+	// counts the failed attempts in it by gRPC code and reason.
+	Unavailable time.Duration  `json:"unavailable_ns"`
+	Refusals    map[string]int `json:"refusals,omitempty"`
+}
+
+// call is one PrepareOperation attempt as a client saw it: acknowledged, or failed in a
+// way a client retries.
+type call struct {
+	at     time.Time
+	failed string // "" when acknowledged; else the code and reason
+}
+
+// callLog keeps every PrepareOperation attempt of the run, for the failovers'
+// unavailability windows.
+type callLog struct {
+	mu    sync.Mutex
+	calls []call
+}
+
+func (l *callLog) add(c call) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = append(l.calls, c)
+}
+
+// windows fills in each failover's Unavailable and Refusals from the calls, looking
+// only at calls before the next failover.
+func (l *callLog) windows(failovers []Failover) {
+	l.mu.Lock()
+	calls := slices.Clone(l.calls)
+	l.mu.Unlock()
+	slices.SortFunc(calls, func(a, b call) int { return a.at.Compare(b.at) })
+	for i := range failovers {
+		f := &failovers[i]
+		end := time.Time{}
+		if i+1 < len(failovers) {
+			end = failovers[i+1].At
+		}
+		var firstFailed time.Time
+		for _, c := range calls {
+			if c.at.Before(f.At) || (!end.IsZero() && !c.at.Before(end)) {
+				continue
+			}
+			if c.failed != "" {
+				if firstFailed.IsZero() {
+					firstFailed = c.at
+				}
+				if f.Refusals == nil {
+					f.Refusals = map[string]int{}
+				}
+				f.Refusals[c.failed]++
+				continue
+			}
+			if !firstFailed.IsZero() {
+				f.Unavailable = c.at.Sub(firstFailed)
+				break
+			}
+		}
+	}
+}
+
+// failoverFault kills or stops the formation's primary, waits for another node to take
+// the leader lock, and brings the old primary back as a standby: restarted after a
+// kill, continued after a stop (its Patroni then finds the lock lost and demotes it).
+// It returns once the formation is whole again, so that a sync standby is there for the
+// next failover.
+func (c *cluster) failoverFault(ctx context.Context, kind string) error {
+	old, err := c.ha.Primary(ctx)
+	if err != nil {
+		return err
+	}
+	at := time.Now()
+	if kind == faultKillPrimary {
+		err = c.ha.Kill(old)
+	} else {
+		err = c.ha.Stop(old)
+	}
+	if err != nil {
+		return err
+	}
+	f := Failover{Fault: kind, At: at}
+	fmt.Fprintf(c.cfg.Log, "chaos: %s: node %d\n", kind, old)
+	var newErr error
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		if now, err := c.ha.Primary(ctx); err == nil && now != old {
+			f.NewPrimary = time.Since(at)
+			fmt.Fprintf(c.cfg.Log, "chaos: node %d is primary after %s\n", now, f.NewPrimary.Round(100*time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			newErr = errors.New("no other node became primary within 2 minutes")
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Down a moment longer, as a machine that reboots.
+	time.Sleep(time.Second)
+	if kind == faultKillPrimary {
+		err = c.ha.Restart(old)
+	} else {
+		err = c.ha.Resume(old)
+	}
+	c.mu.Lock()
+	c.failovers = append(c.failovers, f)
+	c.mu.Unlock()
+	if err := errors.Join(newErr, err); err != nil {
+		return err
+	}
+	return c.ha.WaitWhole(context.WithoutCancel(ctx), 2*time.Minute)
+}
+
+// failoverLoop injects the formation's faults, one at a time, every interval on
+// average, until ctx ends: first each kind once, then kinds at random; covered is
+// closed once each kind struck.
+func (c *cluster) failoverLoop(ctx context.Context, interval time.Duration, covered chan<- struct{}) {
+	kinds := []string{faultKillPrimary, faultStopPrimary}
+	struck := map[string]bool{}
+	for {
+		c.mu.Lock()
+		wait := interval/2 + time.Duration(c.rng.Int64N(int64(interval)))
+		kind := kinds[c.rng.IntN(len(kinds))]
+		c.mu.Unlock()
+		if i := slices.IndexFunc(kinds, func(k string) bool { return !struck[k] }); i >= 0 {
+			kind = kinds[i]
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if err := c.failoverFault(ctx, kind); err != nil {
+			fmt.Fprintf(c.cfg.Log, "chaos: %s: %v\n", kind, err)
+			continue
+		}
+		c.mu.Lock()
+		c.faults[kind]++
+		c.mu.Unlock()
+		if !struck[kind] {
+			struck[kind] = true
+			if len(struck) == len(kinds) {
+				close(covered)
+			}
+		}
+	}
+}
