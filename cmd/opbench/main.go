@@ -106,6 +106,8 @@ func newApp() *cli.Command {
 				databaseURLFlag(),
 				&cli.DurationFlag{Name: "period", Value: 5 * time.Second, Usage: "how long each measurement runs"},
 				&cli.IntSliceFlag{Name: "concurrency", Value: []int{1, 8, 32, 64}, Usage: "calls at once, one measurement each"},
+				&cli.BoolFlag{Name: "formation", Usage: "compare the single server with three nodes in strict synchronous mode (Patroni, etcd: Debian's patroni and etcd-server), alternating"},
+				&cli.IntFlag{Name: "rounds", Value: 3, Usage: "rounds of the comparison, with --formation"},
 				cpuProfileFlag(),
 			},
 			Action: benchPrepare,

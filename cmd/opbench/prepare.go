@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/opbroker/opbroker/formation"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
@@ -23,31 +24,22 @@ import (
 
 // benchPrepare measures PrepareOperation over gRPC at each concurrency, next to the same
 // PostgreSQL's plain single-row INSERT at the same concurrency: the physical limit of a
-// durable write per call.
+// durable write per call. With --formation it compares the single server with a
+// replicated one instead.
 func benchPrepare(ctx context.Context, cmd *cli.Command) error {
-	pool, cleanup, err := openDatabase(ctx, cmd, true)
+	if cmd.Bool("formation") {
+		return benchPrepareReplicated(ctx, cmd)
+	}
+	url, stopCluster, err := cluster(ctx, cmd.String("database-url"))
 	if err != nil {
 		return err
 	}
-	defer cleanup()
-	if _, err := pool.Exec(ctx, `CREATE TABLE bench_insert (id bigserial PRIMARY KEY, tenant_id text NOT NULL, payload bytea NOT NULL)`); err != nil {
-		return err
-	}
-	st := store.New(pool)
-	addr, stop, err := serveAPI(ctx, st)
+	defer stopCluster()
+	b, err := newPrepareBench(ctx, url)
 	if err != nil {
 		return err
 	}
-	defer stop()
-	var conns []*grpc.ClientConn
-	for range 4 {
-		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		conns = append(conns, c)
-	}
+	defer b.close()
 
 	stopProfile, err := profile(cmd)
 	if err != nil {
@@ -58,27 +50,142 @@ func benchPrepare(ctx context.Context, cmd *cli.Command) error {
 	period := cmd.Duration("period")
 	fmt.Fprintf(out, "PrepareOperation over gRPC vs a plain single-row INSERT, %s per measurement, durable commits\n", period)
 	fmt.Fprintf(out, "%-11s  %-30s  %-30s  %-30s  %s\n", "concurrency", "PrepareOperation ops/s p50 p99", "store.Prepare ops/s p50 p99", "INSERT ops/s p50 p99", "ratio")
-	var seq atomic.Int64
 	for _, n := range cmd.IntSlice("concurrency") {
-		prepare := measure(ctx, n, period, func(ctx context.Context, worker int) error {
-			i := seq.Add(1)
-			_, err := opbrokerv1.NewOperationServiceClient(conns[worker%len(conns)]).PrepareOperation(ctx,
-				&opbrokerv1.PrepareOperationRequest{Tenant: fmt.Sprintf("tenant-%d", i%8), OperationType: simtarget.DemoCharge,
-					IntentRef: fmt.Sprintf("bench-%d", i), Payload: benchBody, ContentType: "application/json"})
-			return err
-		})
-		direct := measure(ctx, n, period, func(ctx context.Context, worker int) error {
-			_, err := prepareIntent(ctx, st, "tenant-0", fmt.Sprintf("direct-%d", seq.Add(1)), benchBody)
-			return err
-		})
-		insert := measure(ctx, n, period, plainInsert(pool))
+		prepare := measure(ctx, n, period, b.prepare)
+		direct := measure(ctx, n, period, b.storePrepare)
+		insert := measure(ctx, n, period, plainInsert(b.pool))
 		if err := errors.Join(prepare.err, direct.err, insert.err); err != nil {
 			return fmt.Errorf("concurrency %d: %w", n, err)
 		}
 		fmt.Fprintf(out, "%-11d  %-30s  %-30s  %-30s  %.0f%%\n", n, prepare, direct, insert, 100*prepare.rate/insert.rate)
 	}
-	fmt.Fprintf(out, "  %s; client, server and PostgreSQL share it\n", machine(ctx, pool))
+	fmt.Fprintf(out, "  %s; client, server and PostgreSQL share it\n", machine(ctx, b.pool))
 	return nil
+}
+
+// benchPrepareReplicated measures PrepareOperation and the plain INSERT on one server
+// (--database-url or an embedded one) and on a formation of three nodes in strict
+// synchronous mode (package formation), alternating, --rounds times, at each
+// concurrency: what acknowledged-means-replicated costs.
+func benchPrepareReplicated(ctx context.Context, cmd *cli.Command) error {
+	singleURL, stopCluster, err := cluster(ctx, cmd.String("database-url"))
+	if err != nil {
+		return err
+	}
+	defer stopCluster()
+	dir, err := os.MkdirTemp("", "opbench-formation-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil { // the nodes may run as another user
+		return err
+	}
+	ha, err := formation.Start(ctx, formation.Config{Dir: dir})
+	if err != nil {
+		return err
+	}
+	defer ha.Close()
+	single, err := newPrepareBench(ctx, singleURL)
+	if err != nil {
+		return err
+	}
+	defer single.close()
+	replicated, err := newPrepareBench(ctx, ha.URL())
+	if err != nil {
+		return err
+	}
+	defer replicated.close()
+	if err := replicated.st.CheckSynchronousReplication(ctx); err != nil {
+		return err
+	}
+
+	out := cmd.Root().Writer
+	period := cmd.Duration("period")
+	fmt.Fprintf(out, "PrepareOperation and a plain INSERT: one server, then three nodes in strict synchronous mode (Patroni), %s per measurement, %d rounds\n",
+		period, cmd.Int("rounds"))
+	fmt.Fprintf(out, "%-5s  %-11s  %-11s  %-30s  %-30s\n", "round", "concurrency", "database", "PrepareOperation ops/s p50 p99", "INSERT ops/s p50 p99")
+	for round := 1; round <= cmd.Int("rounds"); round++ {
+		for _, n := range cmd.IntSlice("concurrency") {
+			for _, side := range []struct {
+				name string
+				b    *prepareBench
+			}{{"single", single}, {"replicated", replicated}} {
+				prepare := measure(ctx, n, period, side.b.prepare)
+				insert := measure(ctx, n, period, plainInsert(side.b.pool))
+				if err := errors.Join(prepare.err, insert.err); err != nil {
+					return fmt.Errorf("%s, concurrency %d: %w", side.name, n, err)
+				}
+				fmt.Fprintf(out, "%-5d  %-11d  %-11s  %-30s  %-30s\n", round, n, side.name, prepare, insert)
+			}
+		}
+	}
+	fmt.Fprintf(out, "  single: %s\n  replicated: %s, its three nodes on the same machine; client, server and PostgreSQL share it\n",
+		machine(ctx, single.pool), machine(ctx, replicated.pool))
+	return nil
+}
+
+// prepareBench is a migrated schema with a table for the plain INSERT, and the API
+// serving it on loopback.
+type prepareBench struct {
+	pool    *pgxpool.Pool
+	st      *store.Store
+	conns   []*grpc.ClientConn
+	seq     atomic.Int64
+	cleanup []func()
+}
+
+func newPrepareBench(ctx context.Context, url string) (b *prepareBench, err error) {
+	b = &prepareBench{}
+	defer func() {
+		if err != nil {
+			b.close()
+		}
+	}()
+	pool, drop, err := database(ctx, url, true)
+	if err != nil {
+		return b, err
+	}
+	b.pool, b.cleanup = pool, append(b.cleanup, drop)
+	if _, err := pool.Exec(ctx, `CREATE TABLE bench_insert (id bigserial PRIMARY KEY, tenant_id text NOT NULL, payload bytea NOT NULL)`); err != nil {
+		return b, err
+	}
+	b.st = store.New(pool)
+	addr, stop, err := serveAPI(ctx, b.st)
+	if err != nil {
+		return b, err
+	}
+	b.cleanup = append(b.cleanup, stop)
+	for range 4 {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return b, err
+		}
+		b.cleanup = append(b.cleanup, func() { c.Close() })
+		b.conns = append(b.conns, c)
+	}
+	return b, nil
+}
+
+// prepare is one PrepareOperation over gRPC of a new intent.
+func (b *prepareBench) prepare(ctx context.Context, worker int) error {
+	i := b.seq.Add(1)
+	_, err := opbrokerv1.NewOperationServiceClient(b.conns[worker%len(b.conns)]).PrepareOperation(ctx,
+		&opbrokerv1.PrepareOperationRequest{Tenant: fmt.Sprintf("tenant-%d", i%8), OperationType: simtarget.DemoCharge,
+			IntentRef: fmt.Sprintf("bench-%d", i), Payload: benchBody, ContentType: "application/json"})
+	return err
+}
+
+// storePrepare is one store.Prepare of a new intent, without gRPC.
+func (b *prepareBench) storePrepare(ctx context.Context, _ int) error {
+	_, err := prepareIntent(ctx, b.st, "tenant-0", fmt.Sprintf("direct-%d", b.seq.Add(1)), benchBody)
+	return err
+}
+
+func (b *prepareBench) close() {
+	for _, f := range slices.Backward(b.cleanup) {
+		f()
+	}
 }
 
 // cpuProfileFlag is the --cpuprofile flag of the benchmarks that take one: a new one
