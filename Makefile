@@ -6,7 +6,7 @@ BUF := go tool -modfile=tools/buf/go.mod buf
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GO_FILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: all build build-chaos dev test test-race test-ha fuzz chaos chaos-ha bench generate lint check-generated schema
+.PHONY: all build build-chaos dev test test-race test-ha fuzz chaos chaos-ha check-helm bench generate lint check-generated schema
 
 all: lint test
 
@@ -27,6 +27,7 @@ help:
 		bench 'every benchmark: prints numbers, asserts nothing' \
 		generate 'buf format -w and buf generate: proto/ to gen/' \
 		check-generated 'fails when gen/ does not match proto/' \
+		check-helm 'the Helm chart: helm lint, helm template, manifests validated' \
 		build 'every command, static, into bin/' \
 		build-chaos 'bin/opbroker-chaos: the broker with its crash points' \
 		dev 'opbroker dev: the broker on an embedded PostgreSQL' \
@@ -73,6 +74,12 @@ chaos: build-chaos
 # every other fault. Needs Debian's patroni and etcd-server packages.
 chaos-ha: build-chaos
 	go run ./cmd/opchaos --broker bin/opbroker-chaos --failover --seed $(SEED) --duration $(DURATION) --json bin/chaos-ha-report.json
+
+# The Helm chart: lint and render with the default values and each file in
+# deploy/helm/opbroker/ci/, then validate the manifests (helm and the validator are
+# pinned by deploy/helm/validate/go.mod).
+check-helm:
+	deploy/helm/check
 
 # Measures and prints; asserts nothing. Uses DATABASE_URL when set, else an embedded
 # PostgreSQL. compare-river builds bench/river (River's engine, a module of its own)
