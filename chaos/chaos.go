@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -210,8 +211,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	faultsDone, covered := make(chan struct{}), make(chan struct{})
 	go func() { defer close(faultsDone); c.injectFaults(faultCtx, covered) }()
 	failoversDone, failoversCovered := make(chan struct{}), make(chan struct{})
+	h := &history{}
 	if cfg.Failover {
-		go func() { defer close(failoversDone); c.failoverLoop(faultCtx, cfg.FailoverInterval, failoversCovered) }()
+		go func() {
+			defer close(failoversDone)
+			var wg sync.WaitGroup
+			wg.Go(func() { c.probeAvailability(faultCtx, h) })
+			c.failoverLoop(faultCtx, cfg.FailoverInterval, failoversCovered)
+			wg.Wait()
+		}()
 	} else {
 		close(failoversDone)
 		close(failoversCovered)
@@ -234,7 +242,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return false
 		}
 	}
-	h := &history{}
 	for round := 0; ctx.Err() == nil && (round == 0 || !enough()); round++ {
 		fmt.Fprintf(cfg.Log, "chaos: round %d: %d intents over %d tenants\n", round+1, cfg.Intents, cfg.Tenants)
 		c.drive(ctx, h, round)
@@ -289,7 +296,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r.ResolvedByHand = resolvedByHand
 	r.Failovers = slices.Clone(c.failovers)
-	c.calls.windows(r.Failovers)
+	c.probes.windows(r.Failovers)
 	audit(r, ops, truth, h, leaks, evidenceAudit{sent: c.charge.Snapshot().Webhooks, kept: kept, reports: reports})
 	r.Elapsed = time.Since(start).Round(time.Second).String()
 	return r, nil

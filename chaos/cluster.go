@@ -72,7 +72,7 @@ type cluster struct {
 	// charge target posts its events to them, in turn, as to a load balancer's.
 	webhookAddrs []string
 
-	calls callLog // every PrepareOperation attempt
+	probes callLog // the availability prober's calls (Config.Failover)
 
 	mu        sync.Mutex
 	failovers []Failover
@@ -503,11 +503,16 @@ func (c *cluster) live(withPaused bool) []*replica {
 	return out
 }
 
-// client returns a connection to a live replica chosen at random.
-func (c *cluster) client(rng *rand.Rand) (*grpc.ClientConn, error) {
+// client returns a connection to a live replica chosen at random: a paused one too, as
+// a real client cannot know that one is paused.
+func (c *cluster) client(rng *rand.Rand) (*grpc.ClientConn, error) { return c.connect(rng, true) }
+
+// connect returns a connection to a live replica chosen at random, paused ones too when
+// withPaused (as a load balancer's health check would leave them out, without).
+func (c *cluster) connect(rng *rand.Rand, withPaused bool) (*grpc.ClientConn, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	live := c.live(true) // as a real client, it cannot know that one is paused
+	live := c.live(withPaused)
 	if len(live) == 0 {
 		return nil, fmt.Errorf("no replica is running")
 	}

@@ -246,9 +246,6 @@ func (c *cluster) prepare(ctx context.Context, rng *rand.Rand, h *history, in *i
 			var resp *opbrokerv1.PrepareOperationResponse
 			resp, err = opbrokerv1.NewOperationServiceClient(conn).PrepareOperation(callCtx, in.req)
 			cancel()
-			if err == nil || retryable(err) { // an answer that refuses is not an outage
-				c.calls.add(call{at: time.Now(), failed: outcomeOf(err)})
-			}
 			if err == nil {
 				in.ack(resp.GetOperation().GetName())
 				return nil

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 )
 
 // The formation's faults (Config.Failover), by the names the report uses.
@@ -21,22 +24,21 @@ type Failover struct {
 	At    time.Time `json:"at"`
 	// NewPrimary is how long after the fault another node held the leader lock.
 	NewPrimary time.Duration `json:"new_primary_after_ns"`
-	// Unavailable runs from the first PrepareOperation that failed after the fault to
-	// the first one acknowledged after that failure (0 when none failed); Refusals
-	// counts the failed attempts in it by gRPC code and reason.
+	// Unavailable runs from the first of the availability prober's PrepareOperation
+	// calls that failed after the fault to the first one acknowledged after that failure
+	// (0 when none failed); Refusals counts the failed calls by gRPC code and reason.
 	Unavailable time.Duration  `json:"unavailable_ns"`
 	Refusals    map[string]int `json:"refusals,omitempty"`
 }
 
-// call is one PrepareOperation attempt as a client saw it: acknowledged, or failed in a
-// way a client retries.
+// call is one of the availability prober's calls: acknowledged, or failed.
 type call struct {
 	at     time.Time
 	failed string // "" when acknowledged; else the code and reason
 }
 
-// callLog keeps every PrepareOperation attempt of the run, for the failovers'
-// unavailability windows.
+// callLog keeps the availability prober's calls, for the failovers' unavailability
+// windows.
 type callLog struct {
 	mu    sync.Mutex
 	calls []call
@@ -166,5 +168,42 @@ func (c *cluster) failoverLoop(ctx context.Context, interval time.Duration, cove
 				close(covered)
 			}
 		}
+	}
+}
+
+// probeAvailability measures what a client sees of the failovers: every 100 ms, until
+// ctx ends, it sends the PrepareOperation of one intent of its own (the same request
+// every time, as a client's retry: an answer needs the primary, creates nothing after
+// the first, and must always name the same operation, which I2 and I7 check), with a
+// 2-second deadline, to a running replica at random that is not paused (as a load
+// balancer that checks health would pick: a paused replica is not the database's
+// outage), and logs each call.
+func (c *cluster) probeAvailability(ctx context.Context, h *history) {
+	in := &intent{req: &opbrokerv1.PrepareOperationRequest{Tenant: "tenant-0", OperationType: typeCharge,
+		IntentRef: "availability-probe", ContentType: "application/json",
+		Payload: []byte(`{"account":"tenant-0","amount":1,"order":-1}`)}}
+	h.add(in)
+	rng := rand.New(rand.NewPCG(c.cfg.Seed, 23))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		conn, err := c.connect(rng, false)
+		if err != nil {
+			c.probes.add(call{at: time.Now(), failed: "no replica running"})
+			continue
+		}
+		callCtx, cancel := context.WithTimeout(c.as(ctx, in.req.GetTenant()), 2*time.Second)
+		resp, err := opbrokerv1.NewOperationServiceClient(conn).PrepareOperation(callCtx, in.req)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			in.ack(resp.GetOperation().GetName())
+		}
+		c.probes.add(call{at: time.Now(), failed: outcomeOf(err)})
 	}
 }
