@@ -254,8 +254,10 @@ func (f *Formation) startPatroni(n *node) error {
 	cmd.Env = append(os.Environ(), "HOME="+f.cfg.Dir)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group, so that a kill reaches Patroni and nothing else; the
-	// PostgreSQL it starts has a session of its own, killed through its pid file.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: f.cred}
+	// PostgreSQL it starts has a session of its own, killed through its pid file. If
+	// this process dies without Close (a test's timeout), Patroni is told to stop, and
+	// stops its PostgreSQL.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: f.cred, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("formation: patroni %s: %w", n.name, err)
 	}
@@ -287,7 +289,6 @@ type member struct {
 	Name  string `json:"name"`
 	Role  string `json:"role"`  // leader, sync_standby, replica
 	State string `json:"state"` // running, streaming, starting, stopped, ...
-	Lag   any    `json:"lag"`
 }
 
 // members asks the nodes' REST APIs, in turn, for the formation's members.
@@ -399,19 +400,39 @@ func (f *Formation) Stop(i int) error { return f.signal(f.nodes[i], syscall.SIGS
 // Resume continues a node that Stop stopped.
 func (f *Formation) Resume(i int) error { return f.signal(f.nodes[i], syscall.SIGCONT, false) }
 
-// signal sends sig to node n's Patroni and to its PostgreSQL's process group; with wait,
-// it waits for Patroni to exit and PostgreSQL's processes to be gone.
+// signal sends sig to node n's Patroni and to every process of its PostgreSQL; with
+// wait, it waits for Patroni to exit and PostgreSQL's processes to be gone.
 func (f *Formation) signal(n *node, sig syscall.Signal, wait bool) error {
 	n.mu.Lock()
 	cmd, exited := n.patroni, n.exited
 	n.mu.Unlock()
-	postmaster := postmasterPID(n.data)
 	if cmd != nil {
 		_ = syscall.Kill(-cmd.Process.Pid, sig)
 	}
-	if postmaster > 0 {
-		if pgid, err := syscall.Getpgid(postmaster); err == nil {
-			_ = syscall.Kill(-pgid, sig)
+	// Each of PostgreSQL's processes has a session of its own, so no one signal reaches
+	// them all, and the postmaster starts new ones: stop every one found until no new
+	// one appears, then send the signal.
+	var pids []int
+	if sig != syscall.SIGCONT {
+		for seen := map[int]bool{}; ; {
+			found := false
+			for _, pid := range processesIn(n.data) {
+				if !seen[pid] {
+					seen[pid], found = true, true
+					pids = append(pids, pid)
+					_ = syscall.Kill(pid, syscall.SIGSTOP)
+				}
+			}
+			if !found {
+				break
+			}
+		}
+	} else {
+		pids = processesIn(n.data)
+	}
+	if sig != syscall.SIGSTOP {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, sig)
 		}
 	}
 	if !wait {
@@ -420,24 +441,39 @@ func (f *Formation) signal(n *node, sig syscall.Signal, wait bool) error {
 	if exited != nil {
 		<-exited
 	}
-	for deadline := time.Now().Add(10 * time.Second); postmaster > 0 && syscall.Kill(postmaster, 0) == nil; {
+	for deadline := time.Now().Add(10 * time.Second); len(processesIn(n.data)) > 0; {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("formation: %s's PostgreSQL (pid %d) outlived SIGKILL", n.name, postmaster)
+			return fmt.Errorf("formation: %s's PostgreSQL processes %v outlived %s", n.name, processesIn(n.data), sig)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return nil
 }
 
-// postmasterPID reads a node's PostgreSQL pid from its pid file, or 0.
-func postmasterPID(data string) int {
-	b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+// processesIn returns the processes that work in dir: a node's PostgreSQL, whose
+// postmaster and every process it starts change to the data directory. A pid read
+// from the data directory's pid file would outlive a killed server and may since be
+// another process's.
+func processesIn(dir string) []int {
+	want, err := filepath.EvalSymlinks(dir)
 	if err != nil {
-		return 0
+		return nil
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	pid, _ := strconv.Atoi(strings.TrimSpace(line))
-	return pid
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && cwd == want {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // Restart starts node i's Patroni again after Kill; it rejoins as a standby.

@@ -29,7 +29,7 @@ func start(t *testing.T) *formation.Formation {
 			t.Fatalf("%s is not installed (Debian's patroni and etcd-server packages)", tool)
 		}
 	}
-	dir, err := os.MkdirTemp("/var/tmp", "formation-test-")
+	dir, err := os.MkdirTemp("", "formation-test-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,8 +45,9 @@ func start(t *testing.T) *formation.Formation {
 	return f
 }
 
-// A commit acknowledged by the primary is on the standby that takes over when the
-// primary is killed; the killed node, restarted, follows the new primary.
+// A commit waits for a standby; one acknowledged by the primary is on the standby that
+// takes over when the primary is killed; the killed node, restarted, follows the new
+// primary.
 func TestAcknowledgedCommitsSurviveAFailover(t *testing.T) {
 	f := start(t)
 	ctx := t.Context()
@@ -73,15 +74,48 @@ func TestAcknowledgedCommitsSurviveAFailover(t *testing.T) {
 		!strings.Contains(err.Error(), "synchronous_commit is local") {
 		t.Fatalf("a connection with synchronous_commit=local: got %v, want ErrNotReplicated", err)
 	}
+	old, err := f.Primary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A commit waits for a standby: with every standby stopped, none is acknowledged.
+	// (Asynchronous replication would acknowledge it at once.)
+	if _, err := conn.Exec(ctx, "CREATE TABLE waited (n int)"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range f.Nodes() {
+		if i != old {
+			if err := f.Stop(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = conn.Exec(waitCtx, "INSERT INTO waited VALUES (1)")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a commit with every standby stopped: got %v, want it to wait past its deadline", err)
+	}
+	conn.Close(ctx)
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.WaitWhole(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if now, err := f.Primary(ctx); err != nil || now != old {
+		t.Fatalf("primary after the standbys continued: %d (%v), was %d", now, err, old)
+	}
+
+	if conn, err = pgx.Connect(ctx, f.URL()); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := conn.Exec(ctx, "CREATE TABLE acked (n int); INSERT INTO acked SELECT generate_series(1, 1000)"); err != nil {
 		t.Fatal(err)
 	}
 	conn.Close(ctx)
 
-	old, err := f.Primary(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := f.Kill(old); err != nil {
 		t.Fatal(err)
 	}
@@ -109,9 +143,7 @@ func TestAcknowledgedCommitsSurviveAFailover(t *testing.T) {
 	if err := f.Restart(old); err != nil {
 		t.Fatal(err)
 	}
-	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := f.WaitWhole(waitCtx, time.Minute); err != nil {
+	if err := f.WaitWhole(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 }
