@@ -339,8 +339,14 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "  failovers %d (new primary after; unavailable from the first failed PrepareOperation to the first acknowledged one):\n", len(r.Failovers))
 		for _, f := range r.Failovers {
 			fmt.Fprintf(w, "    %s: %s; %s", f.Fault, f.NewPrimary.Round(100*time.Millisecond), f.Unavailable.Round(100*time.Millisecond))
+			if !f.Recovered {
+				fmt.Fprint(w, " and not recovered")
+			}
 			for _, k := range slices.Sorted(maps.Keys(f.Refusals)) {
 				fmt.Fprintf(w, "; %s %d", k, f.Refusals[k])
+			}
+			if f.Error != "" {
+				fmt.Fprintf(w, "; went wrong: %s", f.Error)
 			}
 			fmt.Fprintln(w)
 		}

@@ -116,6 +116,8 @@ func TestShortChaosRunWithFailovers(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, len(report.Failovers), 2)
 	for _, f := range report.Failovers {
+		require.Empty(t, f.Error, "%s went wrong", f.Fault)
 		require.Positive(t, f.NewPrimary, "%s: no new primary", f.Fault)
+		require.True(t, f.Recovered, "%s: the prober's calls failed to the end", f.Fault)
 	}
 }
