@@ -60,7 +60,7 @@ test-race:
 # every acknowledged commit, and the short chaos run with failovers. Needs Debian's
 # patroni and etcd-server packages.
 test-ha:
-	OPBROKER_TEST_FORMATION=1 go test -count=1 -timeout 15m -run 'TestAcknowledgedCommitsSurviveAFailover|TestShortChaosRunWithFailovers' ./formation ./chaos
+	OPBROKER_TEST_FORMATION=1 go test -p 1 -count=1 -timeout 15m -run 'TestAcknowledgedCommitsSurviveAFailover|TestShortChaosRunWithFailovers' ./formation ./chaos
 
 # The chaos run (package chaos): replicas as processes, every fault, then the audit of
 # invariants I1-I10. SEED and DURATION pick the run; it exits non-zero if an invariant broke.

@@ -557,6 +557,23 @@ func TestDatabaseDownIsUnavailable(t *testing.T) {
 	requireStatus(t, err, codes.Unavailable, server.ReasonDatabaseUnavailable)
 }
 
+// TestStandbyIsUnavailable: a connection that reached a standby (a multi-host URL during
+// a failover, before the old primary is gone) refuses every write as a read-only
+// transaction; the client is told to retry, not that its call failed.
+func TestStandbyIsUnavailable(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(storetest.Schema(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	conn := serve(t, server.Options{Store: store.New(pool), Targets: demoTargets(t),
+		Logger: slog.New(slog.DiscardHandler), MeterProvider: noop.NewMeterProvider()})
+	_, err = opbrokerv1.NewOperationServiceClient(conn).PrepareOperation(context.Background(), prepareRequest("acme", "x", `{}`))
+	requireStatus(t, err, codes.Unavailable, server.ReasonDatabaseUnavailable)
+}
+
 // TestNotBefore: a scheduled operation waits, shows its time, can be cancelled until
 // then, and its time is part of the intent.
 func TestNotBefore(t *testing.T) {

@@ -82,7 +82,15 @@ func TestListenerLeavesAServerThatStoppedAnswering(t *testing.T) {
 	}
 	drain()
 	proxy.Strand()
-	drain() // the notifier finds the stranded connection and listens again
+	// The notifier finds the stranded connection silent and dead, and listens again on
+	// a new one, which wakes the local subscribers once it listens; without the check
+	// that wake-up never comes.
+	select {
+	case <-woken:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the notifier did not listen again after its connection's server stopped answering")
+	}
+	drain()
 	_, _, err := there.Tenant("acme").Prepare(t.Context(), prepareParams("acme", "after-strand", `{}`))
 	require.NoError(t, err)
 	select {
