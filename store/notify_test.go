@@ -18,12 +18,7 @@ func TestWorkWakesSubscribersHereAndAtOtherReplicas(t *testing.T) {
 	url := storetest.Schema(t)
 	here := store.New(storetest.Pool(t, url))
 	there := store.New(storetest.Pool(t, url))
-	log := slog.New(slog.DiscardHandler)
-	for _, s := range []*store.Store{here, there} {
-		n := s.NewNotifier(log, 10*time.Millisecond)
-		require.NoError(t, n.Start(t.Context()))
-		t.Cleanup(n.Stop)
-	}
+	startNotifiers(t, here, there)
 	local, stopLocal := here.Subscribe()
 	defer stopLocal()
 	remote, stopRemote := there.Subscribe()
@@ -63,12 +58,7 @@ func TestListenerLeavesAServerThatStoppedAnswering(t *testing.T) {
 	store.SetListenCheck(t, 200*time.Millisecond, 300*time.Millisecond)
 	here, _, proxy := storetest.NewStoreBehindProxy(t)
 	there := store.New(storetest.Pool(t, storetest.Schema(t)))
-	log := slog.New(slog.DiscardHandler)
-	for _, s := range []*store.Store{here, there} {
-		n := s.NewNotifier(log, 10*time.Millisecond)
-		require.NoError(t, n.Start(t.Context()))
-		t.Cleanup(n.Stop)
-	}
+	startNotifiers(t, here, there)
 	woken, stop := here.Subscribe()
 	defer stop()
 	drain := func() {
@@ -97,5 +87,15 @@ func TestListenerLeavesAServerThatStoppedAnswering(t *testing.T) {
 	case <-woken:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the notification sent after the listening connection's server stopped answering was not heard")
+	}
+}
+
+// startNotifiers starts a notifier for each store, stopped at the test's end.
+func startNotifiers(t *testing.T, stores ...*store.Store) {
+	t.Helper()
+	for _, s := range stores {
+		n := s.NewNotifier(slog.New(slog.DiscardHandler), 10*time.Millisecond)
+		require.NoError(t, n.Start(t.Context()))
+		t.Cleanup(n.Stop)
 	}
 }

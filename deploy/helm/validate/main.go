@@ -26,21 +26,28 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
 
+// object is what every kind the chart renders is: metadata, and its kind.
+type object interface {
+	metav1.Object
+	runtime.Object
+}
+
 // kinds are the objects the chart may render, by apiVersion and kind.
-var kinds = map[string]func() any{
-	"v1/ConfigMap":                  func() any { return new(corev1.ConfigMap) },
-	"v1/Secret":                     func() any { return new(corev1.Secret) },
-	"v1/Service":                    func() any { return new(corev1.Service) },
-	"apps/v1/Deployment":            func() any { return new(appsv1.Deployment) },
-	"batch/v1/Job":                  func() any { return new(batchv1.Job) },
-	"policy/v1/PodDisruptionBudget": func() any { return new(policyv1.PodDisruptionBudget) },
-	"monitoring.coreos.com/v1/ServiceMonitor": func() any { return new(monitoringv1.ServiceMonitor) },
+var kinds = map[string]func() object{
+	"v1/ConfigMap":                  func() object { return new(corev1.ConfigMap) },
+	"v1/Secret":                     func() object { return new(corev1.Secret) },
+	"v1/Service":                    func() object { return new(corev1.Service) },
+	"apps/v1/Deployment":            func() object { return new(appsv1.Deployment) },
+	"batch/v1/Job":                  func() object { return new(batchv1.Job) },
+	"policy/v1/PodDisruptionBudget": func() object { return new(policyv1.PodDisruptionBudget) },
+	"monitoring.coreos.com/v1/ServiceMonitor": func() object { return new(monitoringv1.ServiceMonitor) },
 }
 
 func main() {
@@ -75,7 +82,7 @@ func main() {
 }
 
 // decodeFile decodes every document of a file (- for the standard input).
-func decodeFile(name string) (objects []any, problems []string) {
+func decodeFile(name string) (objects []object, problems []string) {
 	var r io.Reader = os.Stdin
 	if name != "-" {
 		f, err := os.Open(name)
@@ -114,7 +121,7 @@ func source(doc []byte) string {
 }
 
 // decode decodes one document strictly into its type; nil for an empty document.
-func decode(doc []byte) (any, error) {
+func decode(doc []byte) (object, error) {
 	var meta metav1.TypeMeta
 	if err := yaml.Unmarshal(doc, &meta); err != nil {
 		return nil, err
@@ -138,7 +145,7 @@ func decode(doc []byte) (any, error) {
 }
 
 // check checks each object, then how they fit together.
-func check(objects []any) []string {
+func check(objects []object) []string {
 	var problems []string
 	report := func(what, format string, args ...any) {
 		problems = append(problems, what+": "+fmt.Sprintf(format, args...))
@@ -147,12 +154,12 @@ func check(objects []any) []string {
 	var services []*corev1.Service
 	seen := map[string]bool{}
 	for _, obj := range objects {
-		meta, what := describe(obj)
+		what := describe(obj)
 		if seen[what] {
 			report(what, "rendered twice")
 		}
 		seen[what] = true
-		checkMeta(meta, report, what)
+		checkMeta(obj, report, what)
 		switch o := obj.(type) {
 		case *appsv1.Deployment:
 			deployments = append(deployments, o)
@@ -206,7 +213,7 @@ func check(objects []any) []string {
 		return nil
 	}
 	for _, obj := range objects {
-		_, what := describe(obj)
+		what := describe(obj)
 		switch o := obj.(type) {
 		case *corev1.Service:
 			d := podsOf(labels.SelectorFromSet(o.Spec.Selector))
@@ -246,34 +253,17 @@ func check(objects []any) []string {
 	return problems
 }
 
-func describe(obj any) (*metav1.ObjectMeta, string) {
-	var meta *metav1.ObjectMeta
-	var kind string
-	switch o := obj.(type) {
-	case *corev1.ConfigMap:
-		meta, kind = &o.ObjectMeta, o.Kind
-	case *corev1.Secret:
-		meta, kind = &o.ObjectMeta, o.Kind
-	case *corev1.Service:
-		meta, kind = &o.ObjectMeta, o.Kind
-	case *appsv1.Deployment:
-		meta, kind = &o.ObjectMeta, o.Kind
-	case *batchv1.Job:
-		meta, kind = &o.ObjectMeta, o.Kind
-	case *policyv1.PodDisruptionBudget:
-		meta, kind = &o.ObjectMeta, o.Kind
-	case *monitoringv1.ServiceMonitor:
-		meta, kind = &o.ObjectMeta, o.Kind
-	}
-	return meta, kind + " " + meta.Name
+// describe names an object for the report: its kind and name.
+func describe(obj object) string {
+	return obj.GetObjectKind().GroupVersionKind().Kind + " " + obj.GetName()
 }
 
-func checkMeta(meta *metav1.ObjectMeta, report func(what, format string, args ...any), what string) {
-	for _, msg := range validation.IsDNS1123Subdomain(meta.Name) {
+func checkMeta(meta metav1.Object, report func(what, format string, args ...any), what string) {
+	for _, msg := range validation.IsDNS1123Subdomain(meta.GetName()) {
 		report(what, "name: %s", msg)
 	}
-	checkLabels(meta.Labels, report, what)
-	for key := range meta.Annotations {
+	checkLabels(meta.GetLabels(), report, what)
+	for key := range meta.GetAnnotations() {
 		for _, msg := range validation.IsQualifiedName(key) {
 			report(what, "annotation %q: %s", key, msg)
 		}
