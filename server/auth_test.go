@@ -57,9 +57,15 @@ func recvFirst[T any](stream interface{ Recv() (T, error) }, err error) error {
 
 // TestEveryRPCAuthorises: every RPC × {no credentials, another tenant, a role that may
 // not call it, the right principal} gives exactly the expected code, and the refused
-// calls change nothing.
+// calls change nothing; over the network and through the server's Local connection
+// (the support view's), which admits exactly as the network does.
 func TestEveryRPCAuthorises(t *testing.T) {
 	t.Parallel()
+	t.Run("network", func(t *testing.T) { t.Parallel(); testEveryRPCAuthorises(t, false) })
+	t.Run("local", func(t *testing.T) { t.Parallel(); testEveryRPCAuthorises(t, true) })
+}
+
+func testEveryRPCAuthorises(t *testing.T, local bool) {
 	authn, tokens := newPrincipals(t,
 		auth.PrincipalConfig{Name: "acme-client", Roles: []auth.Role{auth.RoleClient}, Tenants: []string{"acme"}},
 		auth.PrincipalConfig{Name: "acme-worker", Roles: []auth.Role{auth.RoleWorker}, Tenants: []string{"acme"}},
@@ -69,8 +75,13 @@ func TestEveryRPCAuthorises(t *testing.T) {
 		auth.PrincipalConfig{Name: "acme-evidence", Roles: []auth.Role{auth.RoleEvidence}, Tenants: []string{"acme"}},
 	)
 	b := setupWith(t, func(o *server.Options) { o.Auth = authn })
-	admin := opbrokerv1.NewAdminServiceClient(b.conn)
-	evidence := opbrokerv1.NewEvidenceServiceClient(b.conn)
+	var conn grpc.ClientConnInterface = b.conn
+	if local {
+		conn = b.srv.Local
+	}
+	client := opbrokerv1.NewOperationServiceClient(conn)
+	admin := opbrokerv1.NewAdminServiceClient(conn)
+	evidence := opbrokerv1.NewEvidenceServiceClient(conn)
 	ops := map[string]string{} // the PREPARED operation of each tenant
 	for _, tenant := range []string{"acme", "globex"} {
 		op := storetest.PrepareJSON(t, b.store, tenant, "demo.charge", "fixture", `{"amount":1}`)
@@ -85,30 +96,30 @@ func TestEveryRPCAuthorises(t *testing.T) {
 		allTenants bool       // it spans every tenant: a principal of some is refused
 	}{
 		"PrepareOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
-			_, err := b.client.PrepareOperation(ctx, prepareRequest(tenant, "authz", `{}`))
+			_, err := client.PrepareOperation(ctx, prepareRequest(tenant, "authz", `{}`))
 			return err
 		}, "acme-client", codes.OK, false, false},
 		"GetOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
-			_, err := b.client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: ops[tenant]})
+			_, err := client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: ops[tenant]})
 			return err
 		}, "acme-support", codes.OK, false, false},
 		"ListOperationEvents": {func(ctx context.Context, b *testBundle, tenant string) error {
-			_, err := b.client.ListOperationEvents(ctx, &opbrokerv1.ListOperationEventsRequest{Name: ops[tenant]})
+			_, err := client.ListOperationEvents(ctx, &opbrokerv1.ListOperationEventsRequest{Name: ops[tenant]})
 			return err
 		}, "acme-support", codes.OK, false, false},
 		"ListOperations": {func(ctx context.Context, b *testBundle, tenant string) error {
-			_, err := b.client.ListOperations(ctx, &opbrokerv1.ListOperationsRequest{Tenant: tenant})
+			_, err := client.ListOperations(ctx, &opbrokerv1.ListOperationsRequest{Tenant: tenant})
 			return err
 		}, "acme-support", codes.OK, false, false},
 		"CancelOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
-			_, err := b.client.CancelOperation(ctx, &opbrokerv1.CancelOperationRequest{Name: ops[tenant]})
+			_, err := client.CancelOperation(ctx, &opbrokerv1.CancelOperationRequest{Name: ops[tenant]})
 			return err
 		}, "acme-client", codes.OK, false, false},
 		"WatchOperation": {func(ctx context.Context, b *testBundle, tenant string) error {
-			return recvFirst(b.client.WatchOperation(ctx, &opbrokerv1.WatchOperationRequest{Name: ops[tenant]}))
+			return recvFirst(client.WatchOperation(ctx, &opbrokerv1.WatchOperationRequest{Name: ops[tenant]}))
 		}, "acme-support", codes.OK, false, false},
 		"WatchOperations": {func(ctx context.Context, b *testBundle, tenant string) error {
-			return recvFirst(b.client.WatchOperations(ctx, &opbrokerv1.WatchOperationsRequest{Tenant: tenant}))
+			return recvFirst(client.WatchOperations(ctx, &opbrokerv1.WatchOperationsRequest{Tenant: tenant}))
 		}, "acme-support", codes.OK, false, false},
 		"DeleteTenantData": {func(ctx context.Context, b *testBundle, tenant string) error {
 			_, err := admin.DeleteTenantData(ctx, &opbrokerv1.DeleteTenantDataRequest{Tenant: tenant})

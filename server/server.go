@@ -80,8 +80,10 @@ type Options struct {
 
 // Server is a gRPC server with the broker's services, health and reflection.
 type Server struct {
-	GRPC    *grpc.Server
-	Health  *health.Server
+	GRPC   *grpc.Server
+	Health *health.Server
+	// Local calls the services from inside the process, as GRPC would serve them.
+	Local   *Local
 	closing chan struct{}
 	once    sync.Once
 }
@@ -132,6 +134,15 @@ func New(opts Options) (*Server, error) {
 	})
 
 	admit := newAdmission(opts.Auth, validator, log, opts.Limits)
+	unary := chainUnary(
+		logging.UnaryServerInterceptor(logger, logOpts...),
+		recovery.UnaryServerInterceptor(onPanic),
+		admit.unaryInterceptor())
+	stream := chainStream(
+		logging.StreamServerInterceptor(logger, logOpts...),
+		recovery.StreamServerInterceptor(onPanic),
+		admit.streamInterceptor())
+	local := newLocal(admit, unary, stream)
 	if opts.TracerProvider == nil {
 		opts.TracerProvider = tracenoop.NewTracerProvider()
 	}
@@ -141,14 +152,8 @@ func New(opts Options) (*Server, error) {
 			otelgrpc.WithTracerProvider(opts.TracerProvider),
 			otelgrpc.WithPropagators(tracing.Propagator),
 			otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
-		grpc.ChainUnaryInterceptor(
-			logging.UnaryServerInterceptor(logger, logOpts...),
-			recovery.UnaryServerInterceptor(onPanic),
-			admit.unaryInterceptor()),
-		grpc.ChainStreamInterceptor(
-			logging.StreamServerInterceptor(logger, logOpts...),
-			recovery.StreamServerInterceptor(onPanic),
-			admit.streamInterceptor()),
+		grpc.UnaryInterceptor(unary),
+		grpc.StreamInterceptor(stream),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time: 30 * time.Second, Timeout: 10 * time.Second,
@@ -162,7 +167,11 @@ func New(opts Options) (*Server, error) {
 		serverOpts = append(serverOpts, grpc.Creds(opts.Credentials))
 	}
 	grpcServer := grpc.NewServer(serverOpts...)
-	opbrokerv1.RegisterOperationServiceServer(grpcServer, &operationService{
+	register := func(desc *grpc.ServiceDesc, impl any) {
+		grpcServer.RegisterService(desc, impl)
+		local.register(desc, impl)
+	}
+	register(&opbrokerv1.OperationService_ServiceDesc, &operationService{
 		store:      opts.Store,
 		targets:    opts.Targets,
 		log:        log,
@@ -177,15 +186,15 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	opbrokerv1.RegisterAdminServiceServer(grpcServer, &adminService{store: opts.Store, targets: opts.Targets, log: log, events: events,
+	register(&opbrokerv1.AdminService_ServiceDesc, &adminService{store: opts.Store, targets: opts.Targets, log: log, events: events,
 		evidence: opts.Evidence})
-	opbrokerv1.RegisterEvidenceServiceServer(grpcServer, &evidenceService{matcher: opts.Evidence, targets: opts.Targets, log: log})
+	register(&opbrokerv1.EvidenceService_ServiceDesc, &evidenceService{matcher: opts.Evidence, targets: opts.Targets, log: log})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(grpcServer, hs)
 	if opts.Reflection {
 		reflection.Register(grpcServer)
 	}
-	s := &Server{GRPC: grpcServer, Health: hs, closing: closing}
+	s := &Server{GRPC: grpcServer, Health: hs, Local: local, closing: closing}
 	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
 	return s, nil
 }
