@@ -128,7 +128,8 @@ func (s *operationService) GetOperation(ctx context.Context, req *opbrokerv1.Get
 
 func (s *operationService) ListOperations(ctx context.Context, req *opbrokerv1.ListOperationsRequest) (*opbrokerv1.ListOperationsResponse, error) {
 	states := statesFromProto(req.GetStates())
-	before, err := decodePageToken(req.GetPageToken(), req.GetTenant(), states)
+	scope := newScope(req.GetTenant(), states, req.GetIntentRef(), req.GetRemoteRef())
+	before, err := decodePageToken(req.GetPageToken(), scope)
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
@@ -139,7 +140,14 @@ func (s *operationService) ListOperations(ctx context.Context, req *opbrokerv1.L
 	case size > maxPageSize:
 		size = maxPageSize
 	}
-	ops, more, err := ledger(ctx, s.store).List(ctx, store.ListParams{TenantID: req.GetTenant(), States: states, Before: before, Limit: size})
+	params := store.ListParams{TenantID: req.GetTenant(), States: states, IntentRef: req.GetIntentRef(), RemoteRef: req.GetRemoteRef(),
+		Before: before, Limit: size}
+	if params.IntentRef != "" {
+		for _, c := range s.targets.All() {
+			params.OperationTypes = append(params.OperationTypes, c.OperationTypes...)
+		}
+	}
+	ops, more, err := ledger(ctx, s.store).List(ctx, params)
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
@@ -148,7 +156,7 @@ func (s *operationService) ListOperations(ctx context.Context, req *opbrokerv1.L
 		resp.Operations[i] = operationFor(ctx, s.targets, op)
 	}
 	if more {
-		resp.NextPageToken = encodeToken(pageToken{tokenScope: newScope(req.GetTenant(), states), After: ops[len(ops)-1].ID})
+		resp.NextPageToken = encodeToken(pageToken{tokenScope: scope, After: ops[len(ops)-1].ID})
 	}
 	return resp, nil
 }

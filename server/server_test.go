@@ -499,6 +499,41 @@ func TestListPagination(t *testing.T) {
 	}
 }
 
+// TestListSearch: ListOperations finds a tenant's operations by intent reference (of
+// any served type) and by the target's reference, never another tenant's.
+func TestListSearch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	charge := storetest.PrepareJSON(t, b.store, "acme", "demo.charge", "order-7", `{}`)
+	drive(t, b, b.store, charge.ID) // SUCCEEDED with remote reference ch_1
+	notify := storetest.PrepareJSON(t, b.store, "acme", "demo.notify", "order-7", `{}`)
+	storetest.PrepareJSON(t, b.store, "acme", "demo.charge", "order-8", `{}`)
+	storetest.PrepareJSON(t, b.store, "globex", "demo.charge", "order-7", `{}`)
+
+	search := func(req *opbrokerv1.ListOperationsRequest) []string {
+		t.Helper()
+		resp, err := b.client.ListOperations(b.ctx, req)
+		require.NoError(t, err)
+		var ids []string
+		for _, op := range resp.GetOperations() {
+			require.Equal(t, "acme", op.GetTenant())
+			ids = append(ids, op.GetName())
+		}
+		return ids
+	}
+	name := func(op store.Operation) string { return "tenants/acme/operations/" + op.ID.String() }
+	require.Equal(t, []string{name(notify), name(charge)}, search(&opbrokerv1.ListOperationsRequest{Tenant: "acme", IntentRef: "order-7"}))
+	require.Equal(t, []string{name(charge)}, search(&opbrokerv1.ListOperationsRequest{Tenant: "acme", RemoteRef: "ch_1"}))
+	require.Equal(t, []string{name(charge)}, search(&opbrokerv1.ListOperationsRequest{Tenant: "acme", IntentRef: "order-7",
+		States: []opbrokerv1.Operation_State{opbrokerv1.Operation_STATE_SUCCEEDED}}))
+	require.Empty(t, search(&opbrokerv1.ListOperationsRequest{Tenant: "acme", IntentRef: "order-7", RemoteRef: "ch_2"}))
+	require.Empty(t, search(&opbrokerv1.ListOperationsRequest{Tenant: "acme", IntentRef: "order-9"}))
+
+	_, err := b.client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", IntentRef: "bad\nref"})
+	st := requireStatus(t, err, codes.InvalidArgument, server.ReasonFieldInvalid)
+	require.Contains(t, fieldViolations(st), "intent_ref")
+}
+
 func TestLogsNeverContainPayloadsOrIntentRefs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

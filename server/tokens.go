@@ -1,7 +1,9 @@
 package server
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -28,8 +30,15 @@ func (s tokenScope) scope() tokenScope { return s }
 
 const tokenVersion = 1
 
-func newScope(tenant string, states []store.State) tokenScope {
-	return tokenScope{Version: tokenVersion, Tenant: tenant, Filter: filterKey(states)}
+// newScope binds a token to a tenant and a filter: states, and the references searched
+// for (as a digest: a token names no reference).
+func newScope(tenant string, states []store.State, refs ...string) tokenScope {
+	filter := filterKey(states)
+	if strings.Join(refs, "") != "" {
+		sum := sha256.Sum256([]byte(strings.Join(refs, "\x00")))
+		filter += "\x00refs=" + hex.EncodeToString(sum[:16])
+	}
+	return tokenScope{Version: tokenVersion, Tenant: tenant, Filter: filter}
 }
 
 // filterKey is a canonical spelling of a state filter.
@@ -75,12 +84,12 @@ func (t *pageToken) valid() bool { return t.After != uuid.Nil }
 
 // decodePageToken returns the position a page token continues from. The empty token
 // starts at the beginning.
-func decodePageToken(token, tenant string, states []store.State) (uuid.NullUUID, error) {
+func decodePageToken(token string, scope tokenScope) (uuid.NullUUID, error) {
 	if token == "" {
 		return uuid.NullUUID{}, nil
 	}
 	var tok pageToken
-	if err := decodeToken("page_token", token, newScope(tenant, states), &tok); err != nil {
+	if err := decodeToken("page_token", token, scope, &tok); err != nil {
 		return uuid.NullUUID{}, err
 	}
 	return uuid.NullUUID{UUID: tok.After, Valid: true}, nil

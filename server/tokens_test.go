@@ -17,15 +17,27 @@ func TestPageTokenRoundTrip(t *testing.T) {
 	after := uuid.Must(uuid.NewV7())
 	tok := encodeToken(pageToken{tokenScope: newScope("acme", states), After: after})
 
-	got, err := decodePageToken(tok, "acme", []store.State{store.StatePrepared, store.StateUnknown})
+	got, err := decodePageToken(tok, newScope("acme", []store.State{store.StatePrepared, store.StateUnknown}))
 	require.NoError(t, err, "the filter's order does not matter")
 	require.Equal(t, after, got.UUID)
 
-	_, err = decodePageToken(tok, "globex", states)
+	_, err = decodePageToken(tok, newScope("globex", states))
 	requireReason(t, err, "PAGE_TOKEN_MISMATCH")
-	_, err = decodePageToken(tok, "acme", nil)
+	_, err = decodePageToken(tok, newScope("acme", nil))
 	requireReason(t, err, "PAGE_TOKEN_MISMATCH")
-	_, err = decodePageToken(encodeResumeToken(newScope("acme", states), store.FeedCursor{}), "acme", states)
+	_, err = decodePageToken(tok, newScope("acme", states, "intent-1", ""))
+	requireReason(t, err, "PAGE_TOKEN_MISMATCH")
+
+	searched := encodeToken(pageToken{tokenScope: newScope("acme", states, "intent-1", ""), After: after})
+	require.NotContains(t, searched, "intent-1")
+	got, err = decodePageToken(searched, newScope("acme", states, "intent-1", ""))
+	require.NoError(t, err)
+	require.Equal(t, after, got.UUID)
+	for _, other := range [][]string{{"intent-2", ""}, {"", "intent-1"}, {"intent-1", "ref"}} {
+		_, err = decodePageToken(searched, newScope("acme", states, other...))
+		requireReason(t, err, "PAGE_TOKEN_MISMATCH")
+	}
+	_, err = decodePageToken(encodeResumeToken(newScope("acme", states), store.FeedCursor{}), newScope("acme", states))
 	requireReason(t, err, "PAGE_TOKEN_INVALID")
 }
 
@@ -67,7 +79,7 @@ func FuzzPageToken(f *testing.F) {
 	f.Add("", "acme")
 	f.Add("e30", "acme")
 	f.Fuzz(func(t *testing.T, token, tenant string) {
-		after, err := decodePageToken(token, tenant, nil)
+		after, err := decodePageToken(token, newScope(tenant, nil))
 		if err != nil || token == "" {
 			require.False(t, after.Valid)
 			return

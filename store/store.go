@@ -369,6 +369,12 @@ func (q Scope) Get(ctx context.Context, tenantID string, id uuid.UUID) (Operatio
 type ListParams struct {
 	TenantID string
 	States   []State // empty: all
+	// IntentRef, when set, selects the operations of this intent reference whose type
+	// is one of OperationTypes (the intent key leads with the type).
+	IntentRef      string
+	OperationTypes []string
+	// RemoteRef, when set, selects the operations the target knows by this reference.
+	RemoteRef string
 	// Before continues a listing after the last operation of the previous page.
 	Before uuid.NullUUID
 	Limit  int
@@ -376,13 +382,22 @@ type ListParams struct {
 
 // List returns up to Limit operations and whether more follow.
 func (q Scope) List(ctx context.Context, p ListParams) (ops []Operation, more bool, err error) {
-	states := stateNames(p.States)
+	args := []any{p.TenantID, stateNames(p.States), p.Before, p.Limit + 1}
+	var search string // each filter its own statement text, planned on its own index
+	if p.IntentRef != "" {
+		args = append(args, p.IntentRef, p.OperationTypes)
+		search += ` AND intent_ref = $5 AND operation_type = ANY ($6::text[])`
+	}
+	if p.RemoteRef != "" {
+		args = append(args, p.RemoteRef)
+		search += fmt.Sprintf(` AND remote_ref = $%d`, len(args))
+	}
 	rows := q.query(ctx, `SELECT `+operationColumns+` FROM operations
 		WHERE tenant_id = $1
 		  AND (coalesce(cardinality($2::text[]), 0) = 0 OR state = ANY ($2::text[]::operation_state[]))
-		  AND ($3::uuid IS NULL OR operation_id < $3)
+		  AND ($3::uuid IS NULL OR operation_id < $3)`+search+`
 		ORDER BY operation_id DESC
-		LIMIT $4`, p.TenantID, states, p.Before, p.Limit+1)
+		LIMIT $4`, args...)
 	ops, err = pgx.CollectRows(rows, scanOperation)
 	if err != nil {
 		return nil, false, fmt.Errorf("store: list: %w", translate(err))

@@ -313,7 +313,12 @@ type ListOperationsRequest struct {
 	// The next_page_token of a previous call with the same tenant and filter.
 	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	// Only operations in one of these states; empty means all.
-	States        []Operation_State `protobuf:"varint,4,rep,packed,name=states,proto3,enum=opbroker.v1.Operation_State" json:"states,omitempty"`
+	States []Operation_State `protobuf:"varint,4,rep,packed,name=states,proto3,enum=opbroker.v1.Operation_State" json:"states,omitempty"`
+	// Only the operations of this intent reference, of any operation type the broker
+	// serves (an intent reference is unique within a tenant and an operation type).
+	IntentRef string `protobuf:"bytes,5,opt,name=intent_ref,json=intentRef,proto3" json:"intent_ref,omitempty"`
+	// Only the operations the target knows by this reference (Operation.remote_ref).
+	RemoteRef     string `protobuf:"bytes,6,opt,name=remote_ref,json=remoteRef,proto3" json:"remote_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -374,6 +379,20 @@ func (x *ListOperationsRequest) GetStates() []Operation_State {
 		return x.States
 	}
 	return nil
+}
+
+func (x *ListOperationsRequest) GetIntentRef() string {
+	if x != nil {
+		return x.IntentRef
+	}
+	return ""
+}
+
+func (x *ListOperationsRequest) GetRemoteRef() string {
+	if x != nil {
+		return x.RemoteRef
+	}
+	return ""
 }
 
 // The response of ListOperations.
@@ -1192,14 +1211,18 @@ const file_opbroker_v1_operation_service_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tB\x96\x01\xe0A\x02\xfaA\x18\n" +
 	"\x16opbroker.dev/Operation\xbaHurs2q^tenants/[a-z]([a-z0-9-]{0,61}[a-z0-9])?/operations/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$R\x04name\"L\n" +
 	"\x14GetOperationResponse\x124\n" +
-	"\toperation\x18\x01 \x01(\v2\x16.opbroker.v1.OperationR\toperation\"\xff\x01\n" +
+	"\toperation\x18\x01 \x01(\v2\x16.opbroker.v1.OperationR\toperation\"\x81\x03\n" +
 	"\x15ListOperationsRequest\x12C\n" +
 	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\x12'\n" +
 	"\tpage_size\x18\x02 \x01(\x05B\n" +
 	"\xe0A\x01\xbaH\x04\x1a\x02(\x00R\bpageSize\x12*\n" +
 	"\n" +
 	"page_token\x18\x03 \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\x80\bR\tpageToken\x12L\n" +
-	"\x06states\x18\x04 \x03(\x0e2\x1c.opbroker.v1.Operation.StateB\x16\xe0A\x01\xbaH\x10\x92\x01\r\x10\a\x18\x01\"\a\x82\x01\x04\x10\x01 \x00R\x06states\"x\n" +
+	"\x06states\x18\x04 \x03(\x0e2\x1c.opbroker.v1.Operation.StateB\x16\xe0A\x01\xbaH\x10\x92\x01\r\x10\a\x18\x01\"\a\x82\x01\x04\x10\x01 \x00R\x06states\x12?\n" +
+	"\n" +
+	"intent_ref\x18\x05 \x01(\tB \xe0A\x01\xbaH\x1ar\x18(\x80\x022\x13^[^\\x00-\\x1F\\x7F]*$R\tintentRef\x12?\n" +
+	"\n" +
+	"remote_ref\x18\x06 \x01(\tB \xe0A\x01\xbaH\x1ar\x18(\x80\b2\x13^[^\\x00-\\x1F\\x7F]*$R\tremoteRef\"x\n" +
 	"\x16ListOperationsResponse\x126\n" +
 	"\n" +
 	"operations\x18\x01 \x03(\v2\x16.opbroker.v1.OperationR\n" +
