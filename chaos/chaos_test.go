@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,7 +76,7 @@ func TestShortChaosRun(t *testing.T) {
 	for _, f := range simtarget.WebhookFaults {
 		require.Positive(t, report.Faults["webhook: "+string(f)], "no charge's webhooks had the fault %s", f)
 	}
-	require.True(t, report.Evidence.Settled, "every delivery ended and every event was decided")
+	require.True(t, report.Evidence.Settled, "every delivery ended and every event was decided; the run's log ends:\n%s", logTail(&log, 40))
 	require.Positive(t, report.Evidence.Applied, "some webhooks resolved their operations")
 	require.Positive(t, report.Evidence.Forged, "some deliveries were signed with a wrong secret")
 	require.Positive(t, report.Evidence.Reported, "the reporter reported some events")
@@ -120,4 +121,10 @@ func TestShortChaosRunWithFailovers(t *testing.T) {
 		require.Positive(t, f.NewPrimary, "%s: no new primary", f.Fault)
 		require.True(t, f.Recovered, "%s: the prober's calls failed to the end", f.Fault)
 	}
+}
+
+// logTail is the last n lines of a run's log, for a failure's message.
+func logTail(log *bytes.Buffer, n int) string {
+	lines := strings.Split(strings.TrimRight(log.String(), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
