@@ -1211,7 +1211,7 @@ const file_opbroker_v1_operation_service_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tB\x96\x01\xe0A\x02\xfaA\x18\n" +
 	"\x16opbroker.dev/Operation\xbaHurs2q^tenants/[a-z]([a-z0-9-]{0,61}[a-z0-9])?/operations/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$R\x04name\"L\n" +
 	"\x14GetOperationResponse\x124\n" +
-	"\toperation\x18\x01 \x01(\v2\x16.opbroker.v1.OperationR\toperation\"\x81\x03\n" +
+	"\toperation\x18\x01 \x01(\v2\x16.opbroker.v1.OperationR\toperation\"\xec\x02\n" +
 	"\x15ListOperationsRequest\x12C\n" +
 	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\x12'\n" +
 	"\tpage_size\x18\x02 \x01(\x05B\n" +
@@ -1220,9 +1220,9 @@ const file_opbroker_v1_operation_service_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\x80\bR\tpageToken\x12L\n" +
 	"\x06states\x18\x04 \x03(\x0e2\x1c.opbroker.v1.Operation.StateB\x16\xe0A\x01\xbaH\x10\x92\x01\r\x10\a\x18\x01\"\a\x82\x01\x04\x10\x01 \x00R\x06states\x12?\n" +
 	"\n" +
-	"intent_ref\x18\x05 \x01(\tB \xe0A\x01\xbaH\x1ar\x18(\x80\x022\x13^[^\\x00-\\x1F\\x7F]*$R\tintentRef\x12?\n" +
+	"intent_ref\x18\x05 \x01(\tB \xe0A\x01\xbaH\x1ar\x18(\x80\x022\x13^[^\\x00-\\x1F\\x7F]*$R\tintentRef\x12*\n" +
 	"\n" +
-	"remote_ref\x18\x06 \x01(\tB \xe0A\x01\xbaH\x1ar\x18(\x80\b2\x13^[^\\x00-\\x1F\\x7F]*$R\tremoteRef\"x\n" +
+	"remote_ref\x18\x06 \x01(\tB\v\xe0A\x01\xbaH\x05r\x03\x18\x80\x02R\tremoteRef\"x\n" +
 	"\x16ListOperationsResponse\x126\n" +
 	"\n" +
 	"operations\x18\x01 \x03(\v2\x16.opbroker.v1.OperationR\n" +
