@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/opbroker/opbroker/auth"
+	"github.com/opbroker/opbroker/auth/authtest"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/storetest"
@@ -25,15 +26,7 @@ type principals map[string]string
 
 func newPrincipals(t *testing.T, configs ...auth.PrincipalConfig) (*auth.Authenticator, principals) {
 	t.Helper()
-	tokens := principals{}
-	for i := range configs {
-		token, hash := auth.NewToken()
-		configs[i].TokenSHA256 = []string{hash}
-		tokens[configs[i].Name] = token
-	}
-	a, err := auth.New(configs)
-	require.NoError(t, err)
-	return a, tokens
+	return authtest.Principals(t, configs...)
 }
 
 func (p principals) as(ctx context.Context, name string) context.Context {

@@ -13,6 +13,7 @@ import (
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
 )
 
 // drive moves a prepared operation through IN_FLIGHT to UNKNOWN and then SUCCEEDED, as
@@ -20,21 +21,11 @@ import (
 // replica's).
 func drive(t *testing.T, b *testBundle, st *store.Store, id uuid.UUID) {
 	t.Helper()
-	claimed, err := st.AllTenants().Claim(b.ctx, store.ClaimParams{FairClaim: store.FairClaim{
-		OperationTypes: []string{"demo.charge"}, Worker: "w", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}})
+	op, err := st.AllTenants().Get(b.ctx, "acme", id)
 	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	require.Equal(t, id, claimed[0].ID)
-	_, err = st.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
-		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "w"})
-	require.NoError(t, err)
-	unknown, err := st.AllTenants().ClaimUnknown(b.ctx, store.FairClaim{OperationTypes: []string{"demo.charge"}, Worker: "r",
-		Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10})
-	require.NoError(t, err)
-	require.Len(t, unknown, 1)
-	_, err = st.AllTenants().ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: id, Fence: unknown[0].FenceToken,
-		State: store.StateSucceeded, RemoteRef: "ch_1", Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "r"})
-	require.NoError(t, err)
+	storetest.ToUnknown(t, st, op)
+	storetest.ResolveUnknown(t, st, op, store.ResolveParams{State: store.StateSucceeded, RemoteRef: "ch_1",
+		Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "r"})
 }
 
 // collect reads a watch stream to its end, skipping heartbeats.

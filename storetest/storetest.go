@@ -177,3 +177,37 @@ func RemoteKey(t testing.TB, pool *pgxpool.Pool, id uuid.UUID) string {
 	}
 	return key
 }
+
+// ToUnknown claims the operation, the only PREPARED one of its type, as the dispatcher
+// would, and records that its send got no answer (TIMEOUT).
+func ToUnknown(t testing.TB, st *store.Store, op store.Operation) {
+	t.Helper()
+	ctx := context.Background()
+	claimed, err := st.AllTenants().Claim(ctx, store.ClaimParams{FairClaim: store.FairClaim{
+		OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10}})
+	if err != nil || len(claimed) != 1 || claimed[0].ID != op.ID {
+		t.Fatalf("storetest: claim: %v (claimed %d)", err, len(claimed))
+	}
+	if _, err := st.AllTenants().RecordOutcome(ctx, store.OutcomeParams{TenantID: op.TenantID, ID: op.ID, Fence: claimed[0].FenceToken,
+		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "w"}); err != nil {
+		t.Fatalf("storetest: outcome: %v", err)
+	}
+}
+
+// ResolveUnknown claims the operation, the only UNKNOWN one due of its type, as the
+// reconciler would, and records p (whose TenantID, ID and Fence it sets).
+func ResolveUnknown(t testing.TB, st *store.Store, op store.Operation, p store.ResolveParams) store.Operation {
+	t.Helper()
+	ctx := context.Background()
+	unknown, err := st.AllTenants().ClaimUnknown(ctx, store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "r",
+		Lease: time.Minute, Limit: 10, PerTenant: 10, MaxTenants: 10})
+	if err != nil || len(unknown) != 1 || unknown[0].ID != op.ID {
+		t.Fatalf("storetest: claim unknown: %v (claimed %d)", err, len(unknown))
+	}
+	p.TenantID, p.ID, p.Fence = op.TenantID, op.ID, unknown[0].FenceToken
+	resolved, err := st.AllTenants().ResolveUnknown(ctx, p)
+	if err != nil {
+		t.Fatalf("storetest: resolve: %v", err)
+	}
+	return resolved
+}

@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/opbroker/opbroker/auth"
 )
 
 // CA is a private certificate authority for one test.
@@ -112,4 +114,22 @@ func serial(t testing.TB) *big.Int {
 		t.Fatalf("authtest: %v", err)
 	}
 	return n
+}
+
+// Principals builds an authenticator of configs, each given a new bearer token, and
+// returns the tokens by principal name.
+func Principals(t testing.TB, configs ...auth.PrincipalConfig) (*auth.Authenticator, map[string]string) {
+	t.Helper()
+	tokens := map[string]string{}
+	configs = append([]auth.PrincipalConfig(nil), configs...)
+	for i := range configs {
+		token, hash := auth.NewToken()
+		configs[i].TokenSHA256 = []string{hash}
+		tokens[configs[i].Name] = token
+	}
+	a, err := auth.New(configs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, tokens
 }
