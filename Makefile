@@ -6,7 +6,7 @@ BUF := go tool -modfile=tools/buf/go.mod buf
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GO_FILES = $(shell git ls-files '*.go' | grep -v '^gen/')
 
-.PHONY: all build build-chaos dev test test-race test-ha fuzz chaos chaos-ha check-helm bench generate lint check-generated schema
+.PHONY: all build build-chaos dev test test-race test-ha test-browser fuzz chaos chaos-ha check-helm bench generate lint check-generated schema
 
 all: lint test
 
@@ -24,6 +24,7 @@ help:
 		chaos 'a chaos run and its audit (SEED=1 DURATION=10m by default); fails if an invariant broke' \
 		chaos-ha 'the chaos run on a failing-over PostgreSQL formation (Patroni)' \
 		test-ha 'the formation test and a short chaos run with failovers (Patroni)' \
+		test-browser "the support view driven in a headless Chromium (Debian's chromium)" \
 		bench 'every benchmark: prints numbers, asserts nothing' \
 		generate 'buf format -w and buf generate: proto/ to gen/' \
 		check-generated 'fails when gen/ does not match proto/' \
@@ -59,6 +60,10 @@ test-race:
 # The tests that start a replicated PostgreSQL (package formation): a failover keeps
 # every acknowledged commit, and the short chaos run with failovers. Needs Debian's
 # patroni and etcd-server packages.
+# The support view's browser test, which fails instead of skipping without Chromium.
+test-browser:
+	OPBROKER_TEST_BROWSER=1 go test -count=1 -run '^TestBrowser$$' ./ui
+
 test-ha:
 	OPBROKER_TEST_FORMATION=1 go test -p 1 -count=1 -timeout 15m -run 'TestAcknowledgedCommitsSurviveAFailover|TestShortChaosRunWithFailovers' ./formation ./chaos
 

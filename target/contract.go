@@ -26,7 +26,10 @@ type File struct {
 // Contract is what the broker knows of one remote target, from its vendor's
 // documentation.
 type Contract struct {
-	Name           string        `yaml:"name"`
+	Name string `yaml:"name"`
+	// DisplayName is how the support view names the target to support staff, as
+	// they would say it ("the payment provider"); "the provider" when empty.
+	DisplayName    string        `yaml:"display_name,omitempty"`
 	Documentation  Documentation `yaml:"documentation"`
 	Owner          Owner         `yaml:"owner"`
 	Data           DataOwnership `yaml:"data"`

@@ -24,7 +24,7 @@ func devCommand() *cli.Command {
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "data-dir", Value: ".opbroker-dev", Usage: "folder for the embedded PostgreSQL; reused across restarts", Sources: cli.EnvVars("OPBROKER_DATA_DIR")},
 			&cli.StringFlag{Name: "pg-bin-dir", Usage: "a PostgreSQL installation (containing bin/pg_ctl); default: found on the machine, else downloaded", Sources: cli.EnvVars("OPBROKER_PG_BIN_DIR")},
-		}, serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "127.0.0.1:9091", "text")...),
+		}, serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "127.0.0.1:9091", "127.0.0.1:8080", "text")...),
 		Action: runDev,
 	}
 }
@@ -109,6 +109,7 @@ opbroker dev is ready.
   demo target:           %s  (demo.charge: idempotency key and lookup; demo.notify: neither; demo.object: conditional create and lookup)
   demo ground truth:     http://%s/sim/truth
   webhooks:              %s  (the demo target reports its charges here, signed)
+  support view:          %s  (sign in with any token: dev has no authentication)
   PostgreSQL:            %s  (the ledger is in schema opbroker)
   data folder:           %s (kept across restarts; delete it to start afresh)
 
@@ -117,7 +118,7 @@ opbroker dev is ready.
 
   A JSON payload may ask the demo target for a fault: {"amount": 100, "sim": {"fault": "commit_then_reset"}}
 
-`, b.grpcLis.Addr(), b.grpcLis.Addr(), b.httpLis.Addr(), sim.URL, b.httpLis.Addr(), webhooks(b), pg.URL(), dataDir)
+`, b.grpcLis.Addr(), b.grpcLis.Addr(), b.httpLis.Addr(), sim.URL, b.httpLis.Addr(), webhooks(b), b.uiURL, pg.URL(), dataDir)
 	return b.run(ctx)
 }
 

@@ -12,7 +12,7 @@ import (
 )
 
 // The flags shared by dev and serve, with the environment variables they read.
-func serverFlags(grpcAddr, httpAddr, webhookAddr, logFormat string) []cli.Flag {
+func serverFlags(grpcAddr, httpAddr, webhookAddr, uiAddr, logFormat string) []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "grpc-addr", Value: grpcAddr, Usage: "address for the gRPC API", Sources: cli.EnvVars("OPBROKER_GRPC_ADDR")},
 		&cli.StringFlag{Name: "http-addr", Value: httpAddr, Usage: "address for /metrics (Prometheus)", Sources: cli.EnvVars("OPBROKER_HTTP_ADDR")},
@@ -35,6 +35,7 @@ func serverFlags(grpcAddr, httpAddr, webhookAddr, logFormat string) []cli.Flag {
 		&cli.IntFlag{Name: "tenant-burst", Value: server.DefaultTenantBurst, Usage: "calls one tenant may make at once above --tenant-rate", Sources: cli.EnvVars("OPBROKER_TENANT_BURST")},
 		&cli.DurationFlag{Name: "payload-retention", Value: sweeper.DefaultPayloadRetention, Usage: "how long a terminal operation keeps its payload bytes (hash and events stay) when no target's contract gives its operation type a data.retention; 0 keeps those", Sources: cli.EnvVars("OPBROKER_PAYLOAD_RETENTION")},
 		&cli.StringFlag{Name: "webhook-addr", Value: webhookAddr, Usage: "address of the listener for the targets' webhooks (evidence.webhook in their contracts), which faces the providers: never the metrics port; empty: none", Sources: cli.EnvVars("OPBROKER_WEBHOOK_ADDR")},
+		&cli.StringFlag{Name: "ui-addr", Value: uiAddr, Usage: "address of the support view (read-only web pages for support-read and operator principals; HTTPS when gRPC has TLS); empty: none", Sources: cli.EnvVars("OPBROKER_UI_ADDR")},
 		&cli.IntFlag{Name: "webhook-max-body", Value: evidence.DefaultMaxWebhookBody, Usage: "largest webhook body the listener reads, in bytes", Sources: cli.EnvVars("OPBROKER_WEBHOOK_MAX_BODY")},
 		&cli.DurationFlag{Name: "evidence-body-retention", Value: evidence.DefaultBodyRetention, Usage: "how long the body of a target's event is kept, for matching and for reviewing the quarantine (at least every target's evidence.match_for)", Sources: cli.EnvVars("OPBROKER_EVIDENCE_BODY_RETENTION")},
 		&cli.DurationFlag{Name: "dispatch-lease", Value: dispatcher.DefaultLease, Usage: "how long a claim is held before an expired one becomes UNKNOWN (extended during a call)", Sources: cli.EnvVars("OPBROKER_DISPATCH_LEASE")},

@@ -312,7 +312,8 @@ func TestDevRunsWithNothingGiven(t *testing.T) {
 	// The embedded server runs as another user when tests run as root.
 	require.NoError(t, os.Chmod(parent, 0o755))
 	dataDir := filepath.Join(parent, "dev")
-	args := []string{"dev", "--data-dir", dataDir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0"}
+	args := []string{"dev", "--data-dir", dataDir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0",
+		"--ui-addr", "127.0.0.1:0"}
 
 	p := start(t, args...)
 	addr := p.waitReady(t)
@@ -353,6 +354,11 @@ func TestDevRunsWithNothingGiven(t *testing.T) {
 	b := builtWith(t, binary)
 	require.Contains(t, body, fmt.Sprintf("opbroker_build_info{commit=%q,go_version=%q,version=%q} 1\n", b.Commit, b.GoVersion, b.Version))
 	require.Contains(t, p.Output(), "no authentication", "dev mode says loudly that it is open")
+	view := regexp.MustCompile(`support view: +(http://\S+)`).FindStringSubmatch(p.Output())
+	require.NotNil(t, view, p.Output())
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Contains(c, httpGet(c, view[1]+"/signin"), "Your support token", "dev serves the support view")
+	}, 10*time.Second, 20*time.Millisecond)
 
 	pgURL := pgURLLine.FindStringSubmatch(p.Output())
 	require.NotNil(t, pgURL, p.Output())

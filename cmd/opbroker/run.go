@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,6 +30,7 @@ import (
 	"github.com/opbroker/opbroker/sweeper"
 	"github.com/opbroker/opbroker/target"
 	"github.com/opbroker/opbroker/tracing"
+	"github.com/opbroker/opbroker/ui"
 	"github.com/opbroker/opbroker/watch"
 )
 
@@ -48,6 +50,9 @@ type broker struct {
 	evidence   *evidence.Matcher      // matches the events targets report
 	webhookSrv *http.Server           // nil without --webhook-addr
 	webhookLis net.Listener
+	uiSrv      *http.Server // the support view; nil without --ui-addr
+	uiLis      net.Listener
+	uiURL      string // where the support view is; "" without one
 	notifier   *store.Notifier
 	ledger     *brokermetrics.Ledger // the ledger's gauges; nil when --metrics-interval is 0
 	hub        *watch.Hub
@@ -239,6 +244,25 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 		b.webhookSrv = &http.Server{Handler: webhooks, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
 			WriteTimeout: 15 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
 	}
+	if addr := cmd.String("ui-addr"); addr != "" {
+		view, err := ui.New(ui.Config{Local: b.srv.Local, Targets: b.targets, Logger: b.log, Now: clock})
+		if err != nil {
+			return err
+		}
+		if b.uiLis, err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("--ui-addr: %w", err)
+		}
+		b.uiURL = "http://" + b.uiLis.Addr().String()
+		if sec.tls != nil { // browsers present no client certificate: the session is a token
+			config := sec.tls.Clone()
+			config.ClientAuth, config.ClientCAs = tls.NoClientCert, nil
+			b.uiLis = tls.NewListener(b.uiLis, config)
+			b.uiURL = "https://" + b.uiLis.Addr().String()
+		}
+		// No write timeout: a page's live updates are a long response.
+		b.uiSrv = &http.Server{Handler: view, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
+			IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+	}
 	b.mux = http.NewServeMux()
 	b.mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	b.httpSrv = &http.Server{Handler: b.mux, ReadHeaderTimeout: 10 * time.Second}
@@ -294,6 +318,14 @@ func (b *broker) run(ctx context.Context) error {
 		}()
 		b.log.Info("receiving webhooks", "addr", "http://"+b.webhookLis.Addr().String())
 	}
+	if b.uiSrv != nil {
+		go func() {
+			if err := b.uiSrv.Serve(b.uiLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				b.log.Error("support view stopped", "error", err)
+			}
+		}()
+		b.log.Info("support view", "addr", b.uiURL)
+	}
 	b.srv.SetServing()
 	b.log.Info("serving", "grpc", b.grpcLis.Addr().String(), "metrics", "http://"+b.httpLis.Addr().String()+"/metrics")
 
@@ -323,6 +355,11 @@ func (b *broker) run(ctx context.Context) error {
 		}
 		b.evidence.Stop()
 	})
+	stopping.Go(func() {
+		if b.uiSrv != nil {
+			_ = b.uiSrv.Close() // read-only pages and live updates: nothing to finish
+		}
+	})
 	stopping.Wait()
 	b.close()
 	return err
@@ -334,7 +371,7 @@ func (b *broker) close() {
 		_ = b.httpSrv.Shutdown(shutdownCtx)
 		cancel()
 	}
-	for _, l := range []net.Listener{b.grpcLis, b.httpLis, b.webhookLis} {
+	for _, l := range []net.Listener{b.grpcLis, b.httpLis, b.webhookLis, b.uiLis} {
 		if l != nil {
 			l.Close()
 		}

@@ -20,6 +20,7 @@ import (
 type security struct {
 	auth        *auth.Authenticator // nil: no authentication
 	credentials credentials.TransportCredentials
+	tls         *tls.Config // the gRPC server's TLS, which the support view serves too; nil: plaintext
 	reflection  bool
 }
 
@@ -66,7 +67,7 @@ func securityFromFlags(cmd *cli.Command, log *slog.Logger) (security, error) {
 	if err != nil {
 		return sec, err
 	}
-	sec.credentials = credentials.NewTLS(config)
+	sec.credentials, sec.tls = credentials.NewTLS(config), config
 	return sec, nil
 }
 

@@ -14,7 +14,7 @@ func serveCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "serve",
 		Usage: "run the broker against a PostgreSQL database migrated with `opbroker migrate`",
-		Flags: append(append([]cli.Flag{databaseURLFlag, targetsFlag, requireSyncFlag}, securityFlags...), serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "", "json")...),
+		Flags: append(append([]cli.Flag{databaseURLFlag, targetsFlag, requireSyncFlag}, securityFlags...), serverFlags("127.0.0.1:50051", "127.0.0.1:9090", "", "", "json")...),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			log, err := newLogger(cmd)
 			if err != nil {

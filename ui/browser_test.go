@@ -1,0 +1,159 @@
+package ui_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
+)
+
+// EnvBrowser set to 1 makes the browser test fail, instead of skipping, when no
+// Chromium is installed (CI installs Debian's chromium). EnvScreenshot names a file
+// the test writes the operation page's screenshot to (docs/ has one).
+const (
+	EnvBrowser    = "OPBROKER_TEST_BROWSER"
+	EnvScreenshot = "OPBROKER_TEST_SCREENSHOT"
+)
+
+// TestBrowser drives the view in a headless Chromium: sign in, search, open an
+// operation that goes UNKNOWN → SUCCEEDED and see the page change by itself, see an
+// escalation's owner, and be refused another tenant's operation and every write; the
+// pages break no content security policy rule and log no error.
+func TestBrowser(t *testing.T) {
+	t.Parallel()
+	chromium := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			chromium = p
+			break
+		}
+	}
+	if chromium == "" {
+		if os.Getenv(EnvBrowser) == "1" {
+			t.Fatal("no Chromium found; install Debian's chromium")
+		}
+		t.Skip("no Chromium found (apt-get install chromium); " + EnvBrowser + "=1 makes this a failure")
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+
+	// An escalated operation, then one left UNKNOWN, then one of another tenant.
+	escalated := storetest.PrepareJSON(t, f.store, "acme", "demo.charge", "order-escalated", `{"amount":1}`)
+	storetest.ToUnknown(t, f.store, escalated)
+	storetest.ResolveUnknown(t, f.store, escalated, store.ResolveParams{State: store.StateEscalated,
+		Observation: store.Observation{Source: "BROKER", Outcome: "ESCALATED", Summary: "no evidence"},
+		Escalation:  &store.Escalation{Owner: "demo-oncall (README.md#operations)", Reason: "no evidence", EscalatedAt: time.Now()}, Actor: "test"})
+	pending := storetest.PrepareJSON(t, f.store, "acme", "demo.charge", "order-1042", `{"amount":4242}`)
+	storetest.ToUnknown(t, f.store, pending)
+	other := storetest.PrepareJSON(t, f.store, "globex", "demo.charge", "order-1042", `{"amount":1}`)
+
+	var mu sync.Mutex
+	var problems []string
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium))...)
+	defer cancelAlloc()
+	browser, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithListener(func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch ev := ev.(type) {
+		case *cdplog.EventEntryAdded:
+			if ev.Entry.Level == cdplog.EntryLevelError || ev.Entry.Source == cdplog.EntrySourceSecurity {
+				problems = append(problems, fmt.Sprintf("%s: %s %s", ev.Entry.Source, ev.Entry.Text, ev.Entry.URL))
+			}
+		case *runtime.EventExceptionThrown:
+			problems = append(problems, "exception: "+ev.ExceptionDetails.Text)
+		}
+	}))
+	defer cancelBrowser()
+	browser, cancel := context.WithTimeout(browser, 90*time.Second)
+	defer cancel()
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(browser, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err, sel)
+		return s
+	}
+
+	// Sign in with the support token, through the form.
+	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(f.url+"/"), chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), f.tokens["acme-support"])))
+	_, err := chromedp.RunResponse(browser, chromedp.Submit(chromedp.CSS("#token")))
+	require.NoError(t, err)
+	require.Contains(t, text("header"), "Signed in as acme-support")
+
+	// Search by the customer's reference, and open the result.
+	require.NoError(t, chromedp.Do(browser, chromedp.SendKeys(chromedp.CSS("#q"), "order-1042")))
+	_, err = chromedp.RunResponse(browser, chromedp.Submit(chromedp.CSS("#q")))
+	require.NoError(t, err)
+	require.Contains(t, text("main"), "Confirmation pending")
+	_, err = chromedp.RunResponse(browser, chromedp.Click(chromedp.CSS("td a")))
+	require.NoError(t, err)
+	require.Equal(t, "Confirmation pending: we are checking with the payment provider", text("#headline"))
+
+	// The reconciler's lookup finds the charge: the page changes by itself, with no
+	// reload (a mark on the window survives).
+	_, err = chromedp.Run(browser, chromedp.Evaluate[bool](`window.notReloaded = true`))
+	require.NoError(t, err)
+	storetest.ResolveUnknown(t, f.store, pending, store.ResolveParams{State: store.StateSucceeded, RemoteRef: "ch_1042",
+		Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "test"})
+	_, err = chromedp.Run(browser, chromedp.Poll[bool](
+		`document.getElementById("headline").textContent === "Confirmed by the payment provider"`,
+		chromedp.WithPollingTimeout(15*time.Second)))
+	require.NoError(t, err, "the page showed: %s", text("#operation"))
+	notReloaded, err := chromedp.Run(browser, chromedp.Evaluate[bool](`window.notReloaded === true`))
+	require.NoError(t, err)
+	require.True(t, notReloaded, "the page changed without a reload")
+	page := text("#operation")
+	require.Contains(t, page, "ch_1042")
+	require.Contains(t, page, "No clear answer from the payment provider", "the history in words")
+	if path := os.Getenv(EnvScreenshot); path != "" {
+		png, err := chromedp.Run(browser, chromedp.FullScreenshot(100))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(path, png, 0o644))
+	}
+
+	// Writes are refused, whatever the method.
+	for _, method := range []string{"POST", "PUT", "DELETE"} {
+		code, err := chromedp.Run(browser, chromedp.Evaluate[int](
+			fmt.Sprintf(`fetch(location.href, {method: %q}).then(r => r.status)`, method), chromedp.EvalAwaitPromise))
+		require.NoError(t, err)
+		require.Equal(t, 405, code, method)
+	}
+
+	// The escalation: its owner, on its page and in the queue.
+	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(f.url+"/tenants/acme/operations/"+escalated.ID.String())))
+	require.Equal(t, "Needs attention: demo-oncall is looking into it", text("#headline"))
+	require.Contains(t, text("#owner"), "demo-oncall")
+	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(f.url+"/escalations")))
+	require.Contains(t, text("main"), "demo-oncall")
+
+	// Another tenant's operation, and one that does not exist.
+	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(f.url+"/tenants/globex/operations/"+other.ID.String())))
+	require.Contains(t, text("main"), "You may not see this")
+	require.NotContains(t, text("main"), "order-1042")
+	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(f.url+"/tenants/acme/operations/"+uuid.NewString())))
+	require.Contains(t, text("main"), "There is no such operation")
+
+	mu.Lock()
+	defer mu.Unlock()
+	var unexpected []string
+	for _, p := range problems {
+		// The refused writes and pages above are logged by the browser as failed loads.
+		if !strings.Contains(p, "status of 405") && !strings.Contains(p, "status of 403") && !strings.Contains(p, "status of 404") {
+			unexpected = append(unexpected, p)
+		}
+	}
+	require.Empty(t, unexpected, "no content security policy violation, script error or failed load")
+}

@@ -1,0 +1,165 @@
+package ui
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+)
+
+// Status is what support reads about an operation: one line, why, and what happens
+// next, in words. Tone picks the colour (ok, pending, attention, failed, neutral).
+type Status struct {
+	Headline string
+	Why      string
+	Next     string
+	Tone     string
+}
+
+// The outcome classes, by what they mean for the customer. An outcome not listed
+// reads as "no clear answer" (the honest default for UNKNOWN).
+var (
+	stillProcessing = set("PENDING", "IN_PROGRESS", "ACCEPTED_NOT_CONFIRMED", "FOUND_PENDING", "FOUND_NOT_CONFIRMED",
+		"ACCEPTED_UNFINISHED", "STATUS_NOT_CONFIRMED", "SUCCESS_WITHOUT_REFERENCE")
+	slowedDown    = set("THROTTLED")
+	cannotSignIn  = set("CREDENTIAL_REFUSED", "CREDENTIAL_UNAVAILABLE")
+	declined      = set("DOCUMENTED_REJECTION", "DOCUMENTED_FAILURE", "FOUND_FAILED", "PRECONDITION_FAILED", "NOT_EXECUTED")
+	notSentInTime = set("DISPATCH_DEADLINE_PASSED", "NOT_STARTED")
+	stoppedBefore = set("PAYLOAD_INTEGRITY")
+	noAnswer      = set("TIMEOUT", "CONNECT_FAILED", "CONNECTION_ERROR", "LEASE_EXPIRED", "UNLISTED_STATUS", "REDIRECT_NOT_FOLLOWED",
+		"LOOKUP_FAILED", "NOT_FOUND", "NO_EVIDENCE", "REPLAY_WINDOW_CLOSED", "KEY_SCOPE_CHANGED", "KEY_IN_USE", "EFFECT_EXISTS",
+		"STALE_VERIFIED_SUCCESS", "FOUND_MISMATCH")
+)
+
+func set(outcomes ...string) map[string]bool {
+	m := map[string]bool{}
+	for _, o := range outcomes {
+		m[o] = true
+	}
+	return m
+}
+
+// describe is the one place that turns an operation's state and last observation into
+// what support reads. provider is how the target is named to them ("the payment
+// provider"); owner is who an escalation went to.
+func describe(op *opbrokerv1.Operation, provider string, now time.Time) Status {
+	outcome := op.GetLastObservation().GetOutcome()
+	switch op.GetState() {
+	case opbrokerv1.Operation_STATE_PREPARED:
+		next := "It will be sent shortly."
+		if nb := op.GetNotBefore(); nb != nil && nb.AsTime().After(now) {
+			next = "It will be sent after " + when(nb.AsTime()) + "."
+		}
+		if d := op.GetDispatchDeadline(); d != nil {
+			next += " If it cannot be sent by " + when(d.AsTime()) + ", it will not be sent at all."
+		}
+		return Status{"Received: not sent yet", "We have the request and will send it to " + provider + ".", next, "neutral"}
+	case opbrokerv1.Operation_STATE_IN_FLIGHT:
+		return Status{"Being sent to " + provider, "We have sent it and are waiting for " + provider + "'s answer.",
+			"The answer usually comes within seconds.", "pending"}
+	case opbrokerv1.Operation_STATE_SUCCEEDED:
+		why := capital(provider) + " confirmed it."
+		if ref := op.GetRemoteRef(); ref != "" {
+			why = capital(provider) + " confirmed it; their reference is " + ref + "."
+		}
+		return Status{"Confirmed by " + provider, why, "Nothing more to do.", "ok"}
+	case opbrokerv1.Operation_STATE_FAILED_TERMINAL:
+		headline, why := "Not done", "Nothing happened at "+provider+"."
+		switch {
+		case declined[outcome]:
+			headline, why = "Not done: "+provider+" declined it", capital(provider)+" said no, and nothing happened there."
+		case notSentInTime[outcome]:
+			headline, why = "Not done: it could not be sent in time", "It was never sent: its deadline passed first, so nothing happened at "+provider+"."
+		case stoppedBefore[outcome]:
+			headline, why = "Not done: stopped before sending", "We stopped it before sending because its stored request was damaged; nothing happened at "+provider+"."
+		case op.GetLastObservation().GetSource() == opbrokerv1.Operation_SOURCE_OPERATOR:
+			headline, why = "Not done: confirmed by our team", "Our team checked with "+provider+" that nothing happened there."
+		}
+		return Status{headline, why, "Nothing more will happen. The customer can try again with a new request.", "failed"}
+	case opbrokerv1.Operation_STATE_UNKNOWN:
+		why := "We do not know yet whether it went through at " + provider + "."
+		switch {
+		case noAnswer[outcome]:
+			why = "We did not get a clear answer from " + provider + ", so we do not know yet whether it went through."
+		case stillProcessing[outcome]:
+			why = capital(provider) + " is still processing it."
+		case slowedDown[outcome]:
+			why = capital(provider) + " asked us to slow down, so we are waiting before asking again."
+		case cannotSignIn[outcome]:
+			why = "We could not sign in to " + provider + "; the people who run the broker have been alerted."
+		}
+		next := "We will check with " + provider + " again shortly."
+		if t := op.GetNextCheckTime(); t != nil {
+			next = "We will check with " + provider + " again " + whenFrom(t.AsTime(), now) + "."
+		}
+		return Status{"Confirmation pending: we are checking with " + provider, why,
+			next + " Nothing is sent again until " + provider + " has answered.", "pending"}
+	case opbrokerv1.Operation_STATE_ESCALATED:
+		owner, _, _ := strings.Cut(op.GetEscalation().GetOwner(), " (") // the team, without its runbook's address
+		if owner == "" {
+			owner = "the team that owns " + provider
+		}
+		return Status{"Needs attention: " + owner + " is looking into it",
+			"We could not confirm it with " + provider + " automatically, so a person will.",
+			capital(owner) + " will settle it; nothing is sent again until then.", "attention"}
+	case opbrokerv1.Operation_STATE_CANCELLED:
+		return Status{"Cancelled before it was sent", "It was cancelled before anything was sent; nothing happened at " + provider + ".",
+			"Nothing more will happen.", "neutral"}
+	}
+	return Status{"Status not known to this page", "This page does not know the state the broker reports.", "Ask the broker's operators.", "attention"}
+}
+
+// eventLine is one step of an operation's history in words.
+func eventLine(e *opbrokerv1.OperationEvent, provider string) string {
+	to, outcome := e.GetToState(), e.GetObservation().GetOutcome()
+	by := ""
+	if e.GetObservation().GetSource() == opbrokerv1.Operation_SOURCE_OPERATOR {
+		by = " (by " + e.GetActor() + ")"
+	}
+	switch {
+	case to == opbrokerv1.Operation_STATE_PREPARED:
+		return "Request received" + by
+	case to == opbrokerv1.Operation_STATE_IN_FLIGHT:
+		return "Sent to " + provider + by
+	case to == opbrokerv1.Operation_STATE_SUCCEEDED:
+		return "Confirmed by " + provider + by
+	case to == opbrokerv1.Operation_STATE_CANCELLED:
+		return "Cancelled before sending" + by
+	case to == opbrokerv1.Operation_STATE_ESCALATED:
+		return "Handed to a person to check with " + provider + by
+	case to == opbrokerv1.Operation_STATE_FAILED_TERMINAL:
+		return describe(&opbrokerv1.Operation{State: to, LastObservation: e.GetObservation()}, provider, time.Time{}).Headline + by
+	case to == opbrokerv1.Operation_STATE_UNKNOWN && e.GetFromState() == opbrokerv1.Operation_STATE_UNKNOWN:
+		return "Checked with " + provider + ": no confirmation yet" + by
+	case to == opbrokerv1.Operation_STATE_UNKNOWN:
+		if stillProcessing[outcome] || slowedDown[outcome] || cannotSignIn[outcome] {
+			return describe(&opbrokerv1.Operation{State: to, LastObservation: e.GetObservation()}, provider, time.Time{}).Why
+		}
+		return "No clear answer from " + provider + by
+	}
+	return "Changed" + by
+}
+
+func when(t time.Time) string { return t.UTC().Format("2 Jan 2006 15:04:05 UTC") }
+
+// whenFrom says when t is from now: "in about 30 seconds", or the time itself.
+func whenFrom(t, now time.Time) string {
+	d := t.Sub(now).Round(time.Second)
+	switch {
+	case d <= 0:
+		return "now"
+	case d < 2*time.Minute:
+		return fmt.Sprintf("in about %d seconds (%s)", int(d.Seconds()), when(t))
+	case d < 2*time.Hour:
+		return fmt.Sprintf("in about %d minutes (%s)", int(d.Minutes()), when(t))
+	}
+	return "at " + when(t)
+}
+
+func capital(s string) string {
+	if s == "" || s[0] < 'a' || s[0] > 'z' {
+		return s
+	}
+	return string(s[0]-'a'+'A') + s[1:]
+}

@@ -1,0 +1,121 @@
+package ui
+
+import (
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/target"
+)
+
+// everyOutcome is every outcome an observation records: the connector's classes, and
+// what the dispatcher, sweeper, reconciler, evidence and operators record.
+var everyOutcome = []string{
+	target.ClassVerifiedSuccess, target.ClassDocumentedRejection, target.ClassPending, target.ClassDocumentedFailure,
+	target.ClassNotConfirmed, target.ClassPreconditionFailed, target.ClassNotExecuted, target.ClassCredentialRefused,
+	target.ClassSuccessWithoutRef, target.ClassInProgress, target.ClassAccepted, target.ClassThrottled, target.ClassRedirect,
+	target.ClassUnlistedStatus, target.ClassTimeout, target.ClassConnectFailed, target.ClassConnectionError,
+	target.ClassCredentialUnavailable,
+	"PAYLOAD_INTEGRITY", "DISPATCH_DEADLINE_PASSED", "REPLAY_WINDOW_CLOSED", "KEY_SCOPE_CHANGED", "NOT_STARTED", "LEASE_EXPIRED",
+	"LOOKUP_FAILED", "FOUND_MISMATCH", "FOUND_PENDING", "FOUND_NOT_CONFIRMED", "FOUND_FAILED", "FOUND", "NOT_FOUND",
+	"STALE_VERIFIED_SUCCESS", "EFFECT_EXISTS", "KEY_IN_USE", "ACCEPTED_UNFINISHED", "NO_EVIDENCE", "ESCALATED",
+	"MANUAL_RESOLUTION", "RESOLUTION_PROPOSED", "",
+}
+
+var code = regexp.MustCompile(`[A-Z]{2,}_[A-Z]|\{\{|<nil>`)
+
+// TestEveryStateAndOutcomeReads: for every state and every outcome, the sentences are
+// whole, name the provider, and show no code or template left-over.
+func TestEveryStateAndOutcomeReads(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	for state := range opbrokerv1.Operation_State_name {
+		if state == 0 {
+			continue
+		}
+		for _, outcome := range everyOutcome {
+			op := &opbrokerv1.Operation{State: opbrokerv1.Operation_State(state), RemoteRef: "ch_1",
+				LastObservation: &opbrokerv1.Operation_Observation{Outcome: outcome}}
+			s := describe(op, "the payment provider", now)
+			for _, text := range []string{s.Headline, s.Why, s.Next} {
+				require.NotEmpty(t, text, "%v %s", op.GetState(), outcome)
+				require.False(t, code.MatchString(text), "%v %s: %q", op.GetState(), outcome, text)
+			}
+			require.Contains(t, s.Why+s.Headline, "payment provider", "%v %s", op.GetState(), outcome)
+			require.Contains(t, []string{"ok", "pending", "attention", "failed", "neutral"}, s.Tone)
+			line := eventLine(&opbrokerv1.OperationEvent{ToState: op.GetState(), Observation: op.GetLastObservation()}, "the payment provider")
+			require.False(t, code.MatchString(line), "%q", line)
+		}
+	}
+	classified := []map[string]bool{stillProcessing, slowedDown, cannotSignIn, declined, notSentInTime, stoppedBefore, noAnswer}
+	for _, outcome := range everyOutcome {
+		n := 0
+		for _, group := range classified {
+			if group[outcome] {
+				n++
+			}
+		}
+		switch outcome {
+		case target.ClassVerifiedSuccess, "FOUND", "ESCALATED", "MANUAL_RESOLUTION", "RESOLUTION_PROPOSED", "":
+			require.Zero(t, n, "%s ends in a state that says it all", outcome)
+		default:
+			require.Equal(t, 1, n, "%s is in exactly one group of wording", outcome)
+		}
+	}
+}
+
+// TestWording is what support reads for the cases they meet most, word for word.
+func TestWording(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	obs := func(source opbrokerv1.Operation_Source, outcome string) *opbrokerv1.Operation_Observation {
+		return &opbrokerv1.Operation_Observation{Source: source, Outcome: outcome}
+	}
+	for name, c := range map[string]struct {
+		op   *opbrokerv1.Operation
+		want Status
+	}{
+		"succeeded": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_SUCCEEDED, RemoteRef: "ch_42",
+			LastObservation: obs(opbrokerv1.Operation_SOURCE_DISPATCH, target.ClassVerifiedSuccess)},
+			Status{"Confirmed by the payment provider", "The payment provider confirmed it; their reference is ch_42.", "Nothing more to do.", "ok"}},
+		"unknown after a timeout": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_UNKNOWN,
+			NextCheckTime: timestamppb.New(now.Add(30 * time.Second)), LastObservation: obs(opbrokerv1.Operation_SOURCE_DISPATCH, target.ClassTimeout)},
+			Status{"Confirmation pending: we are checking with the payment provider",
+				"We did not get a clear answer from the payment provider, so we do not know yet whether it went through.",
+				"We will check with the payment provider again in about 30 seconds (2 Dec 2026 10:00:30 UTC). Nothing is sent again until the payment provider has answered.",
+				"pending"}},
+		"unknown, still processing": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_UNKNOWN,
+			LastObservation: obs(opbrokerv1.Operation_SOURCE_LOOKUP, "FOUND_PENDING")},
+			Status{"Confirmation pending: we are checking with the payment provider", "The payment provider is still processing it.",
+				"We will check with the payment provider again shortly. Nothing is sent again until the payment provider has answered.", "pending"}},
+		"escalated": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_ESCALATED,
+			Escalation: &opbrokerv1.Operation_Escalation{Owner: "payments-oncall (https://runbooks.example.com/pay)"}},
+			Status{"Needs attention: payments-oncall is looking into it", "We could not confirm it with the payment provider automatically, so a person will.",
+				"Payments-oncall will settle it; nothing is sent again until then.", "attention"}},
+		"declined": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_FAILED_TERMINAL,
+			LastObservation: obs(opbrokerv1.Operation_SOURCE_DISPATCH, target.ClassDocumentedRejection)},
+			Status{"Not done: the payment provider declined it", "The payment provider said no, and nothing happened there.",
+				"Nothing more will happen. The customer can try again with a new request.", "failed"}},
+		"deadline passed": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_FAILED_TERMINAL,
+			LastObservation: obs(opbrokerv1.Operation_SOURCE_BROKER, "DISPATCH_DEADLINE_PASSED")},
+			Status{"Not done: it could not be sent in time", "It was never sent: its deadline passed first, so nothing happened at the payment provider.",
+				"Nothing more will happen. The customer can try again with a new request.", "failed"}},
+		"resolved by an operator": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_FAILED_TERMINAL,
+			LastObservation: obs(opbrokerv1.Operation_SOURCE_OPERATOR, "MANUAL_RESOLUTION")},
+			Status{"Not done: confirmed by our team", "Our team checked with the payment provider that nothing happened there.",
+				"Nothing more will happen. The customer can try again with a new request.", "failed"}},
+		"prepared for later": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_PREPARED, NotBefore: timestamppb.New(now.Add(time.Hour)),
+			DispatchDeadline: timestamppb.New(now.Add(2 * time.Hour))},
+			Status{"Received: not sent yet", "We have the request and will send it to the payment provider.",
+				"It will be sent after 2 Dec 2026 11:00:00 UTC. If it cannot be sent by 2 Dec 2026 12:00:00 UTC, it will not be sent at all.", "neutral"}},
+		"cancelled": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_CANCELLED},
+			Status{"Cancelled before it was sent", "It was cancelled before anything was sent; nothing happened at the payment provider.",
+				"Nothing more will happen.", "neutral"}},
+	} {
+		require.Equal(t, c.want, describe(c.op, "the payment provider", now), name)
+	}
+}
