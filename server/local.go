@@ -72,6 +72,8 @@ func (l *Local) Invoke(ctx context.Context, method string, args, reply any, _ ..
 		proto.Merge(into.(proto.Message), args.(proto.Message))
 		return nil
 	}
+	ctx, cancel := context.WithCancel(ctx) // as gRPC ends a unary call's context when it returns
+	defer cancel()
 	out, err := m.Handler(l.impl[serviceOf(method)], serverContext(ctx), dec, l.unaryI)
 	if err != nil {
 		return err
@@ -103,10 +105,11 @@ func serviceOf(method string) string {
 	return service
 }
 
-// serverContext is ctx as the server sees the call: its outgoing metadata incoming.
+// serverContext is ctx as the server sees the call: its outgoing metadata incoming,
+// and none outgoing (a handler's own calls must not pass the caller's token on).
 func serverContext(ctx context.Context) context.Context {
 	md, _ := metadata.FromOutgoingContext(ctx)
-	return metadata.NewIncomingContext(ctx, md)
+	return metadata.NewOutgoingContext(metadata.NewIncomingContext(ctx, md), metadata.MD{})
 }
 
 // localClientStream is the caller's side of a Local stream.

@@ -11,17 +11,22 @@ import (
 	"embed"
 	"errors"
 	"html/template"
+	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/opbroker/opbroker/auth"
@@ -33,9 +38,9 @@ import (
 //go:embed templates static
 var assets embed.FS
 
-// CookieName is the session cookie: the principal's bearer token, Secure, HttpOnly and
-// SameSite=Strict, for the browser's session only. The __Host- prefix makes browsers
-// refuse it unless it is Secure, for the whole host, and set by the host itself.
+// CookieName is the session cookie: the sealed session (session.go), Secure, HttpOnly
+// and SameSite=Strict. The __Host- prefix makes browsers refuse it unless it is Secure,
+// for the whole host, and set by the host itself.
 const CookieName = "__Host-opbroker-session"
 
 // Config configures the view.
@@ -45,16 +50,24 @@ type Config struct {
 	// Targets name the providers and owners in words.
 	Targets *target.Targets
 	Logger  *slog.Logger
+	// SessionKey seals sessions; every replica given the same key accepts the others'
+	// sessions. Empty: a random key, so a session works on this process only.
+	SessionKey []byte
+	// SessionLifetime is how long a sign-in lasts; 0 means DefaultSessionLifetime.
+	SessionLifetime time.Duration
+	// HTTPS says the view is served over TLS: browsers are told to keep to HTTPS.
+	HTTPS bool
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
 
 // view serves the pages.
 type view struct {
-	cfg   Config
-	ops   opbrokerv1.OperationServiceClient
-	admin opbrokerv1.AdminServiceClient
-	pages map[string]*template.Template
+	cfg      Config
+	sessions *sealer
+	ops      opbrokerv1.OperationServiceClient
+	admin    opbrokerv1.AdminServiceClient
+	pages    map[string]*template.Template
 }
 
 // New returns the view's handler.
@@ -62,10 +75,18 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	v := &view{cfg: cfg, ops: opbrokerv1.NewOperationServiceClient(cfg.Local), admin: opbrokerv1.NewAdminServiceClient(cfg.Local),
+	if cfg.SessionLifetime <= 0 {
+		cfg.SessionLifetime = DefaultSessionLifetime
+	}
+	sessions, err := newSealer(cfg.SessionKey)
+	if err != nil {
+		return nil, err
+	}
+	conn := readOnly{cfg.Local}
+	v := &view{cfg: cfg, sessions: sessions, ops: opbrokerv1.NewOperationServiceClient(conn), admin: opbrokerv1.NewAdminServiceClient(conn),
 		pages: map[string]*template.Template{}}
 	for _, page := range []string{"signin", "home", "list", "operation", "escalations", "error"} {
-		t, err := template.New("layout.html").Funcs(template.FuncMap{"when": when}).
+		t, err := template.New("layout.html").Funcs(template.FuncMap{"when": when, "waited": waited}).
 			ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, err
@@ -89,14 +110,44 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /escalations", v.signedIn(v.escalations))
 	// Cross-origin POSTs (sign-in and sign-out are the only ones) are refused; there is
 	// nothing else to write.
-	return secureHeaders(http.NewCrossOriginProtection().Handler(mux)), nil
+	return secureHeaders(http.NewCrossOriginProtection().Handler(mux), cfg.HTTPS), nil
+}
+
+// readOnly lets the view call only the reads it needs, whatever the principal's roles:
+// an operator's session in the view cannot resolve or delete anything.
+type readOnly struct{ *server.Local }
+
+var readMethods = map[string]bool{
+	opbrokerv1.OperationService_GetOperation_FullMethodName:        true,
+	opbrokerv1.OperationService_ListOperations_FullMethodName:      true,
+	opbrokerv1.OperationService_ListOperationEvents_FullMethodName: true,
+	opbrokerv1.OperationService_WatchOperation_FullMethodName:      true,
+	opbrokerv1.AdminService_ListEscalations_FullMethodName:         true,
+}
+
+func (c readOnly) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	if !readMethods[method] {
+		return status.Errorf(codes.PermissionDenied, "the support view does not call %s", method)
+	}
+	return c.Local.Invoke(ctx, method, args, reply, opts...)
+}
+
+func (c readOnly) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if !readMethods[method] {
+		return nil, status.Errorf(codes.PermissionDenied, "the support view does not call %s", method)
+	}
+	return c.Local.NewStream(ctx, desc, method, opts...)
 }
 
 // secureHeaders sets what every answer carries: a content security policy that allows
-// only the view's own script and style, no framing, no referrer, and no caching.
-func secureHeaders(next http.Handler) http.Handler {
+// only the view's own script and style, no framing, no referrer, and no caching; over
+// HTTPS, that browsers keep to it.
+func secureHeaders(next http.Handler, https bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
+		if https {
+			h.Set("Strict-Transport-Security", "max-age=31536000")
+		}
 		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "+
 			"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		h.Set("X-Content-Type-Options", "nosniff")
@@ -112,21 +163,30 @@ type session struct {
 	ctx       context.Context
 }
 
-// signedIn runs h for a request with a valid session, and sends others to sign in.
+// signedIn runs h for a request with a valid session of a support-read or operator
+// principal, and sends others to sign in. The calls the page makes carry the browser's
+// address as their peer, for the log lines of refusals.
 func (v *view) signedIn(h func(http.ResponseWriter, *http.Request, session)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		var token string
 		c, err := r.Cookie(CookieName)
-		if err != nil || c.Value == "" {
-			http.Redirect(w, r, "/signin", http.StatusSeeOther)
-			return
+		if err == nil {
+			token, err = v.sessions.open(c.Value, v.cfg.Now())
 		}
-		p, err := v.cfg.Local.Principal(r.Context(), c.Value)
-		if err != nil {
+		var p *auth.Principal
+		if err == nil {
+			p, err = v.cfg.Local.Principal(r.Context(), token)
+		}
+		if err != nil || !p.Has(auth.RoleSupportRead, auth.RoleOperator) {
 			clearSession(w)
 			http.Redirect(w, r, "/signin", http.StatusSeeOther)
 			return
 		}
-		h(w, r, session{principal: p, ctx: metadata.AppendToOutgoingContext(r.Context(), "authorization", "Bearer "+c.Value)})
+		ctx := metadata.AppendToOutgoingContext(r.Context(), "authorization", "Bearer "+token)
+		if addr, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+			ctx = peer.NewContext(ctx, &peer.Peer{Addr: net.TCPAddrFromAddrPort(addr)})
+		}
+		h(w, r, session{principal: p, ctx: ctx})
 	}
 }
 
@@ -145,8 +205,14 @@ func (v *view) signin(w http.ResponseWriter, r *http.Request) {
 		v.render(w, r, http.StatusForbidden, "signin", nil, map[string]any{"Error": "That token is not for the support view: it needs the support-read or operator role."})
 		return
 	}
-	v.cfg.Logger.InfoContext(r.Context(), "support view: signed in", "principal", p.Name)
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: token, Path: "/", Secure: true, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	sealed, err := v.sessions.seal(token, v.cfg.Now().Add(v.cfg.SessionLifetime))
+	if err != nil {
+		v.render(w, r, http.StatusInternalServerError, "signin", nil, map[string]any{"Error": "Signing in failed; try again."})
+		return
+	}
+	v.cfg.Logger.InfoContext(r.Context(), "support view: signed in", "principal", p.Name, "peer", r.RemoteAddr)
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: sealed, Path: "/", MaxAge: int(v.cfg.SessionLifetime.Seconds()),
+		Secure: true, HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
@@ -168,18 +234,19 @@ func (v *view) home(w http.ResponseWriter, r *http.Request, s session) {
 func (v *view) search(w http.ResponseWriter, r *http.Request, s session) {
 	tenant, q := strings.TrimSpace(r.FormValue("tenant")), strings.TrimSpace(r.FormValue("q"))
 	if t, id, ok := operationName(q); ok {
-		http.Redirect(w, r, "/tenants/"+url.PathEscape(t)+"/operations/"+id, http.StatusSeeOther)
+		http.Redirect(w, r, "/tenants/"+url.PathEscape(t)+"/operations/"+id.String(), http.StatusSeeOther)
 		return
 	}
 	if q == "" && tenant != "" {
 		http.Redirect(w, r, "/tenants/"+url.PathEscape(tenant)+"/operations", http.StatusSeeOther)
 		return
 	}
-	if _, err := uuid.Parse(q); err == nil && tenant != "" {
-		http.Redirect(w, r, "/tenants/"+url.PathEscape(tenant)+"/operations/"+q, http.StatusSeeOther)
+	if id, err := uuid.Parse(q); err == nil && tenant != "" {
+		http.Redirect(w, r, "/tenants/"+url.PathEscape(tenant)+"/operations/"+id.String(), http.StatusSeeOther)
 		return
 	}
 	var found []*opbrokerv1.Operation
+	more := false
 	seen := map[string]bool{}
 	for _, req := range []*opbrokerv1.ListOperationsRequest{{Tenant: tenant, IntentRef: q}, {Tenant: tenant, RemoteRef: q}} {
 		resp, err := v.ops.ListOperations(s.ctx, req)
@@ -187,6 +254,7 @@ func (v *view) search(w http.ResponseWriter, r *http.Request, s session) {
 			v.fail(w, r, &s, err)
 			return
 		}
+		more = more || resp.GetNextPageToken() != ""
 		for _, op := range resp.GetOperations() {
 			if !seen[op.GetName()] {
 				seen[op.GetName()] = true
@@ -195,19 +263,17 @@ func (v *view) search(w http.ResponseWriter, r *http.Request, s session) {
 		}
 	}
 	v.render(w, r, http.StatusOK, "list", &s, map[string]any{"Title": "Search results", "Tenant": tenant, "Query": q,
-		"Rows": v.rows(found)})
+		"Rows": v.rows(found), "More": more})
 }
 
 // operationName splits tenants/{tenant}/operations/{id}.
-func operationName(q string) (tenant, id string, ok bool) {
+func operationName(q string) (tenant string, id uuid.UUID, ok bool) {
 	parts := strings.Split(q, "/")
 	if len(parts) != 4 || parts[0] != "tenants" || parts[2] != "operations" {
-		return "", "", false
+		return "", uuid.UUID{}, false
 	}
-	if _, err := uuid.Parse(parts[3]); err != nil {
-		return "", "", false
-	}
-	return parts[1], parts[3], true
+	id, err := uuid.Parse(parts[3])
+	return parts[1], id, err == nil
 }
 
 // states are the filters of a tenant's list, in words.
@@ -320,6 +386,7 @@ func (v *view) live(w http.ResponseWriter, r *http.Request, s session) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("X-Accel-Buffering", "no") // a proxy in front must not hold the events back
 	rc := http.NewResponseController(w)
 	send := func(event string, revision int64) error {
 		if _, err := w.Write([]byte("event: " + event + "\ndata: " + strconv.FormatInt(revision, 10) + "\n\n")); err != nil {
@@ -327,16 +394,21 @@ func (v *view) live(w http.ResponseWriter, r *http.Request, s session) {
 		}
 		return rc.Flush()
 	}
+	// After a broken stream (a replica shutting down, a database error) the browser
+	// connects again after retry milliseconds and starts with a new snapshot.
+	if _, err := w.Write([]byte("retry: 3000\n")); err != nil {
+		return
+	}
 	if err := send("snapshot", first.GetSnapshot().GetRevision()); err != nil {
 		return
 	}
 	for {
 		msg, err := stream.Recv()
-		if err != nil {
-			if errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled {
-				return
-			}
+		if errors.Is(err, io.EOF) { // the operation is finished: the page is final
 			_ = send("end", 0)
+			return
+		}
+		if err != nil {
 			return
 		}
 		var ev string
@@ -367,14 +439,14 @@ func (v *view) escalations(w http.ResponseWriter, r *http.Request, s session) {
 		return
 	}
 	type escalation struct {
-		Op            row
-		Owner, Reason string
-		Age           time.Duration
+		Op                    row
+		Tenant, Owner, Reason string
+		Age                   time.Duration
 	}
 	var out []escalation
 	for _, e := range resp.GetEscalations() {
 		op := e.GetOperation()
-		out = append(out, escalation{Op: v.rows([]*opbrokerv1.Operation{op})[0], Owner: op.GetEscalation().GetOwner(),
+		out = append(out, escalation{Op: v.rows([]*opbrokerv1.Operation{op})[0], Tenant: op.GetTenant(), Owner: op.GetEscalation().GetOwner(),
 			Reason: op.GetEscalation().GetReason(), Age: time.Duration(e.GetAgeSeconds()) * time.Second})
 	}
 	v.render(w, r, http.StatusOK, "escalations", &s, map[string]any{"Tenant": tenant, "Tenants": s.principal.Tenants, "Escalations": out,

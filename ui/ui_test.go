@@ -1,6 +1,7 @@
 package ui_test
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"log/slog"
@@ -61,7 +62,7 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, hub.Start(context.Background()))
 	t.Cleanup(hub.Stop)
 	srv, err := server.New(server.Options{Store: st, Targets: targets, Logger: log, MeterProvider: noop.NewMeterProvider(),
-		Hub: hub, WatchHeartbeat: 200 * time.Millisecond, Auth: authn})
+		Hub: hub, WatchHeartbeat: 200 * time.Millisecond, Auth: authn, Limits: server.Limits{WatchesPerPrincipal: 2}})
 	require.NoError(t, err)
 	t.Cleanup(func() { srv.Stop(time.Second) })
 	view, err := ui.New(ui.Config{Local: srv.Local, Targets: targets, Logger: log})
@@ -129,11 +130,17 @@ func TestSignInAndAdmission(t *testing.T) {
 	cookie := resp.Cookies()[0]
 	require.Equal(t, ui.CookieName, cookie.Name)
 	require.True(t, cookie.Secure && cookie.HttpOnly && cookie.SameSite == http.SameSiteStrictMode, "%+v", cookie)
-	require.Zero(t, cookie.MaxAge, "a session cookie, gone with the browser")
+	require.Equal(t, int(ui.DefaultSessionLifetime.Seconds()), cookie.MaxAge, "a session ends")
+	require.NotContains(t, cookie.Value, strings.TrimPrefix(f.tokens["acme-support"], "opb_"), "the cookie is sealed")
+	raw := f.browser(t)
+	raw.Jar.SetCookies(resp.Request.URL, []*http.Cookie{{Name: ui.CookieName, Value: f.tokens["acme-support"], Path: "/"}})
+	code, _ = get(t, raw, f.url+"/")
+	require.Equal(t, http.StatusSeeOther, code, "a token is not a session")
 	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "script-src 'self'")
 
 	var pages []string // every page the session saw
-	code, body := get(t, c, f.url+acmePage)
+	var body string
+	code, body = get(t, c, f.url+acmePage)
 	pages = append(pages, body)
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "Received: not sent yet")
@@ -183,4 +190,69 @@ func TestSignInAndAdmission(t *testing.T) {
 		require.NotContains(t, strings.Join(pages, ""), secret)
 		require.NotContains(t, f.logs.String(), secret, "the log never holds a payload or a token")
 	}
+}
+
+// TestLiveAndQueue: an operation's live stream says when it changed and ends once it is
+// finished; a closed stream gives its watch back (the principal may hold two here);
+// the provider's reference finds the operation; an operator of every tenant sees every
+// tenant's escalations.
+func TestLiveAndQueue(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	op := storetest.PrepareJSON(t, f.store, "acme", "demo.charge", "order-live", `{"amount":1}`)
+	storetest.ToUnknown(t, f.store, op)
+	c := f.browser(t)
+	require.Equal(t, http.StatusSeeOther, f.signIn(t, c, "acme-support"))
+	live := f.url + "/tenants/acme/operations/" + op.ID.String() + "/live"
+
+	for range 4 { // more than the principal's two watches, one after another
+		resp, err := c.Get(live)
+		require.NoError(t, err)
+		require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+		first, err := bufio.NewReader(resp.Body).ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "retry: 3000\n", first)
+		resp.Body.Close()
+	}
+
+	resp, err := c.Get(live)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	events := bufio.NewScanner(resp.Body)
+	next := func() string {
+		t.Helper()
+		for events.Scan() {
+			if name, ok := strings.CutPrefix(events.Text(), "event: "); ok && name != "heartbeat" {
+				return name
+			}
+		}
+		return "closed"
+	}
+	require.Equal(t, "snapshot", next())
+	storetest.ResolveUnknown(t, f.store, op, store.ResolveParams{State: store.StateSucceeded, RemoteRef: "ch_live",
+		Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "test"})
+	require.Equal(t, "change", next())
+	require.Equal(t, "end", next(), "a finished operation's stream ends")
+
+	code, body := get(t, c, f.url+"/search?tenant=acme&q=ch_live")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "/tenants/acme/operations/"+op.ID.String())
+	require.Contains(t, body, "Confirmed by the payment provider")
+
+	escalated := storetest.PrepareJSON(t, f.store, "globex", "demo.charge", "order-stuck", `{"amount":1}`)
+	storetest.ToUnknown(t, f.store, escalated)
+	storetest.ResolveUnknown(t, f.store, escalated, store.ResolveParams{State: store.StateEscalated,
+		Observation: store.Observation{Source: "BROKER", Outcome: "ESCALATED"},
+		Escalation:  &store.Escalation{Owner: "demo-oncall (README.md#operations)", Reason: "no evidence", EscalatedAt: time.Now()}, Actor: "test"})
+	code, body = get(t, c, f.url+"/escalations")
+	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, body, "order-stuck", "acme's queue")
+	operator := f.browser(t)
+	require.Equal(t, http.StatusSeeOther, f.signIn(t, operator, "all-operator"))
+	code, body = get(t, operator, f.url+"/escalations")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "order-stuck")
+	require.Contains(t, body, "<td>globex</td>")
+	code, _ = get(t, operator, f.url+"/search?tenant=globex&q=")
+	require.Equal(t, http.StatusSeeOther, code, "an empty reference lists the tenant's operations")
 }

@@ -21,16 +21,23 @@ type Status struct {
 // reads as "no clear answer" (the honest default for UNKNOWN).
 var (
 	stillProcessing = set("PENDING", "IN_PROGRESS", "ACCEPTED_NOT_CONFIRMED", "FOUND_PENDING", "FOUND_NOT_CONFIRMED",
-		"ACCEPTED_UNFINISHED", "STATUS_NOT_CONFIRMED", "SUCCESS_WITHOUT_REFERENCE")
-	slowedDown    = set("THROTTLED")
-	cannotSignIn  = set("CREDENTIAL_REFUSED", "CREDENTIAL_UNAVAILABLE")
-	declined      = set("DOCUMENTED_REJECTION", "DOCUMENTED_FAILURE", "FOUND_FAILED", "PRECONDITION_FAILED", "NOT_EXECUTED")
+		"ACCEPTED_UNFINISHED", "STATUS_NOT_CONFIRMED", "EVIDENCE_PENDING")
+	reportedSuccess = set("SUCCESS_WITHOUT_REFERENCE", "EVIDENCE_SUCCEEDED")
+	slowedDown      = set("THROTTLED")
+	cannotSignIn    = set("CREDENTIAL_REFUSED", "CREDENTIAL_UNAVAILABLE")
+	declined        = set("DOCUMENTED_REJECTION", "DOCUMENTED_FAILURE", "FOUND_FAILED", "PRECONDITION_FAILED", "NOT_EXECUTED",
+		"EVIDENCE_FAILED")
 	notSentInTime = set("DISPATCH_DEADLINE_PASSED", "NOT_STARTED")
 	stoppedBefore = set("PAYLOAD_INTEGRITY")
-	noAnswer      = set("TIMEOUT", "CONNECT_FAILED", "CONNECTION_ERROR", "LEASE_EXPIRED", "UNLISTED_STATUS", "REDIRECT_NOT_FOLLOWED",
-		"LOOKUP_FAILED", "NOT_FOUND", "NO_EVIDENCE", "REPLAY_WINDOW_CLOSED", "KEY_SCOPE_CHANGED", "KEY_IN_USE", "EFFECT_EXISTS",
-		"STALE_VERIFIED_SUCCESS", "FOUND_MISMATCH")
+	noAnswer      = set("TIMEOUT", "CONNECT_FAILED", "CONNECTION_ERROR", "HTTP_5XX", "LEASE_EXPIRED", "UNLISTED_STATUS",
+		"REDIRECT_NOT_FOLLOWED", "LOOKUP_FAILED", "NOT_FOUND", "NO_EVIDENCE", "REPLAY_WINDOW_CLOSED", "KEY_SCOPE_CHANGED",
+		"KEY_IN_USE", "EFFECT_EXISTS", "STALE_VERIFIED_SUCCESS", "FOUND_MISMATCH")
 )
+
+// sendAgain is what support may tell about a resend: it is the same request, which the
+// provider carries out at most once (a target without that guarantee is never sent
+// again: its unclear operations go to a person).
+const sendAgain = "If we send it again, it is the same request, which %s carries out at most once."
 
 func set(outcomes ...string) map[string]bool {
 	m := map[string]bool{}
@@ -53,6 +60,10 @@ func describe(op *opbrokerv1.Operation, provider string, now time.Time) Status {
 		}
 		if d := op.GetDispatchDeadline(); d != nil {
 			next += " If it cannot be sent by " + when(d.AsTime()) + ", it will not be sent at all."
+		}
+		if op.GetAttemptCount() > 0 {
+			return Status{"Received: to be sent again", "An earlier attempt did not go through at " + provider + "; we will send it again.",
+				next, "neutral"}
 		}
 		return Status{"Received: not sent yet", "We have the request and will send it to " + provider + ".", next, "neutral"}
 	case opbrokerv1.Operation_STATE_IN_FLIGHT:
@@ -84,6 +95,8 @@ func describe(op *opbrokerv1.Operation, provider string, now time.Time) Status {
 			why = "We did not get a clear answer from " + provider + ", so we do not know yet whether it went through."
 		case stillProcessing[outcome]:
 			why = capital(provider) + " is still processing it."
+		case reportedSuccess[outcome]:
+			why = capital(provider) + " reported success; we are confirming it before we call it done."
 		case slowedDown[outcome]:
 			why = capital(provider) + " asked us to slow down, so we are waiting before asking again."
 		case cannotSignIn[outcome]:
@@ -94,14 +107,15 @@ func describe(op *opbrokerv1.Operation, provider string, now time.Time) Status {
 			next = "We will check with " + provider + " again " + whenFrom(t.AsTime(), now) + "."
 		}
 		return Status{"Confirmation pending: we are checking with " + provider, why,
-			next + " Nothing is sent again until " + provider + " has answered.", "pending"}
+			next + " " + fmt.Sprintf(sendAgain, provider), "pending"}
 	case opbrokerv1.Operation_STATE_ESCALATED:
 		owner, _, _ := strings.Cut(op.GetEscalation().GetOwner(), " (") // the team, without its runbook's address
 		if owner == "" {
 			owner = "the team that owns " + provider
 		}
 		return Status{"Needs attention: " + owner + " is looking into it",
-			"We could not confirm it with " + provider + " automatically, so a person will.",
+			"We could not confirm it with " + provider + " automatically, so a person will. It may already have gone through: " +
+				"do not ask the customer to try again until it is settled.",
 			capital(owner) + " will settle it; nothing is sent again until then.", "attention"}
 	case opbrokerv1.Operation_STATE_CANCELLED:
 		return Status{"Cancelled before it was sent", "It was cancelled before anything was sent; nothing happened at " + provider + ".",
@@ -117,23 +131,30 @@ func eventLine(e *opbrokerv1.OperationEvent, provider string) string {
 	if e.GetObservation().GetSource() == opbrokerv1.Operation_SOURCE_OPERATOR {
 		by = " (by " + e.GetActor() + ")"
 	}
+	from := e.GetFromState()
 	switch {
+	case to == opbrokerv1.Operation_STATE_PREPARED && from == opbrokerv1.Operation_STATE_IN_FLIGHT:
+		return capital(provider) + " did not carry it out; it will be sent again" + by
 	case to == opbrokerv1.Operation_STATE_PREPARED:
 		return "Request received" + by
+	case to == opbrokerv1.Operation_STATE_IN_FLIGHT && from == opbrokerv1.Operation_STATE_UNKNOWN:
+		return "Sent again with the same request, which " + provider + " carries out at most once" + by
 	case to == opbrokerv1.Operation_STATE_IN_FLIGHT:
 		return "Sent to " + provider + by
 	case to == opbrokerv1.Operation_STATE_SUCCEEDED:
 		return "Confirmed by " + provider + by
 	case to == opbrokerv1.Operation_STATE_CANCELLED:
 		return "Cancelled before sending" + by
+	case to == opbrokerv1.Operation_STATE_ESCALATED && from == opbrokerv1.Operation_STATE_ESCALATED:
+		return "Noted while a person looks into it" + by
 	case to == opbrokerv1.Operation_STATE_ESCALATED:
 		return "Handed to a person to check with " + provider + by
 	case to == opbrokerv1.Operation_STATE_FAILED_TERMINAL:
 		return describe(&opbrokerv1.Operation{State: to, LastObservation: e.GetObservation()}, provider, time.Time{}).Headline + by
-	case to == opbrokerv1.Operation_STATE_UNKNOWN && e.GetFromState() == opbrokerv1.Operation_STATE_UNKNOWN:
+	case to == opbrokerv1.Operation_STATE_UNKNOWN && from == opbrokerv1.Operation_STATE_UNKNOWN:
 		return "Checked with " + provider + ": no confirmation yet" + by
 	case to == opbrokerv1.Operation_STATE_UNKNOWN:
-		if stillProcessing[outcome] || slowedDown[outcome] || cannotSignIn[outcome] {
+		if stillProcessing[outcome] || reportedSuccess[outcome] || slowedDown[outcome] || cannotSignIn[outcome] {
 			return describe(&opbrokerv1.Operation{State: to, LastObservation: e.GetObservation()}, provider, time.Time{}).Why
 		}
 		return "No clear answer from " + provider + by
@@ -162,4 +183,18 @@ func capital(s string) string {
 		return s
 	}
 	return string(s[0]-'a'+'A') + s[1:]
+}
+
+// waited says how long something has waited, in hours and minutes.
+func waited(d time.Duration) string {
+	d = d.Round(time.Minute)
+	switch {
+	case d < time.Minute:
+		return "under a minute"
+	case d < time.Hour:
+		return fmt.Sprintf("%d min", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%d h %d min", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%d days", int(d.Hours())/24)
 }

@@ -1,7 +1,13 @@
 package ui
 
 import (
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,18 +18,33 @@ import (
 	"github.com/opbroker/opbroker/target"
 )
 
-// everyOutcome is every outcome an observation records: the connector's classes, and
-// what the dispatcher, sweeper, reconciler, evidence and operators record.
-var everyOutcome = []string{
-	target.ClassVerifiedSuccess, target.ClassDocumentedRejection, target.ClassPending, target.ClassDocumentedFailure,
-	target.ClassNotConfirmed, target.ClassPreconditionFailed, target.ClassNotExecuted, target.ClassCredentialRefused,
-	target.ClassSuccessWithoutRef, target.ClassInProgress, target.ClassAccepted, target.ClassThrottled, target.ClassRedirect,
-	target.ClassUnlistedStatus, target.ClassTimeout, target.ClassConnectFailed, target.ClassConnectionError,
-	target.ClassCredentialUnavailable,
-	"PAYLOAD_INTEGRITY", "DISPATCH_DEADLINE_PASSED", "REPLAY_WINDOW_CLOSED", "KEY_SCOPE_CHANGED", "NOT_STARTED", "LEASE_EXPIRED",
-	"LOOKUP_FAILED", "FOUND_MISMATCH", "FOUND_PENDING", "FOUND_NOT_CONFIRMED", "FOUND_FAILED", "FOUND", "NOT_FOUND",
-	"STALE_VERIFIED_SUCCESS", "EFFECT_EXISTS", "KEY_IN_USE", "ACCEPTED_UNFINISHED", "NO_EVIDENCE", "ESCALATED",
-	"MANUAL_RESOLUTION", "RESOLUTION_PROPOSED", "",
+// everyOutcome is every outcome an observation records: each literal that the
+// broker's code (not its tests or benchmarks) gives an observation's outcome or a
+// result's class, found in the source, so that a new outcome without wording fails
+// TestEveryStateAndOutcomeReads; and the empty one.
+func everyOutcome(t *testing.T) []string {
+	t.Helper()
+	literal := regexp.MustCompile(`(?:Outcome:|Outcome =|outcome:|Class:|Class[A-Za-z]* *=|event[A-Z][a-z]+ *=) *"([A-Z0-9_]+)"`)
+	found := map[string]bool{"": true}
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && (d.Name() == "opbench" || d.Name() == "simtarget" || strings.HasPrefix(d.Name(), ".")) && path != "..":
+			return filepath.SkipDir
+		case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		for _, m := range literal.FindAllStringSubmatch(string(src), -1) {
+			found[m[1]] = true
+		}
+		return err
+	})
+	require.NoError(t, err)
+	require.Contains(t, found, target.ClassServerError, "the walk reaches the connector's classes")
+	require.Contains(t, found, "EVIDENCE_SUCCEEDED", "and the evidence's outcomes")
+	return slices.Sorted(maps.Keys(found))
 }
 
 var code = regexp.MustCompile(`[A-Z]{2,}_[A-Z]|\{\{|<nil>`)
@@ -33,11 +54,12 @@ var code = regexp.MustCompile(`[A-Z]{2,}_[A-Z]|\{\{|<nil>`)
 func TestEveryStateAndOutcomeReads(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	outcomes := everyOutcome(t)
 	for state := range opbrokerv1.Operation_State_name {
 		if state == 0 {
 			continue
 		}
-		for _, outcome := range everyOutcome {
+		for _, outcome := range outcomes {
 			op := &opbrokerv1.Operation{State: opbrokerv1.Operation_State(state), RemoteRef: "ch_1",
 				LastObservation: &opbrokerv1.Operation_Observation{Outcome: outcome}}
 			s := describe(op, "the payment provider", now)
@@ -51,8 +73,8 @@ func TestEveryStateAndOutcomeReads(t *testing.T) {
 			require.False(t, code.MatchString(line), "%q", line)
 		}
 	}
-	classified := []map[string]bool{stillProcessing, slowedDown, cannotSignIn, declined, notSentInTime, stoppedBefore, noAnswer}
-	for _, outcome := range everyOutcome {
+	classified := []map[string]bool{stillProcessing, reportedSuccess, slowedDown, cannotSignIn, declined, notSentInTime, stoppedBefore, noAnswer}
+	for _, outcome := range outcomes {
 		n := 0
 		for _, group := range classified {
 			if group[outcome] {
@@ -86,15 +108,22 @@ func TestWording(t *testing.T) {
 			NextCheckTime: timestamppb.New(now.Add(30 * time.Second)), LastObservation: obs(opbrokerv1.Operation_SOURCE_DISPATCH, target.ClassTimeout)},
 			Status{"Confirmation pending: we are checking with the payment provider",
 				"We did not get a clear answer from the payment provider, so we do not know yet whether it went through.",
-				"We will check with the payment provider again in about 30 seconds (2 Dec 2026 10:00:30 UTC). Nothing is sent again until the payment provider has answered.",
+				"We will check with the payment provider again in about 30 seconds (2 Dec 2026 10:00:30 UTC). " +
+					"If we send it again, it is the same request, which the payment provider carries out at most once.",
 				"pending"}},
 		"unknown, still processing": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_UNKNOWN,
 			LastObservation: obs(opbrokerv1.Operation_SOURCE_LOOKUP, "FOUND_PENDING")},
 			Status{"Confirmation pending: we are checking with the payment provider", "The payment provider is still processing it.",
-				"We will check with the payment provider again shortly. Nothing is sent again until the payment provider has answered.", "pending"}},
+				"We will check with the payment provider again shortly. If we send it again, it is the same request, which the payment provider carries out at most once.",
+				"pending"}},
+		"sent again after the provider did not carry it out": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_PREPARED, AttemptCount: 1,
+			LastObservation: obs(opbrokerv1.Operation_SOURCE_DISPATCH, target.ClassNotExecuted)},
+			Status{"Received: to be sent again", "An earlier attempt did not go through at the payment provider; we will send it again.",
+				"It will be sent shortly.", "neutral"}},
 		"escalated": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_ESCALATED,
 			Escalation: &opbrokerv1.Operation_Escalation{Owner: "payments-oncall (https://runbooks.example.com/pay)"}},
-			Status{"Needs attention: payments-oncall is looking into it", "We could not confirm it with the payment provider automatically, so a person will.",
+			Status{"Needs attention: payments-oncall is looking into it", "We could not confirm it with the payment provider automatically, so a person will. " +
+				"It may already have gone through: do not ask the customer to try again until it is settled.",
 				"Payments-oncall will settle it; nothing is sent again until then.", "attention"}},
 		"declined": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_FAILED_TERMINAL,
 			LastObservation: obs(opbrokerv1.Operation_SOURCE_DISPATCH, target.ClassDocumentedRejection)},

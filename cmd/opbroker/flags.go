@@ -9,6 +9,7 @@ import (
 	"github.com/opbroker/opbroker/reconciler"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/sweeper"
+	"github.com/opbroker/opbroker/ui"
 )
 
 // The flags shared by dev and serve, with the environment variables they read.
@@ -36,6 +37,8 @@ func serverFlags(grpcAddr, httpAddr, webhookAddr, uiAddr, logFormat string) []cl
 		&cli.DurationFlag{Name: "payload-retention", Value: sweeper.DefaultPayloadRetention, Usage: "how long a terminal operation keeps its payload bytes (hash and events stay) when no target's contract gives its operation type a data.retention; 0 keeps those", Sources: cli.EnvVars("OPBROKER_PAYLOAD_RETENTION")},
 		&cli.StringFlag{Name: "webhook-addr", Value: webhookAddr, Usage: "address of the listener for the targets' webhooks (evidence.webhook in their contracts), which faces the providers: never the metrics port; empty: none", Sources: cli.EnvVars("OPBROKER_WEBHOOK_ADDR")},
 		&cli.StringFlag{Name: "ui-addr", Value: uiAddr, Usage: "address of the support view (read-only web pages for support-read and operator principals; HTTPS when gRPC has TLS); empty: none", Sources: cli.EnvVars("OPBROKER_UI_ADDR")},
+		&cli.StringFlag{Name: "ui-session-key-file", Usage: "file of a secret that seals the support view's sessions; give every replica the same one so that a session works on any of them (without it each process seals with its own random key)", Sources: cli.EnvVars("OPBROKER_UI_SESSION_KEY_FILE")},
+		&cli.DurationFlag{Name: "ui-session-lifetime", Value: ui.DefaultSessionLifetime, Usage: "how long a sign-in to the support view lasts", Sources: cli.EnvVars("OPBROKER_UI_SESSION_LIFETIME")},
 		&cli.IntFlag{Name: "webhook-max-body", Value: evidence.DefaultMaxWebhookBody, Usage: "largest webhook body the listener reads, in bytes", Sources: cli.EnvVars("OPBROKER_WEBHOOK_MAX_BODY")},
 		&cli.DurationFlag{Name: "evidence-body-retention", Value: evidence.DefaultBodyRetention, Usage: "how long the body of a target's event is kept, for matching and for reviewing the quarantine (at least every target's evidence.match_for)", Sources: cli.EnvVars("OPBROKER_EVIDENCE_BODY_RETENTION")},
 		&cli.DurationFlag{Name: "dispatch-lease", Value: dispatcher.DefaultLease, Usage: "how long a claim is held before an expired one becomes UNKNOWN (extended during a call)", Sources: cli.EnvVars("OPBROKER_DISPATCH_LEASE")},

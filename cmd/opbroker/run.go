@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -245,23 +246,32 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 			WriteTimeout: 15 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
 	}
 	if addr := cmd.String("ui-addr"); addr != "" {
-		view, err := ui.New(ui.Config{Local: b.srv.Local, Targets: b.targets, Logger: b.log, Now: clock})
+		var key []byte
+		if file := cmd.String("ui-session-key-file"); file != "" {
+			if key, err = os.ReadFile(file); err != nil {
+				return fmt.Errorf("--ui-session-key-file: %w", err)
+			}
+			if len(bytes.TrimSpace(key)) < 32 {
+				return errors.New("--ui-session-key-file: the secret must be at least 32 bytes, e.g. from openssl rand -base64 32")
+			}
+		}
+		view, err := ui.New(ui.Config{Local: b.srv.Local, Targets: b.targets, Logger: b.log, Now: clock, HTTPS: sec.tls != nil,
+			SessionKey: key, SessionLifetime: cmd.Duration("ui-session-lifetime")})
 		if err != nil {
 			return err
 		}
 		if b.uiLis, err = net.Listen("tcp", addr); err != nil {
 			return fmt.Errorf("--ui-addr: %w", err)
 		}
-		b.uiURL = "http://" + b.uiLis.Addr().String()
-		if sec.tls != nil { // browsers present no client certificate: the session is a token
-			config := sec.tls.Clone()
-			config.ClientAuth, config.ClientCAs = tls.NoClientCert, nil
-			b.uiLis = tls.NewListener(b.uiLis, config)
-			b.uiURL = "https://" + b.uiLis.Addr().String()
-		}
 		// No write timeout: a page's live updates are a long response.
 		b.uiSrv = &http.Server{Handler: view, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
 			IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+		b.uiURL = "http://" + b.uiLis.Addr().String()
+		if sec.tls != nil { // HTTP/2 (ServeTLS offers it); browsers present no client certificate
+			b.uiSrv.TLSConfig = sec.tls.Clone()
+			b.uiSrv.TLSConfig.ClientAuth, b.uiSrv.TLSConfig.ClientCAs = tls.NoClientCert, nil
+			b.uiURL = "https://" + b.uiLis.Addr().String()
+		}
 	}
 	b.mux = http.NewServeMux()
 	b.mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
@@ -320,7 +330,11 @@ func (b *broker) run(ctx context.Context) error {
 	}
 	if b.uiSrv != nil {
 		go func() {
-			if err := b.uiSrv.Serve(b.uiLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serve := func() error { return b.uiSrv.Serve(b.uiLis) }
+			if b.uiSrv.TLSConfig != nil {
+				serve = func() error { return b.uiSrv.ServeTLS(b.uiLis, "", "") } // the certificate is in TLSConfig
+			}
+			if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				b.log.Error("support view stopped", "error", err)
 			}
 		}()

@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net/http"
+	neturl "net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"syscall"
 	"testing"
 
@@ -56,7 +59,8 @@ func TestServeWithPrincipals(t *testing.T) {
 	start(t, base...).requireFails(t, "give --auth-config (principals) or, knowingly, --insecure-no-auth")
 	start(t, append(base, "--auth-config", principals)...).requireFails(t, "give --tls-cert and --tls-key or, knowingly, --plaintext")
 
-	p := start(t, append(base, "--auth-config", principals, "--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", caFile)...)
+	p := start(t, append(base, "--auth-config", principals, "--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", caFile,
+		"--ui-addr", "127.0.0.1:0")...)
 	addr := p.waitReady(t)
 	dialTLS := func(certs ...tls.Certificate) opbrokerv1.OperationServiceClient {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(
@@ -112,7 +116,22 @@ func TestServeWithPrincipals(t *testing.T) {
 	_, err = list(bearer(supportToken), opbrokerv1.NewOperationServiceClient(dial(t, addr)), "acme")
 	require.Equal(t, codes.Unavailable, code(err), "no plaintext on a TLS port")
 
+	// The support view: HTTPS with the same certificate, over HTTP/2, no client
+	// certificate asked for; a support token signs in.
+	view := regexp.MustCompile(`msg="support view" addr=(https://\S+)`).FindStringSubmatch(p.Output())
+	require.NotNil(t, view, p.Output())
+	web := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12},
+		ForceAttemptHTTP2: true}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := web.PostForm(view[1]+"/signin", neturl.Values{"token": {supportToken}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Equal(t, "HTTP/2.0", resp.Proto)
+	require.Contains(t, resp.Header.Get("Strict-Transport-Security"), "max-age=")
+	require.Len(t, resp.Cookies(), 1)
+
 	require.NotContains(t, p.Output(), clientToken, "tokens never reach the log")
+	require.NotContains(t, p.Output(), supportToken, "tokens never reach the log")
 	require.Contains(t, p.Output(), `msg="permission denied"`)
 	p.stop(t, syscall.SIGTERM)
 }

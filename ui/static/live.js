@@ -5,8 +5,10 @@
 (function () {
   var section = document.getElementById("operation");
   if (!section || !section.dataset.live || !window.EventSource) { return; }
-  var events = new EventSource(section.dataset.live);
+  var url = section.dataset.live;
   var shown = Number(section.dataset.revision);
+  var events = null;
+  var announce = document.getElementById("live-status");
   function refresh(revision) {
     if (revision <= shown) { return; }
     fetch(window.location.href, { credentials: "same-origin" }).then(function (r) {
@@ -19,11 +21,33 @@
       shown = Number(fresh.dataset.revision);
       document.title = new DOMParser().parseFromString(html, "text/html").title;
       current.replaceWith(fresh);
-      if (!fresh.dataset.live) { events.close(); }
+      var headline = document.getElementById("headline");
+      if (announce && headline) { announce.textContent = headline.textContent; }
+      if (!fresh.dataset.live) { close(); url = null; }
     });
   }
-  ["snapshot", "change", "heartbeat"].forEach(function (name) {
-    events.addEventListener(name, function (e) { refresh(Number(e.data)); });
+  function close() {
+    if (events) { events.close(); events = null; }
+  }
+  // A hidden page gives its connection back (a browser keeps few per server), and
+  // catches up when shown again: the stream starts with a snapshot.
+  function open() {
+    if (events || !url || document.hidden) { return; }
+    events = new EventSource(url);
+    ["snapshot", "change", "heartbeat"].forEach(function (name) {
+      events.addEventListener(name, function (e) { refresh(Number(e.data)); });
+    });
+    events.addEventListener("end", function () { close(); url = null; });
+    events.addEventListener("error", function () {
+      if (events && events.readyState === EventSource.CLOSED && announce) {
+        announce.textContent = "Live updates stopped: reload the page to see the latest.";
+        announce.classList.remove("visually-hidden");
+      }
+    });
+  }
+  document.addEventListener("visibilitychange", function () {
+    if (document.hidden) { close(); } else { open(); }
   });
-  events.addEventListener("end", function () { events.close(); });
+  window.addEventListener("pagehide", close);
+  open();
 })();
