@@ -86,12 +86,23 @@ func TestBrowser(t *testing.T) {
 		return s
 	}
 
-	// Sign in with the support token, through the form.
-	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(f.url+"/"), chromedp.WaitVisible(chromedp.CSS("#token")),
-		chromedp.SendKeys(chromedp.CSS("#token"), f.tokens["acme-support"])))
+	// Every field has a label.
+	labelled := func() {
+		t.Helper()
+		ok, err := chromedp.Run(browser, chromedp.Evaluate[bool](
+			`[...document.querySelectorAll("input, select")].every(e => e.labels.length > 0)`))
+		require.NoError(t, err)
+		require.True(t, ok, "every field has a label")
+	}
+
+	// Sign in with the support token, typed into the form.
+	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(f.url+"/"), chromedp.WaitVisible(chromedp.CSS("#token"))))
+	labelled()
+	require.NoError(t, chromedp.Do(browser, chromedp.SendKeys(chromedp.CSS("#token"), f.tokens["acme-support"])))
 	_, err := chromedp.RunResponse(browser, chromedp.Submit(chromedp.CSS("#token")))
 	require.NoError(t, err)
 	require.Contains(t, text("header"), "Signed in as acme-support")
+	labelled()
 
 	// Search by the customer's reference, and open the result.
 	require.NoError(t, chromedp.Do(browser, chromedp.SendKeys(chromedp.CSS("#q"), "order-1042")))
