@@ -55,8 +55,6 @@ type Config struct {
 	SessionKey []byte
 	// SessionLifetime is how long a sign-in lasts; 0 means DefaultSessionLifetime.
 	SessionLifetime time.Duration
-	// HTTPS says the view is served over TLS: browsers are told to keep to HTTPS.
-	HTTPS bool
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -110,7 +108,7 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /escalations", v.signedIn(v.escalations))
 	// Cross-origin POSTs (sign-in and sign-out are the only ones) are refused; there is
 	// nothing else to write.
-	return secureHeaders(http.NewCrossOriginProtection().Handler(mux), cfg.HTTPS), nil
+	return secureHeaders(http.NewCrossOriginProtection().Handler(mux)), nil
 }
 
 // readOnly lets the view call only the reads it needs, whatever the principal's roles:
@@ -140,14 +138,12 @@ func (c readOnly) NewStream(ctx context.Context, desc *grpc.StreamDesc, method s
 }
 
 // secureHeaders sets what every answer carries: a content security policy that allows
-// only the view's own script and style, no framing, no referrer, and no caching; over
-// HTTPS, that browsers keep to it.
-func secureHeaders(next http.Handler, https bool) http.Handler {
+// only the view's own script and style, no framing, no referrer, and no caching. No
+// Strict-Transport-Security: it would hold for every port of the host, the plain-HTTP
+// metrics port included; the proxy that gives the view its own host name may set it.
+func secureHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
-		if https {
-			h.Set("Strict-Transport-Security", "max-age=31536000")
-		}
 		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "+
 			"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		h.Set("X-Content-Type-Options", "nosniff")
@@ -173,21 +169,27 @@ func (v *view) signedIn(h func(http.ResponseWriter, *http.Request, session)) htt
 		if err == nil {
 			token, err = v.sessions.open(c.Value, v.cfg.Now())
 		}
+		ctx := withPeer(r)
 		var p *auth.Principal
 		if err == nil {
-			p, err = v.cfg.Local.Principal(r.Context(), token)
+			p, err = v.cfg.Local.Principal(ctx, token)
 		}
 		if err != nil || !p.Has(auth.RoleSupportRead, auth.RoleOperator) {
 			clearSession(w)
 			http.Redirect(w, r, "/signin", http.StatusSeeOther)
 			return
 		}
-		ctx := metadata.AppendToOutgoingContext(r.Context(), "authorization", "Bearer "+token)
-		if addr, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
-			ctx = peer.NewContext(ctx, &peer.Peer{Addr: net.TCPAddrFromAddrPort(addr)})
-		}
-		h(w, r, session{principal: p, ctx: ctx})
+		h(w, r, session{principal: p, ctx: metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)})
 	}
+}
+
+// withPeer is the request's context carrying the browser's address as the gRPC peer,
+// for the log lines of the calls made for it.
+func withPeer(r *http.Request) context.Context {
+	if addr, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		return peer.NewContext(r.Context(), &peer.Peer{Addr: net.TCPAddrFromAddrPort(addr)})
+	}
+	return r.Context()
 }
 
 func (v *view) signinPage(w http.ResponseWriter, r *http.Request) {
@@ -196,7 +198,7 @@ func (v *view) signinPage(w http.ResponseWriter, r *http.Request) {
 
 func (v *view) signin(w http.ResponseWriter, r *http.Request) {
 	token := strings.TrimSpace(r.PostFormValue("token"))
-	p, err := v.cfg.Local.Principal(r.Context(), token)
+	p, err := v.cfg.Local.Principal(withPeer(r), token)
 	if token == "" || err != nil {
 		v.render(w, r, http.StatusUnauthorized, "signin", nil, map[string]any{"Error": "That token is not known. Paste the token you were given for the support view."})
 		return

@@ -22,22 +22,27 @@ type Status struct {
 var (
 	stillProcessing = set("PENDING", "IN_PROGRESS", "ACCEPTED_NOT_CONFIRMED", "FOUND_PENDING", "FOUND_NOT_CONFIRMED",
 		"ACCEPTED_UNFINISHED", "STATUS_NOT_CONFIRMED", "EVIDENCE_PENDING")
-	reportedSuccess = set("SUCCESS_WITHOUT_REFERENCE", "EVIDENCE_SUCCEEDED")
-	slowedDown      = set("THROTTLED")
-	cannotSignIn    = set("CREDENTIAL_REFUSED", "CREDENTIAL_UNAVAILABLE")
-	declined        = set("DOCUMENTED_REJECTION", "DOCUMENTED_FAILURE", "FOUND_FAILED", "PRECONDITION_FAILED", "NOT_EXECUTED",
-		"EVIDENCE_FAILED")
+	// PRECONDITION_FAILED: a conditional send found the effect an earlier send made.
+	reportedSuccess = set("SUCCESS_WITHOUT_REFERENCE", "EVIDENCE_SUCCEEDED", "EFFECT_EXISTS", "STALE_VERIFIED_SUCCESS",
+		"PRECONDITION_FAILED")
+	slowedDown    = set("THROTTLED")
+	cannotSignIn  = set("CREDENTIAL_REFUSED", "CREDENTIAL_UNAVAILABLE")
+	declined      = set("DOCUMENTED_REJECTION", "DOCUMENTED_FAILURE", "FOUND_FAILED", "NOT_EXECUTED", "EVIDENCE_FAILED")
 	notSentInTime = set("DISPATCH_DEADLINE_PASSED", "NOT_STARTED")
 	stoppedBefore = set("PAYLOAD_INTEGRITY")
 	noAnswer      = set("TIMEOUT", "CONNECT_FAILED", "CONNECTION_ERROR", "HTTP_5XX", "LEASE_EXPIRED", "UNLISTED_STATUS",
 		"REDIRECT_NOT_FOLLOWED", "LOOKUP_FAILED", "NOT_FOUND", "NO_EVIDENCE", "REPLAY_WINDOW_CLOSED", "KEY_SCOPE_CHANGED",
-		"KEY_IN_USE", "EFFECT_EXISTS", "STALE_VERIFIED_SUCCESS", "FOUND_MISMATCH")
+		"KEY_IN_USE", "FOUND_MISMATCH")
 )
 
 // sendAgain is what support may tell about a resend: it is the same request, which the
 // provider carries out at most once (a target without that guarantee is never sent
 // again: its unclear operations go to a person).
 const sendAgain = "If we send it again, it is the same request, which %s carries out at most once."
+
+// noRetry is what support must not do while the outcome is open: a new request from the
+// customer is a new intent, and can take effect a second time.
+const noRetry = "It may already have gone through: do not ask the customer to try again."
 
 func set(outcomes ...string) map[string]bool {
 	m := map[string]bool{}
@@ -55,15 +60,17 @@ func describe(op *opbrokerv1.Operation, provider string, now time.Time) Status {
 	switch op.GetState() {
 	case opbrokerv1.Operation_STATE_PREPARED:
 		next := "It will be sent shortly."
-		if nb := op.GetNotBefore(); nb != nil && nb.AsTime().After(now) {
+		if t := op.GetNextCheckTime(); t != nil && t.AsTime().After(now) {
+			next = "It will be sent " + whenFrom(t.AsTime(), now) + "."
+		} else if nb := op.GetNotBefore(); nb != nil && nb.AsTime().After(now) {
 			next = "It will be sent after " + when(nb.AsTime()) + "."
 		}
 		if d := op.GetDispatchDeadline(); d != nil {
 			next += " If it cannot be sent by " + when(d.AsTime()) + ", it will not be sent at all."
 		}
 		if op.GetAttemptCount() > 0 {
-			return Status{"Received: to be sent again", "An earlier attempt did not go through at " + provider + "; we will send it again.",
-				next, "neutral"}
+			return Status{"Received: to be sent again", "An earlier attempt did not go through at " + provider +
+				"; we will send it again. The customer need not try again: this request will still be sent.", next, "neutral"}
 		}
 		return Status{"Received: not sent yet", "We have the request and will send it to " + provider + ".", next, "neutral"}
 	case opbrokerv1.Operation_STATE_IN_FLIGHT:
@@ -81,7 +88,7 @@ func describe(op *opbrokerv1.Operation, provider string, now time.Time) Status {
 		case declined[outcome]:
 			headline, why = "Not done: "+provider+" declined it", capital(provider)+" said no, and nothing happened there."
 		case notSentInTime[outcome]:
-			headline, why = "Not done: it could not be sent in time", "It was never sent: its deadline passed first, so nothing happened at "+provider+"."
+			headline, why = "Not done: it could not be sent in time", "Its deadline passed before it could go through, and nothing happened at "+provider+"."
 		case stoppedBefore[outcome]:
 			headline, why = "Not done: stopped before sending", "We stopped it before sending because its stored request was damaged; nothing happened at "+provider+"."
 		case op.GetLastObservation().GetSource() == opbrokerv1.Operation_SOURCE_OPERATOR:
@@ -94,14 +101,15 @@ func describe(op *opbrokerv1.Operation, provider string, now time.Time) Status {
 		case noAnswer[outcome]:
 			why = "We did not get a clear answer from " + provider + ", so we do not know yet whether it went through."
 		case stillProcessing[outcome]:
-			why = capital(provider) + " is still processing it."
+			why = capital(provider) + " is still processing it, so we do not know yet whether it went through."
 		case reportedSuccess[outcome]:
-			why = capital(provider) + " reported success; we are confirming it before we call it done."
+			why = capital(provider) + " indicated that it went through; we are confirming it before we call it done."
 		case slowedDown[outcome]:
-			why = capital(provider) + " asked us to slow down, so we are waiting before asking again."
+			why += " " + capital(provider) + " asked us to slow down, so we are waiting before asking again."
 		case cannotSignIn[outcome]:
-			why = "We could not sign in to " + provider + "; the people who run the broker have been alerted."
+			why += " We could not sign in to " + provider + " to check; the people who run the broker have been alerted."
 		}
+		why += " " + noRetry
 		next := "We will check with " + provider + " again shortly."
 		if t := op.GetNextCheckTime(); t != nil {
 			next = "We will check with " + provider + " again " + whenFrom(t.AsTime(), now) + "."
@@ -114,11 +122,10 @@ func describe(op *opbrokerv1.Operation, provider string, now time.Time) Status {
 			owner = "the team that owns " + provider
 		}
 		return Status{"Needs attention: " + owner + " is looking into it",
-			"We could not confirm it with " + provider + " automatically, so a person will. It may already have gone through: " +
-				"do not ask the customer to try again until it is settled.",
-			capital(owner) + " will settle it; nothing is sent again until then.", "attention"}
+			"We could not confirm it with " + provider + " automatically, so a person will. " + noRetry,
+			capital(owner) + " will settle it with " + provider + "; the broker sends nothing more.", "attention"}
 	case opbrokerv1.Operation_STATE_CANCELLED:
-		return Status{"Cancelled before it was sent", "It was cancelled before anything was sent; nothing happened at " + provider + ".",
+		return Status{"Cancelled", "It was cancelled before it could go through; nothing happened at " + provider + ".",
 			"Nothing more will happen.", "neutral"}
 	}
 	return Status{"Status not known to this page", "This page does not know the state the broker reports.", "Ask the broker's operators.", "attention"}
@@ -144,7 +151,11 @@ func eventLine(e *opbrokerv1.OperationEvent, provider string) string {
 	case to == opbrokerv1.Operation_STATE_SUCCEEDED:
 		return "Confirmed by " + provider + by
 	case to == opbrokerv1.Operation_STATE_CANCELLED:
-		return "Cancelled before sending" + by
+		return "Cancelled" + by
+	case to == opbrokerv1.Operation_STATE_ESCALATED && from == opbrokerv1.Operation_STATE_ESCALATED && reportedSuccess[outcome]:
+		return capital(provider) + " indicated that it went through; a person is confirming it" + by
+	case to == opbrokerv1.Operation_STATE_ESCALATED && from == opbrokerv1.Operation_STATE_ESCALATED && declined[outcome]:
+		return capital(provider) + " indicated that it did not go through; a person is confirming it" + by
 	case to == opbrokerv1.Operation_STATE_ESCALATED && from == opbrokerv1.Operation_STATE_ESCALATED:
 		return "Noted while a person looks into it" + by
 	case to == opbrokerv1.Operation_STATE_ESCALATED:
@@ -153,10 +164,15 @@ func eventLine(e *opbrokerv1.OperationEvent, provider string) string {
 		return describe(&opbrokerv1.Operation{State: to, LastObservation: e.GetObservation()}, provider, time.Time{}).Headline + by
 	case to == opbrokerv1.Operation_STATE_UNKNOWN && from == opbrokerv1.Operation_STATE_UNKNOWN:
 		return "Checked with " + provider + ": no confirmation yet" + by
+	case to == opbrokerv1.Operation_STATE_UNKNOWN && stillProcessing[outcome]:
+		return capital(provider) + " is still processing it" + by
+	case to == opbrokerv1.Operation_STATE_UNKNOWN && reportedSuccess[outcome]:
+		return capital(provider) + " indicated that it went through; we are confirming it" + by
+	case to == opbrokerv1.Operation_STATE_UNKNOWN && slowedDown[outcome]:
+		return "No confirmation yet: " + provider + " asked us to slow down" + by
+	case to == opbrokerv1.Operation_STATE_UNKNOWN && cannotSignIn[outcome]:
+		return "No confirmation yet: we could not sign in to " + provider + by
 	case to == opbrokerv1.Operation_STATE_UNKNOWN:
-		if stillProcessing[outcome] || reportedSuccess[outcome] || slowedDown[outcome] || cannotSignIn[outcome] {
-			return describe(&opbrokerv1.Operation{State: to, LastObservation: e.GetObservation()}, provider, time.Time{}).Why
-		}
 		return "No clear answer from " + provider + by
 	}
 	return "Changed" + by

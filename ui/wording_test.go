@@ -68,6 +68,9 @@ func TestEveryStateAndOutcomeReads(t *testing.T) {
 				require.False(t, code.MatchString(text), "%v %s: %q", op.GetState(), outcome, text)
 			}
 			require.Contains(t, s.Why+s.Headline, "payment provider", "%v %s", op.GetState(), outcome)
+			if op.GetState() == opbrokerv1.Operation_STATE_UNKNOWN || op.GetState() == opbrokerv1.Operation_STATE_ESCALATED {
+				require.Contains(t, s.Why, "do not ask the customer to try again", "%v %s: the outcome is open", op.GetState(), outcome)
+			}
 			require.Contains(t, []string{"ok", "pending", "attention", "failed", "neutral"}, s.Tone)
 			line := eventLine(&opbrokerv1.OperationEvent{ToState: op.GetState(), Observation: op.GetLastObservation()}, "the payment provider")
 			require.False(t, code.MatchString(line), "%q", line)
@@ -107,31 +110,35 @@ func TestWording(t *testing.T) {
 		"unknown after a timeout": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_UNKNOWN,
 			NextCheckTime: timestamppb.New(now.Add(30 * time.Second)), LastObservation: obs(opbrokerv1.Operation_SOURCE_DISPATCH, target.ClassTimeout)},
 			Status{"Confirmation pending: we are checking with the payment provider",
-				"We did not get a clear answer from the payment provider, so we do not know yet whether it went through.",
+				"We did not get a clear answer from the payment provider, so we do not know yet whether it went through. " +
+					"It may already have gone through: do not ask the customer to try again.",
 				"We will check with the payment provider again in about 30 seconds (2 Dec 2026 10:00:30 UTC). " +
 					"If we send it again, it is the same request, which the payment provider carries out at most once.",
 				"pending"}},
 		"unknown, still processing": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_UNKNOWN,
 			LastObservation: obs(opbrokerv1.Operation_SOURCE_LOOKUP, "FOUND_PENDING")},
-			Status{"Confirmation pending: we are checking with the payment provider", "The payment provider is still processing it.",
+			Status{"Confirmation pending: we are checking with the payment provider",
+				"The payment provider is still processing it, so we do not know yet whether it went through. " +
+					"It may already have gone through: do not ask the customer to try again.",
 				"We will check with the payment provider again shortly. If we send it again, it is the same request, which the payment provider carries out at most once.",
 				"pending"}},
 		"sent again after the provider did not carry it out": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_PREPARED, AttemptCount: 1,
 			LastObservation: obs(opbrokerv1.Operation_SOURCE_DISPATCH, target.ClassNotExecuted)},
-			Status{"Received: to be sent again", "An earlier attempt did not go through at the payment provider; we will send it again.",
+			Status{"Received: to be sent again", "An earlier attempt did not go through at the payment provider; we will send it again. " +
+				"The customer need not try again: this request will still be sent.",
 				"It will be sent shortly.", "neutral"}},
 		"escalated": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_ESCALATED,
 			Escalation: &opbrokerv1.Operation_Escalation{Owner: "payments-oncall (https://runbooks.example.com/pay)"}},
 			Status{"Needs attention: payments-oncall is looking into it", "We could not confirm it with the payment provider automatically, so a person will. " +
-				"It may already have gone through: do not ask the customer to try again until it is settled.",
-				"Payments-oncall will settle it; nothing is sent again until then.", "attention"}},
+				"It may already have gone through: do not ask the customer to try again.",
+				"Payments-oncall will settle it with the payment provider; the broker sends nothing more.", "attention"}},
 		"declined": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_FAILED_TERMINAL,
 			LastObservation: obs(opbrokerv1.Operation_SOURCE_DISPATCH, target.ClassDocumentedRejection)},
 			Status{"Not done: the payment provider declined it", "The payment provider said no, and nothing happened there.",
 				"Nothing more will happen. The customer can try again with a new request.", "failed"}},
 		"deadline passed": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_FAILED_TERMINAL,
 			LastObservation: obs(opbrokerv1.Operation_SOURCE_BROKER, "DISPATCH_DEADLINE_PASSED")},
-			Status{"Not done: it could not be sent in time", "It was never sent: its deadline passed first, so nothing happened at the payment provider.",
+			Status{"Not done: it could not be sent in time", "Its deadline passed before it could go through, and nothing happened at the payment provider.",
 				"Nothing more will happen. The customer can try again with a new request.", "failed"}},
 		"resolved by an operator": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_FAILED_TERMINAL,
 			LastObservation: obs(opbrokerv1.Operation_SOURCE_OPERATOR, "MANUAL_RESOLUTION")},
@@ -141,8 +148,15 @@ func TestWording(t *testing.T) {
 			DispatchDeadline: timestamppb.New(now.Add(2 * time.Hour))},
 			Status{"Received: not sent yet", "We have the request and will send it to the payment provider.",
 				"It will be sent after 2 Dec 2026 11:00:00 UTC. If it cannot be sent by 2 Dec 2026 12:00:00 UTC, it will not be sent at all.", "neutral"}},
+		"unknown, throttled after an earlier send": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_UNKNOWN,
+			LastObservation: obs(opbrokerv1.Operation_SOURCE_DISPATCH, target.ClassThrottled)},
+			Status{"Confirmation pending: we are checking with the payment provider",
+				"We do not know yet whether it went through at the payment provider. The payment provider asked us to slow down, " +
+					"so we are waiting before asking again. It may already have gone through: do not ask the customer to try again.",
+				"We will check with the payment provider again shortly. If we send it again, it is the same request, which the payment provider carries out at most once.",
+				"pending"}},
 		"cancelled": {&opbrokerv1.Operation{State: opbrokerv1.Operation_STATE_CANCELLED},
-			Status{"Cancelled before it was sent", "It was cancelled before anything was sent; nothing happened at the payment provider.",
+			Status{"Cancelled", "It was cancelled before it could go through; nothing happened at the payment provider.",
 				"Nothing more will happen.", "neutral"}},
 	} {
 		require.Equal(t, c.want, describe(c.op, "the payment provider", now), name)

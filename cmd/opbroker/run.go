@@ -251,11 +251,11 @@ func (b *broker) start(ctx context.Context, cmd *cli.Command, sec security) erro
 			if key, err = os.ReadFile(file); err != nil {
 				return fmt.Errorf("--ui-session-key-file: %w", err)
 			}
-			if len(bytes.TrimSpace(key)) < 32 {
+			if key = bytes.TrimSpace(key); len(key) < 32 { // a trailing newline or not, the same key
 				return errors.New("--ui-session-key-file: the secret must be at least 32 bytes, e.g. from openssl rand -base64 32")
 			}
 		}
-		view, err := ui.New(ui.Config{Local: b.srv.Local, Targets: b.targets, Logger: b.log, Now: clock, HTTPS: sec.tls != nil,
+		view, err := ui.New(ui.Config{Local: b.srv.Local, Targets: b.targets, Logger: b.log, Now: clock,
 			SessionKey: key, SessionLifetime: cmd.Duration("ui-session-lifetime")})
 		if err != nil {
 			return err

@@ -9,15 +9,22 @@
   var shown = Number(section.dataset.revision);
   var events = null;
   var announce = document.getElementById("live-status");
+  function stopped() {
+    close();
+    url = null;
+    if (announce) {
+      announce.textContent = "Live updates stopped: reload the page to see the latest.";
+      announce.classList.remove("visually-hidden");
+    }
+  }
   function refresh(revision) {
     if (revision <= shown) { return; }
     fetch(window.location.href, { credentials: "same-origin" }).then(function (r) {
-      return r.ok ? r.text() : null;
+      return r.ok && !r.redirected ? r.text() : null; // a redirect: the session ended
     }).then(function (html) {
-      if (!html) { return; }
-      var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("operation");
+      var fresh = html && new DOMParser().parseFromString(html, "text/html").getElementById("operation");
       var current = document.getElementById("operation");
-      if (!fresh || !current) { return; }
+      if (!fresh || !current) { stopped(); return; }
       shown = Number(fresh.dataset.revision);
       document.title = new DOMParser().parseFromString(html, "text/html").title;
       current.replaceWith(fresh);
@@ -39,10 +46,9 @@
     });
     events.addEventListener("end", function () { close(); url = null; });
     events.addEventListener("error", function () {
-      if (events && events.readyState === EventSource.CLOSED && announce) {
-        announce.textContent = "Live updates stopped: reload the page to see the latest.";
-        announce.classList.remove("visually-hidden");
-      }
+      // The browser connects again by itself after a broken stream; a refusal (the
+      // session ended, the operation is gone) closes it for good.
+      if (events && events.readyState === EventSource.CLOSED) { stopped(); }
     });
   }
   document.addEventListener("visibilitychange", function () {
