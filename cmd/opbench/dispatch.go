@@ -31,8 +31,13 @@ func benchDispatch(ctx context.Context, cmd *cli.Command) error {
 		}
 	}
 	for _, m := range cmd.StringSlice("modes") {
-		if m != "burn-down" && m != "steady" {
+		switch {
+		case m != "burn-down" && m != "steady":
 			return fmt.Errorf("--modes: %q is neither burn-down nor steady", m)
+		case m == "steady" && (cmd.Int("rate") <= 0 || cmd.Duration("period") <= 0):
+			return errors.New("--rate and --period must be positive for the steady stream (or --modes burn-down alone)")
+		case m == "burn-down" && cmd.Int("ops") <= 0:
+			return errors.New("--ops must be positive for the burn-down")
 		}
 	}
 	url, stopCluster, err := cluster(ctx, cmd.String("database-url"))

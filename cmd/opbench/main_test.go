@@ -36,6 +36,8 @@ func TestDispatchBenchRuns(t *testing.T) {
 		require.Regexp(t, line, out.String())
 	}
 	require.Error(t, newApp().Run(context.Background(), []string{"opbench", "dispatch", "--targets", "nope"}), "an unknown target is refused")
+	require.ErrorContains(t, newApp().Run(context.Background(), []string{"opbench", "dispatch", "--rate", "0"}), "--rate",
+		"a steady stream of no intents is refused, not divided by")
 }
 
 // TestCompareRiverRuns runs the comparison with a stand-in for the bench/river program
