@@ -22,11 +22,12 @@ const operatorName = "oncall"
 // ground truth, by the remote key the queue shows an operator) and records what it
 // found with ResolveOperation: SUCCEEDED with the effect's id where the target made it,
 // FAILED_TERMINAL where it did not (or where it failed). An effect the target still
-// processes may yet succeed: the operator waits for it to finish. It returns how many it
-// resolved.
+// processes may yet succeed, and a request it is still handling may yet take effect
+// (the runbook: no failure while a send can still land): the operator waits for both to
+// finish. It returns how many it resolved.
 func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, error) {
 	resolved := 0
-	for attempt := 0; attempt < 20 && ctx.Err() == nil; attempt++ {
+	for attempt := 0; attempt < 150 && ctx.Err() == nil; attempt++ { // 30 s of waiting at most
 		truth := c.truth()
 		conn, err := c.client(rng)
 		if err != nil {
@@ -46,7 +47,7 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 		waiting := false
 		for _, e := range list.GetEscalations() {
 			op := e.GetOperation()
-			if kt := truth[op.GetRemoteKey()]; kt != nil && kt.Processing > 0 {
+			if kt := truth[op.GetRemoteKey()]; kt != nil && (kt.Processing > 0 || kt.Committing > 0) {
 				waiting = true // looked at again once the target has finished
 				continue
 			}

@@ -165,6 +165,9 @@ type KeyTruth struct {
 	// (final, without effect), at the time of the snapshot.
 	Processing int `json:"processing,omitempty"`
 	Failed     int `json:"failed,omitempty"`
+	// Committing counts the requests under the key that arrived and have not committed
+	// yet (FaultSlowCommit): their effect is still to come, whatever was answered.
+	Committing int `json:"committing,omitempty"`
 }
 
 // Truth is the ground truth of a target.
@@ -199,9 +202,11 @@ type Target struct {
 	keys  map[string]*saved  // idempotency state, which may be forgotten
 	eff   map[string]*Effect // by id
 	byKey map[string][]*Effect
-	truth Truth
-	seq   int
-	busy  int // requests in progress
+	// committing counts, by key, the requests that have not committed yet.
+	committing map[string]int
+	truth      Truth
+	seq        int
+	busy       int // requests in progress
 	// writing holds the objects being written by a conditional create: a second one
 	// meanwhile fails its precondition, as a storage API's atomic create does.
 	writing map[string]bool
@@ -221,16 +226,17 @@ func New(cfg Config) *Target {
 		cfg.SlowDelay = 2 * time.Second
 	}
 	t := &Target{
-		cfg:     cfg,
-		rng:     rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		keys:    map[string]*saved{},
-		eff:     map[string]*Effect{},
-		byKey:   map[string][]*Effect{},
-		writing: map[string]bool{},
-		named:   map[string]int{},
-		truth:   Truth{Keys: map[string]*KeyTruth{}, Faults: map[Fault]int{}},
-		hang:    make(chan struct{}),
-		mux:     http.NewServeMux(),
+		cfg:        cfg,
+		rng:        rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		keys:       map[string]*saved{},
+		eff:        map[string]*Effect{},
+		byKey:      map[string][]*Effect{},
+		committing: map[string]int{},
+		writing:    map[string]bool{},
+		named:      map[string]int{},
+		truth:      Truth{Keys: map[string]*KeyTruth{}, Faults: map[Fault]int{}},
+		hang:       make(chan struct{}),
+		mux:        http.NewServeMux(),
 	}
 	if cfg.Webhooks != nil {
 		t.hooks = newSender(*cfg.Webhooks, cfg.Seed, cfg.Now)
@@ -288,6 +294,7 @@ func (t *Target) Snapshot() Truth {
 		c := *v
 		c.PayloadSHA256 = append([]string(nil), v.PayloadSHA256...)
 		c.IDs = append([]string(nil), v.IDs...)
+		c.Committing = t.committing[k]
 		for _, e := range t.byKey[k] {
 			switch e.status(t.cfg.Now()) {
 			case StatusProcessing:
@@ -525,11 +532,13 @@ func (t *Target) execute(w http.ResponseWriter, fault Fault, key string, body []
 		reset(w)
 		return 0, nil
 	case FaultSlowCommit:
+		t.countCommitting(key, 1)
 		select {
 		case <-time.After(t.cfg.SlowDelay):
 		case <-t.hang:
 		}
 		t.commit(key, body, t.cfg.Now(), 0, processes)
+		t.countCommitting(key, -1)
 		resp := t.chargeBody(key)
 		writeRaw(w, http.StatusOK, resp)
 		return http.StatusOK, resp
@@ -579,6 +588,15 @@ func (t *Target) commit(key string, body []byte, now time.Time, extraLag time.Du
 }
 
 func (t *Target) committed(key string) bool { return len(t.byKey[key]) > 0 }
+
+// countCommitting adds n to the requests under key still to commit.
+func (t *Target) countCommitting(key string, n int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.committing[key] += n; t.committing[key] <= 0 {
+		delete(t.committing, key)
+	}
+}
 
 func (t *Target) chargeBody(key string) []byte {
 	t.mu.Lock()

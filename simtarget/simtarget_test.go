@@ -288,3 +288,23 @@ func TestOnlyChargesProcess(t *testing.T) {
 	require.Zero(t, truth.Keys["notification-1"].Processing)
 	require.Equal(t, 1, truth.Keys["notification-1"].Effects)
 }
+
+// TestSlowCommitIsCommitting: a request the target has not committed yet shows as
+// committing, so that whoever checks the target knows an effect may still come.
+func TestSlowCommitIsCommitting(t *testing.T) {
+	t.Parallel()
+	target := New(Config{SlowDelay: 700 * time.Millisecond})
+	srv := httptest.NewServer(target)
+	defer srv.Close()
+	defer target.Close()
+	_, err := post(t, srv.URL, "key-1", `{"amount":1,"sim":{"fault":"slow_commit"}}`)
+	require.Error(t, err, "the client gave up before the commit")
+	kt := target.Snapshot().Keys["key-1"]
+	require.NotNil(t, kt)
+	require.Equal(t, 0, kt.Effects)
+	require.Equal(t, 1, kt.Committing)
+	require.Eventually(t, func() bool {
+		kt := target.Snapshot().Keys["key-1"]
+		return kt.Effects == 1 && kt.Committing == 0
+	}, 2*time.Second, 10*time.Millisecond)
+}
