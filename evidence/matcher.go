@@ -253,8 +253,8 @@ func (m *Matcher) runOnce(ctx context.Context) bool {
 		}
 		if err != nil && ctx.Err() == nil {
 			// Whatever failed, the event must not hold the queue: it waits its turn again.
-			m.log.Warn("evidence match failed; it is matched again in a minute", "target", e.Target, "event_id", e.EventID, "error", err)
-			if err := m.cfg.Store.AllTenants().PostponeEvidence(ctx, e.Key(), time.Minute); err != nil && ctx.Err() == nil {
+			m.log.Warn("evidence match failed; it is matched again after a wait", "target", e.Target, "event_id", e.EventID, "error", err)
+			if err := m.cfg.Store.AllTenants().PostponeEvidence(ctx, e.Key()); err != nil && ctx.Err() == nil {
 				m.log.Warn("evidence: postponing a failed match failed", "error", err)
 			}
 		}

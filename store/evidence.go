@@ -395,11 +395,15 @@ func clip(detail string) string {
 	return detail[:cut] + "…"
 }
 
-// PostponeEvidence puts off the next match of a PENDING event by d, for an event whose
-// decision could not be recorded: it must not hold the matchers' queue.
-func (q Scope) PostponeEvidence(ctx context.Context, k EvidenceKey, d time.Duration) error {
-	_, err := q.exec(ctx, `UPDATE inbound_evidence SET next_match_at = now() + $4::interval
-		WHERE target = $1 AND event_id = $2 AND reporter = $3 AND disposition = 'PENDING'`, k.Target, k.EventID, k.Reporter, d)
+// PostponeEvidence puts off the next match of a PENDING event whose decision could not
+// be recorded (a connection cut, a database restarting), so that it does not hold the
+// matchers' queue: by a wait that doubles with each try from a second up to a minute,
+// since most such failures pass at once, and an event that resolves an operation
+// should not wait a minute for one of them.
+func (q Scope) PostponeEvidence(ctx context.Context, k EvidenceKey) error {
+	_, err := q.exec(ctx, `UPDATE inbound_evidence SET attempts = attempts + 1,
+			next_match_at = now() + least(interval '1 second' * power(2, least(attempts, 6)), interval '1 minute')
+		WHERE target = $1 AND event_id = $2 AND reporter = $3 AND disposition = 'PENDING'`, k.Target, k.EventID, k.Reporter)
 	if err != nil {
 		return fmt.Errorf("store: postpone evidence: %w", translate(err))
 	}

@@ -63,7 +63,8 @@ func TestObservationHoldsAtItsRevision(t *testing.T) {
 }
 
 // TestPostponedEvidenceWaitsItsTurn: an event whose decision could not be recorded
-// leaves the matchers' queue until its new turn.
+// leaves the matchers' queue until its new turn, a second after the first failure and
+// twice as long after each next one, never more than a minute.
 func TestPostponedEvidenceWaitsItsTurn(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -72,8 +73,23 @@ func TestPostponedEvidenceWaitsItsTurn(t *testing.T) {
 	due, err := b.all.DueEvidence(b.ctx, 10)
 	require.NoError(t, err)
 	require.Len(t, due, 1)
-	require.NoError(t, b.all.PostponeEvidence(b.ctx, due[0].Key(), time.Minute))
+	key := due[0].Key()
+	wait := func() time.Duration {
+		t.Helper()
+		var d time.Duration
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT next_match_at - now() FROM inbound_evidence WHERE event_id = $1`,
+			key.EventID).Scan(&d))
+		return d
+	}
+	require.NoError(t, b.all.PostponeEvidence(b.ctx, key))
 	due, err = b.all.DueEvidence(b.ctx, 10)
 	require.NoError(t, err)
 	require.Empty(t, due)
+	require.InDelta(t, time.Second, wait(), float64(100*time.Millisecond), "a second after the first failure")
+	require.NoError(t, b.all.PostponeEvidence(b.ctx, key))
+	require.InDelta(t, 2*time.Second, wait(), float64(100*time.Millisecond), "then twice as long")
+	for range 8 {
+		require.NoError(t, b.all.PostponeEvidence(b.ctx, key))
+	}
+	require.InDelta(t, time.Minute, wait(), float64(100*time.Millisecond), "never more than a minute")
 }
