@@ -362,7 +362,7 @@ func (v *view) operation(w http.ResponseWriter, r *http.Request, s session) {
 		live = "/" + name + "/live"
 	}
 	v.render(w, r, http.StatusOK, "operation", &s, map[string]any{"Op": op, "Status": describe(op, provider, v.cfg.Now()),
-		"Provider": provider, "History": history, "Live": live, "Revision": op.GetRevision()})
+		"History": history, "Live": live, "Revision": op.GetRevision()})
 }
 
 func terminal(s opbrokerv1.Operation_State) bool {
@@ -478,7 +478,6 @@ func (v *view) fail(w http.ResponseWriter, r *http.Request, s *session, err erro
 }
 
 func (v *view) render(w http.ResponseWriter, r *http.Request, code int, page string, s *session, data map[string]any) {
-	data["Page"] = page
 	if s != nil {
 		data["Principal"] = s.principal.Name
 	}
