@@ -255,21 +255,11 @@ func TestEscalationQueue(t *testing.T) {
 // ESCALATED, as the dispatcher and the reconciler would, and returns it.
 func escalate(t *testing.T, b *testBundle, tenant string, id uuid.UUID) store.Operation {
 	t.Helper()
-	fair := store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{FairClaim: fair})
+	op, err := b.store.AllTenants().Get(b.ctx, tenant, id)
 	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: tenant, ID: id, Fence: claimed[0].FenceToken,
-		State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
-	require.NoError(t, err)
-	unknown, err := b.store.AllTenants().ClaimUnknown(b.ctx, fair)
-	require.NoError(t, err)
-	require.Len(t, unknown, 1)
-	escalated, err := b.store.AllTenants().ResolveUnknown(b.ctx, store.ResolveParams{TenantID: tenant, ID: id, Fence: unknown[0].FenceToken,
-		State: store.StateEscalated, Escalation: &store.Escalation{Owner: "demo-oncall", Reason: "no way to find out", EscalatedAt: time.Now()},
-		Actor: "test"})
-	require.NoError(t, err)
-	return escalated
+	storetest.ToUnknown(t, b.store, op)
+	return storetest.ResolveUnknown(t, b.store, op, store.ResolveParams{State: store.StateEscalated,
+		Escalation: &store.Escalation{Owner: "demo-oncall", Reason: "no way to find out", EscalatedAt: time.Now()}, Actor: "test"})
 }
 
 // storetestPrepare records an intent of tenant with the test's store.

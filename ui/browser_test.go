@@ -52,10 +52,7 @@ func TestBrowser(t *testing.T) {
 
 	// An escalated operation, then one left UNKNOWN, then one of another tenant.
 	escalated := storetest.PrepareJSON(t, f.store, "acme", "demo.charge", "order-escalated", `{"amount":1}`)
-	storetest.ToUnknown(t, f.store, escalated)
-	storetest.ResolveUnknown(t, f.store, escalated, store.ResolveParams{State: store.StateEscalated,
-		Observation: store.Observation{Source: "BROKER", Outcome: "ESCALATED", Summary: "no evidence"},
-		Escalation:  &store.Escalation{Owner: "demo-oncall (README.md#operations)", Reason: "no evidence", EscalatedAt: time.Now()}, Actor: "test"})
+	escalate(t, f, escalated)
 	pending := storetest.PrepareJSON(t, f.store, "acme", "demo.charge", "order-1042", `{"amount":4242}`)
 	storetest.ToUnknown(t, f.store, pending)
 	other := storetest.PrepareJSON(t, f.store, "globex", "demo.charge", "order-1042", `{"amount":1}`)

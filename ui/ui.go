@@ -315,10 +315,14 @@ type row struct {
 func (v *view) rows(ops []*opbrokerv1.Operation) []row {
 	out := make([]row, len(ops))
 	for i, op := range ops {
-		out[i] = row{Link: "/" + op.GetName(), Type: op.GetOperationType(), Intent: op.GetIntentRef(),
-			Status: describe(op, v.provider(op.GetOperationType()), v.cfg.Now()), Updated: op.GetUpdateTime().AsTime()}
+		out[i] = v.row(op)
 	}
 	return out
+}
+
+func (v *view) row(op *opbrokerv1.Operation) row {
+	return row{Link: "/" + op.GetName(), Type: op.GetOperationType(), Intent: op.GetIntentRef(),
+		Status: describe(op, v.provider(op.GetOperationType()), v.cfg.Now()), Updated: op.GetUpdateTime().AsTime()}
 }
 
 // provider is how support staff call the target of an operation type.
@@ -448,7 +452,7 @@ func (v *view) escalations(w http.ResponseWriter, r *http.Request, s session) {
 	var out []escalation
 	for _, e := range resp.GetEscalations() {
 		op := e.GetOperation()
-		out = append(out, escalation{Op: v.rows([]*opbrokerv1.Operation{op})[0], Tenant: op.GetTenant(), Owner: op.GetEscalation().GetOwner(),
+		out = append(out, escalation{Op: v.row(op), Tenant: op.GetTenant(), Owner: op.GetEscalation().GetOwner(),
 			Reason: op.GetEscalation().GetReason(), Age: time.Duration(e.GetAgeSeconds()) * time.Second})
 	}
 	v.render(w, r, http.StatusOK, "escalations", &s, map[string]any{"Tenant": tenant, "Tenants": s.principal.Tenants, "Escalations": out,

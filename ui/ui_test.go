@@ -240,10 +240,7 @@ func TestLiveAndQueue(t *testing.T) {
 	require.Contains(t, body, "Confirmed by the payment provider")
 
 	escalated := storetest.PrepareJSON(t, f.store, "globex", "demo.charge", "order-stuck", `{"amount":1}`)
-	storetest.ToUnknown(t, f.store, escalated)
-	storetest.ResolveUnknown(t, f.store, escalated, store.ResolveParams{State: store.StateEscalated,
-		Observation: store.Observation{Source: "BROKER", Outcome: "ESCALATED"},
-		Escalation:  &store.Escalation{Owner: "demo-oncall (README.md#operations)", Reason: "no evidence", EscalatedAt: time.Now()}, Actor: "test"})
+	escalate(t, f, escalated)
 	code, body = get(t, c, f.url+"/escalations")
 	require.Equal(t, http.StatusOK, code)
 	require.NotContains(t, body, "order-stuck", "acme's queue")
@@ -255,4 +252,14 @@ func TestLiveAndQueue(t *testing.T) {
 	require.Contains(t, body, "<td>globex</td>")
 	code, _ = get(t, operator, f.url+"/search?tenant=globex&q=")
 	require.Equal(t, http.StatusSeeOther, code, "an empty reference lists the tenant's operations")
+}
+
+// escalate takes the only PREPARED operation of its type through an unclear send to
+// ESCALATED, owned by the demo targets' team, as the dispatcher and reconciler would.
+func escalate(t *testing.T, f *fixture, op store.Operation) {
+	t.Helper()
+	storetest.ToUnknown(t, f.store, op)
+	storetest.ResolveUnknown(t, f.store, op, store.ResolveParams{State: store.StateEscalated,
+		Observation: store.Observation{Source: "BROKER", Outcome: "ESCALATED", Summary: "no evidence"},
+		Escalation:  &store.Escalation{Owner: "demo-oncall (README.md#operations)", Reason: "no evidence", EscalatedAt: time.Now()}, Actor: "test"})
 }
