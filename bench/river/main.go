@@ -10,9 +10,15 @@
 // subscribes to the completion events and starts the client. The time runs from
 // Client.Start to the last completion event; River sends an event only after the
 // statement that completed the job has committed. The schema is dropped afterwards.
+//
+// On stdout, before the result, it tells opbench where the burn-down begins and ends,
+// so that opbench measures what PostgreSQL spends on it alone: it prints "loaded" once
+// the jobs are in, waits for a line on stdin before it starts the client, and prints
+// "completed" at the last completion event.
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -138,6 +144,10 @@ func run(ctx context.Context, cfg config) (result, error) {
 	})
 	defer unsubscribe()
 
+	fmt.Println("loaded")
+	if !bufio.NewScanner(os.Stdin).Scan() {
+		return result{}, errors.New("stdin closed before the go-ahead")
+	}
 	start := time.Now()
 	if err := client.Start(ctx); err != nil {
 		return result{}, err
@@ -147,6 +157,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
+	fmt.Println("completed")
 
 	// Not timed: the ledger agrees with the events.
 	var completed int

@@ -47,6 +47,9 @@ func TestCompareRiverRuns(t *testing.T) {
 	t.Parallel()
 	fake := filepath.Join(t.TempDir(), "river")
 	require.NoError(t, os.WriteFile(fake, []byte(`#!/bin/sh
+echo loaded
+read go || exit 3
+echo completed
 echo '{"jobs":50,"seconds":0.01,"river":"v0.0.0-fake","workers":2000,"fetch_cooldown":"2ms","fetch_poll_interval":"20ms","max_conns":4}'
 `), 0o755))
 	url := storetest.URL(t)
@@ -55,10 +58,10 @@ echo '{"jobs":50,"seconds":0.01,"river":"v0.0.0-fake","workers":2000,"fetch_cool
 	app.Writer, app.ErrWriter = &out, &bytes.Buffer{}
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "compare-river", "--database-url", url,
 		"--ops", "50", "--rounds", "2", "--river-bench", fake}))
-	cost := `PostgreSQL CPU (\d+\.\d{3}|-) ms, WAL [1-9]\d* B, \d\.\d{4} write transactions$`
-	require.Regexp(t, `(?m)^1 +River +\S+ +5000 +\d+ +\d+\.\d{3}  `+cost, out.String())
-	require.Regexp(t, `(?m)^2 +opbroker +\S+ +5000 +\d+ +\d+\.\d{3}  `+cost, out.String())
-	require.Regexp(t, `(?m)^median +5000 +\d+ +\d+\.\d{3}  PostgreSQL CPU \d+\.\d{3} ms, WAL [1-9]\d* B$`, out.String())
+	cost := `PostgreSQL CPU (\d+\.\d{3}|-) ms, WAL \d+ B, \d\.\d{4} write transactions`
+	require.Regexp(t, `(?m)^1 +River +\S+ +5000 +\d+ +\d+\.\d{3}  River `+cost+`; opbroker `+cost+`$`, out.String())
+	require.Regexp(t, `(?m)^2 +opbroker +\S+ +5000 +\d+ +\d+\.\d{3}  River `+cost+`; opbroker `+cost+`$`, out.String())
+	require.Regexp(t, `(?m)^median +5000 +\d+ +\d+\.\d{3}  River PostgreSQL CPU \d+\.\d{3} ms, WAL \d+ B; opbroker PostgreSQL CPU \d+\.\d{3} ms, WAL [1-9]\d* B$`, out.String())
 	require.Contains(t, out.String(), "River v0.0.0-fake: its library and pgx driver (bench/river), MaxWorkers 2000")
 	require.Contains(t, out.String(), "the PostgreSQL of --database-url: autovacuum ")
 
@@ -67,6 +70,14 @@ echo '{"jobs":50,"seconds":0.01,"river":"v0.0.0-fake","workers":2000,"fetch_cool
 	err := app.Run(context.Background(), []string{"opbench", "compare-river", "--database-url", url,
 		"--ops", "40", "--rounds", "1", "--river-bench", fake})
 	require.ErrorContains(t, err, "50 jobs in 0.01s, asked for 40", "a burn-down of another size is refused")
+
+	silent := filepath.Join(t.TempDir(), "river")
+	require.NoError(t, os.WriteFile(silent, []byte("#!/bin/sh\necho '{\"jobs\":50}'\n"), 0o755))
+	app = newApp()
+	app.Writer, app.ErrWriter = &bytes.Buffer{}, &bytes.Buffer{}
+	err = app.Run(context.Background(), []string{"opbench", "compare-river", "--database-url", url,
+		"--ops", "50", "--rounds", "1", "--river-bench", silent})
+	require.ErrorContains(t, err, `expected "loaded"`, "a program that does not say where its burn-down begins is refused")
 }
 
 // TestSummarize checks the comparison's arithmetic: the median of an even number of

@@ -1,9 +1,10 @@
 package main
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -39,24 +40,30 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	defer stopCluster()
+	admin, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
 	rc := runConfig{target: "noop", rls: true, tenants: cmd.Int("tenants"), poolSize: cmd.Int("pool-size"), claimBatch: cmd.Int("claim-batch")}
 	limit := cmd.Duration("limit")
 
 	fmt.Fprintf(out, "burn-down of %d no-op jobs (River) and %d no-op operations (opbroker) on the same PostgreSQL, alternating which goes first, each on a fresh schema; rounds: %d\n",
 		n, n, rounds)
 	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  %s\n", "round", "first", "load", "River jobs/s", "opbroker ops/s", "opbroker/River",
-		"opbroker: per operation")
-	var riverRates, opRates, ratios, cpus, wals []float64
+		"PostgreSQL's cost per job (River) and per operation (opbroker)")
+	var riverRates, opRates, ratios []float64
+	var cpus, wals [2][]float64 // River's, opbroker's
 	var riverRun riverResult
 	var where, settings string
 	for round := 1; round <= rounds; round++ {
 		load := loadAverage()
 		var riverSecs, opSecs float64
-		var opCost pgCost
+		var riverCost, opCost pgCost
 		side := func(river bool) error {
 			if river {
-				res, err := runRiver(ctx, bin, url, n, cmd.Int("river-workers"), limit, errOut)
-				riverRun, riverSecs = res, res.Seconds
+				res, cost, err := runRiver(ctx, bin, url, admin, n, cmd.Int("river-workers"), limit, errOut)
+				riverRun, riverSecs, riverCost = res, res.Seconds, cost
 				return err
 			}
 			run, err := newDispatchRun(ctx, url, rc)
@@ -80,15 +87,18 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 		}
 		riverRate, opRate := float64(n)/riverSecs, float64(n)/opSecs
 		riverRates, opRates, ratios = append(riverRates, riverRate), append(opRates, opRate), append(ratios, opRate/riverRate)
-		cpus, wals = append(cpus, float64(opCost.cpu)/float64(time.Millisecond)/float64(n)), append(wals, float64(opCost.walBytes)/float64(n))
-		fmt.Fprintf(out, "%-5d  %-8s  %-8s  %14.0f  %14.0f  %14.3f  %s\n", round, name[riverFirst], load, riverRate, opRate, opRate/riverRate, opCost.per(n))
+		for i, c := range []pgCost{riverCost, opCost} {
+			cpus[i], wals[i] = append(cpus[i], float64(c.cpu)/float64(time.Millisecond)/float64(n)), append(wals[i], float64(c.walBytes)/float64(n))
+		}
+		fmt.Fprintf(out, "%-5d  %-8s  %-8s  %14.0f  %14.0f  %14.3f  River %s; opbroker %s\n", round, name[riverFirst], load, riverRate, opRate,
+			opRate/riverRate, riverCost.per(n), opCost.per(n))
 	}
 	r, o, q := summarize(riverRates), summarize(opRates), summarize(ratios)
-	c, w := summarize(cpus), summarize(wals)
-	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14.0f  %14.0f  %14.3f  PostgreSQL CPU %.3f ms, WAL %.0f B\n", "median", "", "", r.median, o.median, q.median,
-		c.median, w.median)
-	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  PostgreSQL CPU %s ms, WAL %s B\n", "range", "", "", r.format("%.0f"), o.format("%.0f"),
-		q.format("%.3f"), c.format("%.3f"), w.format("%.0f"))
+	rc0, rw, oc, ow := summarize(cpus[0]), summarize(wals[0]), summarize(cpus[1]), summarize(wals[1])
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14.0f  %14.0f  %14.3f  River PostgreSQL CPU %.3f ms, WAL %.0f B; opbroker PostgreSQL CPU %.3f ms, WAL %.0f B\n",
+		"median", "", "", r.median, o.median, q.median, rc0.median, rw.median, oc.median, ow.median)
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  River PostgreSQL CPU %s ms, WAL %s B; opbroker PostgreSQL CPU %s ms, WAL %s B\n",
+		"range", "", "", r.format("%.0f"), o.format("%.0f"), q.format("%.3f"), rc0.format("%.3f"), rw.format("%.0f"), oc.format("%.3f"), ow.format("%.0f"))
 	fmt.Fprintf(out, "  River %s: its library and pgx driver (bench/river), MaxWorkers %d, FetchCooldown %s, FetchPollInterval %s, pool of %d connections;\n",
 		riverRun.River, riverRun.Workers, riverRun.FetchCooldown, riverRun.FetchPollInterval, riverRun.MaxConns)
 	fmt.Fprintf(out, "    jobs inserted with InsertMany, timed from Client.Start to the last job-completed event (sent after the completion's commit)\n")
@@ -96,7 +106,8 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 		rc.poolSize, rc.claimBatch, rc.tenants)
 	fmt.Fprintf(out, "    operations prepared through the store, timed from Dispatcher.Start to the events wake-up of the commit that left none unfinished\n")
 	fmt.Fprintf(out, "  load: the 1-minute load average as the round began\n")
-	fmt.Fprintf(out, "  per operation, during opbroker's burn-down: the CPU of every process named postgres on this machine (from /proc), the WAL written, the transaction ids assigned\n")
+	fmt.Fprintf(out, "  PostgreSQL's cost, during each side's burn-down alone (not its loading), per job or operation: the CPU of every process named postgres\n")
+	fmt.Fprintf(out, "    on this machine (from /proc), the WAL written, the transaction ids assigned\n")
 	fmt.Fprintf(out, "  %s\n  %s\n", where, settings)
 	return nil
 }
@@ -132,26 +143,77 @@ type riverResult struct {
 	MaxConns          int32   `json:"max_conns"`
 }
 
-// runRiver runs one River burn-down of n jobs on the PostgreSQL at url.
-func runRiver(ctx context.Context, bin, url string, n, workers int, limit time.Duration, errOut io.Writer) (riverResult, error) {
-	var stdout bytes.Buffer
+// runRiver runs one River burn-down of n jobs on the PostgreSQL at url, and measures
+// what PostgreSQL spends on it (admin reads the server's counters) from the program's
+// "loaded" to its "completed" (bench/river).
+func runRiver(ctx context.Context, bin, url string, admin *pgxpool.Pool, n, workers int, limit time.Duration, errOut io.Writer) (riverResult, pgCost, error) {
 	c := exec.CommandContext(ctx, bin, "--database-url", url, "--jobs", strconv.Itoa(n),
 		"--workers", strconv.Itoa(workers), "--limit", limit.String())
-	c.Stdout, c.Stderr = &stdout, errOut
+	c.Stderr = errOut
 	// Interrupted, the program stops its client and drops its schema before it exits.
 	c.Cancel = func() error { return c.Process.Signal(os.Interrupt) }
 	c.WaitDelay = 30 * time.Second
-	if err := c.Run(); err != nil {
-		return riverResult{}, fmt.Errorf("%s: %w", bin, err)
+	stdin, err := c.StdinPipe()
+	if err != nil {
+		return riverResult{}, pgCost{}, err
 	}
-	var res riverResult
-	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
-		return riverResult{}, fmt.Errorf("%s printed %q: %w", bin, stdout.String(), err)
+	stdout, err := c.StdoutPipe()
+	if err != nil {
+		return riverResult{}, pgCost{}, err
+	}
+	if err := c.Start(); err != nil {
+		return riverResult{}, pgCost{}, fmt.Errorf("%s: %w", bin, err)
+	}
+	res, cost, talkErr := talkToRiver(ctx, admin, bufio.NewScanner(stdout), stdin)
+	_ = stdin.Close()
+	if err := c.Wait(); err != nil {
+		return riverResult{}, pgCost{}, errors.Join(fmt.Errorf("%s: %w", bin, err), talkErr)
+	}
+	if talkErr != nil {
+		return riverResult{}, pgCost{}, fmt.Errorf("%s: %w", bin, talkErr)
 	}
 	if res.Jobs != n || res.Seconds <= 0 {
-		return riverResult{}, fmt.Errorf("%s: %d jobs in %gs, asked for %d", bin, res.Jobs, res.Seconds, n)
+		return riverResult{}, pgCost{}, fmt.Errorf("%s: %d jobs in %gs, asked for %d", bin, res.Jobs, res.Seconds, n)
 	}
-	return res, nil
+	return res, cost, nil
+}
+
+// talkToRiver follows the program's output: at "loaded" it starts measuring and lets the
+// burn-down begin, at "completed" it stops, and the last line is the result.
+func talkToRiver(ctx context.Context, admin *pgxpool.Pool, out *bufio.Scanner, in io.Writer) (riverResult, pgCost, error) {
+	expect := func(want string) error {
+		if !out.Scan() {
+			return fmt.Errorf("ended before %q: %v", want, out.Err())
+		}
+		if got := out.Text(); got != want {
+			return fmt.Errorf("printed %q, expected %q", got, want)
+		}
+		return nil
+	}
+	if err := expect("loaded"); err != nil {
+		return riverResult{}, pgCost{}, err
+	}
+	stop, err := measureCost(ctx, admin)
+	if err != nil {
+		return riverResult{}, pgCost{}, err
+	}
+	if _, err := io.WriteString(in, "go\n"); err != nil {
+		_, _ = stop()
+		return riverResult{}, pgCost{}, err
+	}
+	err = expect("completed")
+	cost, costErr := stop()
+	if err := errors.Join(err, costErr); err != nil {
+		return riverResult{}, pgCost{}, err
+	}
+	if !out.Scan() {
+		return riverResult{}, pgCost{}, fmt.Errorf("ended before its result: %v", out.Err())
+	}
+	var res riverResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		return riverResult{}, pgCost{}, fmt.Errorf("printed %q: %w", out.Text(), err)
+	}
+	return res, cost, nil
 }
 
 // riverProgram returns the River burn-down program: path when given, else one built
