@@ -164,37 +164,9 @@ func TestPlansStayOnTheKeys(t *testing.T) {
 	url := storetest.Schema(t)
 	admin := storetest.Pool(t, storetest.AdminURL(t, url))
 	rows := ledgerRows(t)
-	start := time.Now()
-	tx, err := admin.Begin(ctx)
+	loadFinished(t, admin, rows)
+	_, err := admin.Exec(ctx, `ANALYZE operations; ANALYZE operation_events`)
 	require.NoError(t, err)
-	// Loaded as finished work: one operation and its last event each,
-	// spread over 30 days and 54 tenants, half of it over the workload's four (their
-	// finished operations are what a claim must not step over). The history's checks
-	// are not run for the load.
-	for _, sql := range []string{
-		`SET LOCAL session_replication_role = replica`,
-		`INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type, payload_sha256,
-				state, revision, fence_token, attempt_count, remote_ref, first_sent_at, created_at, updated_at)
-			SELECT CASE WHEN i % 2 = 0 THEN 'work-' || i / 2 % 4 ELSE 'load-' || i % 50 END, gen_random_uuid(), 'demo.charge',
-				'loaded-' || i, 'application/json', sha256('{}'),
-				'SUCCEEDED', 3, 1, 1, 'ch_' || i, t, t, t
-			FROM generate_series(1, $1) i, LATERAL (SELECT now() - interval '30 days' * i / $1 AS t) x`,
-		`INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor,
-				remote_ref, attempt_count, created_at)
-			SELECT tenant_id, operation_id, 3, 'IN_FLIGHT', 'SUCCEEDED', 1, 'dispatcher:load', remote_ref, 1, updated_at
-			FROM operations`,
-	} {
-		var args []any
-		if strings.Contains(sql, "$1") {
-			args = append(args, rows)
-		}
-		_, err := tx.Exec(ctx, sql, args...)
-		require.NoError(t, err)
-	}
-	require.NoError(t, tx.Commit(ctx))
-	_, err = admin.Exec(ctx, `ANALYZE operations; ANALYZE operation_events`)
-	require.NoError(t, err)
-	t.Logf("loaded %d finished operations in %s", rows, time.Since(start).Round(time.Millisecond))
 
 	st, plans := explainingStore(t, url, "auto_explain.log_analyze", "on", "auto_explain.log_timing", "off")
 	workload(t, st)
@@ -220,6 +192,40 @@ func TestPlansStayOnTheKeys(t *testing.T) {
 		}
 	}
 	require.Empty(t, violations, "statements that left the keys over %d operations", rows)
+}
+
+// loadFinished loads rows finished operations, as admin: one operation and its last
+// event each, spread over 30 days and 54 tenants, half of it over the workload's four
+// (their finished operations are what a claim must not step over). The history's checks
+// are not run for the load. It takes no statistics.
+func loadFinished(t *testing.T, admin *pgxpool.Pool, rows int) {
+	t.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	tx, err := admin.Begin(ctx)
+	require.NoError(t, err)
+	for _, sql := range []string{
+		`SET LOCAL session_replication_role = replica`,
+		`INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type, payload_sha256,
+				state, revision, fence_token, attempt_count, remote_ref, first_sent_at, created_at, updated_at)
+			SELECT CASE WHEN i % 2 = 0 THEN 'work-' || i / 2 % 4 ELSE 'load-' || i % 50 END, gen_random_uuid(), 'demo.charge',
+				'loaded-' || i, 'application/json', sha256('{}'),
+				'SUCCEEDED', 3, 1, 1, 'ch_' || i, t, t, t
+			FROM generate_series(1, $1) i, LATERAL (SELECT now() - interval '30 days' * i / $1 AS t) x`,
+		`INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor,
+				remote_ref, attempt_count, created_at)
+			SELECT tenant_id, operation_id, 3, 'IN_FLIGHT', 'SUCCEEDED', 1, 'dispatcher:load', remote_ref, 1, updated_at
+			FROM operations WHERE intent_ref LIKE 'loaded-%'`,
+	} {
+		var args []any
+		if strings.Contains(sql, "$1") {
+			args = append(args, rows)
+		}
+		_, err := tx.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit(ctx))
+	t.Logf("loaded %d finished operations in %s", rows, time.Since(start).Round(time.Millisecond))
 }
 
 // workload runs every kind of statement the broker's hot paths run, for one target:
@@ -384,9 +390,10 @@ func evidenceWorkload(t *testing.T, all store.Scope, claimed []store.Claimed) {
 
 // TestClaimsWalkTheTenantsByTheClaimIndex: statistics taken while every operation was
 // PREPARED make the primary key look as good as the claim index for finding the next
-// tenant with PREPARED operations; once most are claimed, that walk steps over them all.
-// The walk orders by what only the claim index gives, so it reads that index whatever
-// the statistics say. (A tenant's share still follows the statistics: see fairPick.)
+// tenant with PREPARED operations, and for a tenant's share of them; once most are
+// claimed, either steps over them all. Both order by what only the claim index gives, so
+// they read that index whatever the statistics say, for a target of one type and of
+// two.
 func TestClaimsWalkTheTenantsByTheClaimIndex(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -414,8 +421,10 @@ func TestClaimsWalkTheTenantsByTheClaimIndex(t *testing.T) {
 		require.Len(t, claimed, 100)
 	}
 	plans.reset()
-	for range 3 {
-		claimed, err := all.Claim(ctx, claimParams(60))
+	for _, types := range [][]string{{"demo.charge"}, {"demo.charge", "demo.notify"}, {"demo.charge"}} {
+		p := claimParams(60)
+		p.OperationTypes = types
+		claimed, err := all.Claim(ctx, p)
 		require.NoError(t, err)
 		require.Len(t, claimed, 60)
 	}
@@ -427,9 +436,71 @@ func TestClaimsWalkTheTenantsByTheClaimIndex(t *testing.T) {
 	}
 	require.Len(t, claims, 3)
 	for _, p := range claims {
-		walk, _, _ := strings.Cut(p, "CTE picked")
+		walk, rest, _ := strings.Cut(p, "CTE picked")
+		share, _, _ := strings.Cut(rest, "CTE claimed")
 		require.Contains(t, walk, "CTE tenants", p)
-		require.NotContains(t, walk, "using operations_pkey", p)
-		require.Contains(t, walk, "using operations_claim_idx", p)
+		for _, part := range []string{walk, share} {
+			require.NotContains(t, part, "using operations_pkey", p)
+			require.Contains(t, part, "using operations_claim_idx", p)
+		}
+	}
+}
+
+// TestDispatchStaysOnTheKeysAsTheLedgerGrows: a connection keeps a statement's plan once
+// it finds a plan for any arguments (a generic plan) as good as those it made for each
+// call's. Made while the ledger was small, where reading a whole index costs least, such
+// a plan would step over every operation in flight for each outcome (by the lease index)
+// and over every claimed operation of a tenant for each claim, once the ledger has grown
+// (without an ANALYZE since, which would have the statement planned again). So claims
+// and outcomes are planned for each call's arguments.
+func TestDispatchStaysOnTheKeysAsTheLedgerGrows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := storetest.Schema(t)
+	admin := storetest.Pool(t, storetest.AdminURL(t, url))
+	_, err := admin.Exec(ctx, `ALTER TABLE operations SET (autovacuum_enabled = off)`)
+	require.NoError(t, err)
+	// One connection, so that its statements are the ones planned on the small ledger.
+	st, plans := explainingStore(t, url+"&pool_max_conns=1", "auto_explain.log_analyze", "on", "auto_explain.log_timing", "off")
+	all := st.AllTenants()
+	dispatch := func(n int) {
+		for i := range n {
+			intent := fmt.Sprintf("dispatch-%d-%d", n, i)
+			_, _, err := all.Prepare(ctx, prepareParams("work-0", intent, `{"amount":1}`))
+			require.NoError(t, err)
+			claimed, err := all.Claim(ctx, claimParams(1))
+			require.NoError(t, err)
+			require.Len(t, claimed, 1)
+			c := claimed[0]
+			_, err = all.RecordOutcome(ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+				State: store.StateSucceeded, RemoteRef: "ch_" + intent, Actor: "dispatcher:test",
+				Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS"}})
+			require.NoError(t, err)
+		}
+	}
+	dispatch(8) // past the five custom plans a cached plan starts with
+	loadFinished(t, admin, ledgerRows(t))
+	plans.reset()
+	dispatch(2)
+	var claims, outcomes []string
+	for _, p := range plans.matching("") {
+		switch {
+		case strings.Contains(p, "state = 'IN_FLIGHT', revision = o.revision + 1"):
+			claims = append(claims, p)
+		case strings.Contains(p, "last_observation = u.observation"):
+			outcomes = append(outcomes, p)
+		}
+	}
+	require.Len(t, claims, 2)
+	require.Len(t, outcomes, 2)
+	for _, p := range claims {
+		_, rest, _ := strings.Cut(p, "CTE picked")
+		share, _, _ := strings.Cut(rest, "CTE claimed")
+		require.NotContains(t, share, "using operations_pkey", p)
+		require.Contains(t, share, "using operations_claim_idx", p)
+	}
+	for _, p := range outcomes {
+		require.NotRegexp(t, bigTableScan, p)
+		require.Contains(t, p, "using operations_pkey on operations o", p)
 	}
 }
