@@ -257,15 +257,28 @@ func (d *Dispatcher) claimLoop(ctx context.Context, wake <-chan struct{}) {
 		select {
 		case <-ctx.Done():
 		case <-wake:
+			d.undrain()
 		case <-d.freed:
 		case <-poll.C:
+			d.undrain()
 		}
+	}
+}
+
+// undrain has the next claim loop claim for every target again, those whose last claim
+// found nothing included: new work was prepared, or the poll interval passed (work that
+// was waiting for its time, such as a send again after an answer documented as not
+// executed, may be due).
+func (d *Dispatcher) undrain() {
+	for _, q := range d.queues {
+		q.drained = false
 	}
 }
 
 // queue is one target's claims that wait for a slot, and the pace of its sends.
 type queue struct {
 	cursor  string       // the tenant the next claim starts after
+	drained bool         // its last claim found nothing: skipped until undrain
 	waiting atomic.Int64 // claimed, not yet started (or given up)
 	started atomic.Int64 // sends started (or given up) so far
 
@@ -310,6 +323,13 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			q = &queue{}
 			d.queues[contract.Name] = q
 		}
+		// A target whose last claim found nothing is not claimed for again until new work
+		// is prepared or the poll interval passes: each outcome recorded frees a slot and
+		// wakes this loop, and a claim per wake-up for each idle target was a statement
+		// for nothing (in a burn-down of one target's work, two of the three claims).
+		if q.drained {
+			continue
+		}
 		want := d.claimable(contract, q)
 		if want <= 0 || d.awaitingCredential(contract) {
 			continue
@@ -338,7 +358,7 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			err = errors.Join(err, claimErr)
 			continue
 		}
-		q.cursor = ""
+		q.cursor, q.drained = "", len(ops) == 0
 		if len(ops) == want {
 			full = true
 			q.cursor = ops[len(ops)-1].TenantID

@@ -20,6 +20,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric/noop"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/opbroker/opbroker/clocktest"
 	"github.com/opbroker/opbroker/dispatcher"
@@ -428,6 +430,52 @@ func (s *silent) await(t *testing.T, n int) {
 
 // count is how many requests arrived.
 func (s *silent) count() int { return int(s.n.Load()) }
+
+// TestClaimsSkipTargetsWithoutWork: once a target's claim finds nothing, the claim loop
+// does not claim for it again at each outcome recorded (each frees a slot and wakes the
+// loop), only once new work is prepared (or the poll interval passes, an hour here): the
+// work then prepared for it is sent.
+func TestClaimsSkipTargetsWithoutWork(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	for i := range 60 {
+		b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprintf("skip-%d", i), `{"amount":1}`)
+	}
+	spans := tracetest.NewSpanRecorder()
+	d := b.dispatcher(t, dispatcher.Config{PoolSize: 2, ClaimBatch: 4, PollInterval: time.Hour,
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))})
+	require.NoError(t, d.Start(b.ctx))
+	settled := func(n int) func() bool {
+		return func() bool {
+			return b.count(t, `SELECT count(*) FROM operations WHERE state = 'SUCCEEDED'`) == n
+		}
+	}
+	require.Eventually(t, settled(60), 30*time.Second, 5*time.Millisecond)
+	claims := func() map[string]int {
+		n := map[string]int{}
+		for _, s := range spans.Ended() {
+			for _, a := range s.Attributes() {
+				if s.Name() == "opbroker.dispatch.claim" && a.Key == "opbroker.target" {
+					n[a.Value.AsString()]++
+				}
+			}
+		}
+		return n
+	}
+	before := claims()
+	require.Greater(t, before["demo-payments"], 15, "claims of 4 for 60 charges: %v", before)
+	require.Len(t, before, 3, "every target claimed for: %v", before)
+	for name, n := range before {
+		if name != "demo-payments" {
+			require.Equal(t, 1, n, "claims for %s, which had no work: %v", name, before)
+		}
+	}
+
+	b.prepare(t, "acme", simtarget.DemoNotify, "skip-notify", `{"to":"ops"}`) // wakes the loop
+	require.Eventually(t, settled(61), 30*time.Second, 5*time.Millisecond, "the work prepared for an idle target is sent")
+	d.Stop()
+	require.Greater(t, claims()["demo-notify"], 1)
+}
 
 // TestClaimsRunAheadOnlyAsFarAsTheTargetKeeps: a claim takes what the target's slots
 // start at once and what its pace starts within a quarter of the lease, never the

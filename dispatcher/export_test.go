@@ -8,8 +8,10 @@ import (
 	"github.com/opbroker/opbroker/target"
 )
 
-// RunOnce is the claim loop's body, for tests that drive it by hand.
+// RunOnce is the claim loop's body after a wake-up (every target is claimed for), for
+// tests that drive it by hand.
 func (d *Dispatcher) RunOnce(ctx context.Context) (claimed int, full bool, err error) {
+	d.undrain()
 	return d.runOnce(ctx)
 }
 
