@@ -396,14 +396,8 @@ const (
 	outcomeWriters  = 2
 )
 
-// recordOutcomes writes outcomes in one statement, each under its own fence, and keeps
-// those whose fence was lost as stale outcomes (keepStale).
-func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recordedOutcomes, error) {
-	c, err := columnsOf(ps)
-	if err != nil {
-		return recordedOutcomes{}, err
-	}
-	rows := q.query(withCustomPlan(ctx), `
+// recordOutcomesSQL writes outcomes, each under its own fence (recordOutcomes).
+var recordOutcomesSQL = compileNamed(`
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @fences::bigint[], @states::text[]::operation_state[],
 				@remote_refs::text[], @observations::text[]::jsonb[], @actors::text[], @outcomes::text[],
@@ -423,9 +417,20 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recorded
 		), ev AS (`+outcomeEventsFrom("upd", "'IN_FLIGHT'", "outcome_actor", "outcome_reason", "last_observation", "outcome_sent")+`
 		)
 		SELECT `+operationColumns+` FROM upd`,
-		pgx.NamedArgs{"tenant_ids": c.tenants, "operation_ids": c.ids, "fences": c.fences, "states": c.states,
-			"remote_refs": c.refs, "observations": c.observations, "actors": c.actors, "outcomes": c.outcomes,
-			"sent": c.sent, "not_executed": c.notExecuted, "send_again_after": c.waits})
+	"tenant_ids", "operation_ids", "fences", "states", "remote_refs", "observations", "actors", "outcomes",
+	"sent", "not_executed", "send_again_after")
+
+// recordOutcomes writes outcomes in one statement, each under its own fence, and keeps
+// those whose fence was lost as stale outcomes (keepStale).
+func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recordedOutcomes, error) {
+	c, err := columnsOf(ps)
+	if err != nil {
+		return recordedOutcomes{}, err
+	}
+	rows := q.query(withCustomPlan(ctx), recordOutcomesSQL.sql, recordOutcomesSQL.args(pgx.NamedArgs{
+		"tenant_ids": c.tenants, "operation_ids": c.ids, "fences": c.fences, "states": c.states,
+		"remote_refs": c.refs, "observations": c.observations, "actors": c.actors, "outcomes": c.outcomes,
+		"sent": c.sent, "not_executed": c.notExecuted, "send_again_after": c.waits})...)
 	moved, err := pgx.CollectRows(rows, scanOperation)
 	if err != nil {
 		return recordedOutcomes{}, fmt.Errorf("store: record outcome: %w", translate(err))

@@ -18,7 +18,9 @@
 // (ErrNotFound and the typed errors below); callers never see pgx error types.
 //
 // Statements that bind many values bind them by name (pgx.NamedArgs: @tenant_ids, not
-// $1), so that reordering a statement's parameters cannot silently swap two of them.
+// $1), so that reordering a statement's parameters cannot silently swap two of them; the
+// hottest are rewritten to positional parameters once, when the package loads
+// (namedSQL), not by pgx at every call.
 // pgx's named arguments were chosen over generating code from .sql files (sqlc): the
 // statements are built from shared fragments (the fair claim, the event append), which
 // a generator would have to duplicate, and they need no step between editing and

@@ -96,6 +96,49 @@ func withIndexScans(ctx context.Context) context.Context {
 	return context.WithValue(ctx, indexScanKey{}, true)
 }
 
+// namedSQL is a statement written with named arguments (@tenant_ids, not $1), rewritten
+// to positional ones by pgx once, when the package loads, rather than at every call (pgx
+// lexes the whole text each time: a twentieth of the broker's CPU in a burn-down, for
+// the outcomes' and the intents' statements).
+type namedSQL struct {
+	sql   string
+	names []string // the arguments' names, in their positional order
+}
+
+// compileNamed rewrites sql, whose arguments must be exactly names; it panics otherwise
+// (its callers are package variables: every test would fail).
+func compileNamed(sql string, names ...string) namedSQL {
+	probe := pgx.StrictNamedArgs{}
+	for _, n := range names {
+		probe[n] = n
+	}
+	positional, order, err := probe.RewriteQuery(context.Background(), nil, sql, nil)
+	if err != nil {
+		panic("store: " + err.Error())
+	}
+	s := namedSQL{sql: positional, names: make([]string, len(order))}
+	for i, n := range order {
+		s.names[i] = n.(string)
+	}
+	return s
+}
+
+// args returns values in the statement's order; it panics when one is missing.
+func (s namedSQL) args(values pgx.NamedArgs) []any {
+	if len(values) != len(s.names) {
+		panic(fmt.Sprintf("store: %d values for %d arguments", len(values), len(s.names)))
+	}
+	out := make([]any, len(s.names))
+	for i, n := range s.names {
+		v, ok := values[n]
+		if !ok {
+			panic("store: no value for @" + n)
+		}
+		out[i] = v
+	}
+	return out
+}
+
 // query runs one statement in the scope, in one round trip: sent ahead of it, in its
 // transaction, are its scope and the settings ctx asks for.
 func (q Scope) query(ctx context.Context, sql string, args ...any) pgx.Rows {

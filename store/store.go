@@ -220,39 +220,13 @@ func (s *Store) scopeOfCalls(calls []prepareCall) Scope {
 	return s.tenantsOf(scopes)
 }
 
-// insertOperations inserts the intents not yet recorded, each with its creation event,
-// in one statement, and answers each call by its operation's id: the operation it
-// created, a *SupersededUnresolvedError, or nothing (the intent was already recorded).
-// Rows go in in intent order, and superseded operations are locked in id order, so two
-// statements with common intents wait for each other in one order and never deadlock.
-func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[uuid.UUID]prepared, error) {
-	n := len(calls)
-	tenants, ids, types, intents := make([]string, n), make([]uuid.UUID, n), make([]string, n), make([]string, n)
-	contentTypes, payloads, digests := make([]string, n), make([][]byte, n), make([][]byte, n)
-	supersedes, labels, deadlines, actors := make([]uuid.NullUUID, n), make([]string, n), make([]*time.Time, n), make([]string, n)
-	notBefore, traceParents := make([]*time.Time, n), make([]*string, n)
-	for i, c := range calls {
-		tenants[i], ids[i], types[i], intents[i] = c.TenantID, c.id, c.OperationType, c.IntentRef
-		contentTypes[i], payloads[i], digests[i] = c.ContentType, c.Payload, c.PayloadSHA256
-		supersedes[i], deadlines[i], actors[i] = c.SupersedesID, c.DispatchDeadline, c.Actor
-		notBefore[i], traceParents[i] = c.NotBefore, nullIfEmpty(c.TraceParent)
-		l := c.Labels
-		if l == nil {
-			l = map[string]string{}
-		}
-		js, err := json.Marshal(l)
-		if err != nil {
-			return nil, err
-		}
-		labels[i] = string(js)
-	}
-	// sup locks the operations the intents supersede, in one order, and reads their
-	// current state. An amendment of one that may still cause or have caused its effect
-	// is refused; one of a PREPARED operation cancels it in this statement, so that it is
-	// never sent; one of a terminal operation is recorded as it is. An amendment's
-	// creation event says what it found (reason SUPERSEDES_<state>), the cancellation's
-	// reason is SUPERSEDED.
-	rows := q.query(ctx, `
+// insertOperationsSQL inserts intents together (insertOperations). Its CTE sup locks
+// the operations the intents supersede, in one order, and reads their current state. An
+// amendment of one that may still cause or have caused its effect is refused; one of a
+// PREPARED operation cancels it in this statement, so that it is never sent; one of a
+// terminal operation is recorded as it is. An amendment's creation event says what it
+// found (reason SUPERSEDES_<state>), the cancellation's reason is SUPERSEDED.
+var insertOperationsSQL = compileNamed(`
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @operation_types::text[], @intent_refs::text[],
 				@content_types::text[], @payloads::bytea[], @payload_sha256s::bytea[], @supersedes_ids::uuid[],
@@ -283,7 +257,7 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 		), ev AS (`+eventsFrom(`ins JOIN (SELECT operation_id, actor FROM u) a USING (operation_id)
 			LEFT JOIN (SELECT tenant_id AS sup_tenant, operation_id AS sup_id, state AS sup_state FROM sup) s
 				ON s.sup_tenant = ins.tenant_id AND s.sup_id = ins.supersedes_id`,
-		"NULL", "actor", "'SUPERSEDES_' || sup_state", "NULL")+`
+	"NULL", "actor", "'SUPERSEDES_' || sup_state", "NULL")+`
 		), cancelled AS (
 			UPDATE operations o SET state = 'CANCELLED', revision = o.revision + 1, next_check_at = NULL, updated_at = now()
 			FROM ins JOIN u USING (operation_id), sup
@@ -296,10 +270,40 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 		SELECT r.call_id, r.state, x.* FROM refused r CROSS JOIN LATERAL (
 			SELECT `+operationColumns+` FROM operations
 			WHERE tenant_id = r.tenant_id AND operation_id = r.operation_id) x`,
-		pgx.NamedArgs{"tenant_ids": tenants, "operation_ids": ids, "operation_types": types, "intent_refs": intents,
-			"content_types": contentTypes, "payloads": payloads, "payload_sha256s": digests, "supersedes_ids": supersedes,
-			"labels": labels, "dispatch_deadlines": deadlines, "actors": actors, "not_befores": notBefore,
-			"trace_parents": traceParents})
+	"tenant_ids", "operation_ids", "operation_types", "intent_refs", "content_types", "payloads", "payload_sha256s",
+	"supersedes_ids", "labels", "dispatch_deadlines", "actors", "not_befores", "trace_parents")
+
+// insertOperations inserts the intents not yet recorded, each with its creation event,
+// in one statement, and answers each call by its operation's id: the operation it
+// created, a *SupersededUnresolvedError, or nothing (the intent was already recorded).
+// Rows go in in intent order, and superseded operations are locked in id order, so two
+// statements with common intents wait for each other in one order and never deadlock.
+func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[uuid.UUID]prepared, error) {
+	n := len(calls)
+	tenants, ids, types, intents := make([]string, n), make([]uuid.UUID, n), make([]string, n), make([]string, n)
+	contentTypes, payloads, digests := make([]string, n), make([][]byte, n), make([][]byte, n)
+	supersedes, labels, deadlines, actors := make([]uuid.NullUUID, n), make([]string, n), make([]*time.Time, n), make([]string, n)
+	notBefore, traceParents := make([]*time.Time, n), make([]*string, n)
+	for i, c := range calls {
+		tenants[i], ids[i], types[i], intents[i] = c.TenantID, c.id, c.OperationType, c.IntentRef
+		contentTypes[i], payloads[i], digests[i] = c.ContentType, c.Payload, c.PayloadSHA256
+		supersedes[i], deadlines[i], actors[i] = c.SupersedesID, c.DispatchDeadline, c.Actor
+		notBefore[i], traceParents[i] = c.NotBefore, nullIfEmpty(c.TraceParent)
+		l := c.Labels
+		if l == nil {
+			l = map[string]string{}
+		}
+		js, err := json.Marshal(l)
+		if err != nil {
+			return nil, err
+		}
+		labels[i] = string(js)
+	}
+	rows := q.query(ctx, insertOperationsSQL.sql, insertOperationsSQL.args(pgx.NamedArgs{
+		"tenant_ids": tenants, "operation_ids": ids, "operation_types": types, "intent_refs": intents,
+		"content_types": contentTypes, "payloads": payloads, "payload_sha256s": digests, "supersedes_ids": supersedes,
+		"labels": labels, "dispatch_deadlines": deadlines, "actors": actors, "not_befores": notBefore,
+		"trace_parents": traceParents})...)
 	answers := make(map[uuid.UUID]prepared, n)
 	var created bool
 	for rows.Next() {
