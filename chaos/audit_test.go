@@ -153,3 +153,22 @@ func keyed(events ...ledgerEvidence) map[string]ledgerEvidence {
 	}
 	return out
 }
+
+// TestEveryWebhookFaultOnTwoCharges: the first intents carry each webhook fault on two
+// charges, never on the ninth (always amended), so that one charge ending without
+// effect leaves the fault on another.
+func TestEveryWebhookFaultOnTwoCharges(t *testing.T) {
+	t.Parallel()
+	seen := map[int]int{}
+	for i := range 40 {
+		if k := webhookFaultOf(i); k >= 0 {
+			seen[k]++
+		}
+	}
+	require.Len(t, seen, len(simtarget.WebhookFaults))
+	for k, n := range seen {
+		require.Equal(t, 2, n, "fault %s", simtarget.WebhookFaults[k])
+	}
+	require.Equal(t, -1, webhookFaultOf(0))
+	require.Equal(t, -1, webhookFaultOf(len(simtarget.WebhookFaults)+1), "the amended intent")
+}
