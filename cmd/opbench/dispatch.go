@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -207,7 +208,7 @@ func (r *dispatchRun) burnDown(ctx context.Context, n int) (string, error) {
 	if err := r.backlog(ctx, n); err != nil {
 		return "", err
 	}
-	cost, err := measureCost(ctx, r.reader)
+	cost, err := measureCost(ctx, r.reader, os.Getpid())
 	if err != nil {
 		return "", err
 	}
@@ -236,16 +237,16 @@ func (r *dispatchRun) burnDown(ctx context.Context, n int) (string, error) {
 // operations not yet finished, and the burn-down ends at the wake-up of the commit
 // that left none. It returns the time from Dispatcher.Start to that wake-up, and what
 // PostgreSQL spent meanwhile.
-func (r *dispatchRun) burnDownSignalled(ctx context.Context, n int, limit time.Duration) (time.Duration, pgCost, error) {
+func (r *dispatchRun) burnDownSignalled(ctx context.Context, n int, limit time.Duration) (time.Duration, workCost, error) {
 	if r.noop == nil {
-		return 0, pgCost{}, fmt.Errorf("burn-down by completion signal: needs the noop target")
+		return 0, workCost{}, fmt.Errorf("burn-down by completion signal: needs the noop target")
 	}
 	if err := r.backlog(ctx, n); err != nil {
-		return 0, pgCost{}, err
+		return 0, workCost{}, err
 	}
-	cost, err := measureCost(ctx, r.reader)
+	cost, err := measureCost(ctx, r.reader, os.Getpid())
 	if err != nil {
-		return 0, pgCost{}, err
+		return 0, workCost{}, err
 	}
 	elapsed, err := r.untilSignalled(ctx, n, limit)
 	spent, costErr := cost()

@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/storetest"
@@ -58,10 +60,11 @@ echo '{"jobs":50,"seconds":0.01,"river":"v0.0.0-fake","workers":2000,"fetch_cool
 	app.Writer, app.ErrWriter = &out, &bytes.Buffer{}
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "compare-river", "--database-url", url,
 		"--ops", "50", "--rounds", "2", "--river-bench", fake}))
-	cost := `PostgreSQL CPU (\d+\.\d{3}|-) ms, WAL \d+ B, \d\.\d{4} write transactions`
+	cost := `PostgreSQL CPU (\d+\.\d{3} ms|-), WAL \d+ B, \d\.\d{4} write transactions; client CPU \d+\.\d{3} ms`
 	require.Regexp(t, `(?m)^1 +River +\S+ +5000 +\d+ +\d+\.\d{3}  River `+cost+`; opbroker `+cost+`$`, out.String())
 	require.Regexp(t, `(?m)^2 +opbroker +\S+ +5000 +\d+ +\d+\.\d{3}  River `+cost+`; opbroker `+cost+`$`, out.String())
-	require.Regexp(t, `(?m)^median +5000 +\d+ +\d+\.\d{3}  River PostgreSQL CPU \d+\.\d{3} ms, WAL \d+ B; opbroker PostgreSQL CPU \d+\.\d{3} ms, WAL [1-9]\d* B$`, out.String())
+	require.Regexp(t, `(?m)^median +5000 +\d+ +\d+\.\d{3}  River PostgreSQL CPU \d+\.\d{3} ms, WAL \d+ B, client CPU \d+\.\d{3} ms; `+
+		`opbroker PostgreSQL CPU \d+\.\d{3} ms, WAL [1-9]\d* B, client CPU \d+\.\d{3} ms$`, out.String())
 	require.Contains(t, out.String(), "River v0.0.0-fake: its library and pgx driver (bench/river), MaxWorkers 2000")
 	require.Contains(t, out.String(), "the PostgreSQL of --database-url: autovacuum ")
 
@@ -78,6 +81,37 @@ echo '{"jobs":50,"seconds":0.01,"river":"v0.0.0-fake","workers":2000,"fetch_cool
 	err = app.Run(context.Background(), []string{"opbench", "compare-river", "--database-url", url,
 		"--ops", "50", "--rounds", "1", "--river-bench", silent})
 	require.ErrorContains(t, err, `expected "loaded"`, "a program that does not say where its burn-down begins is refused")
+}
+
+// TestMeasureCostCountsToTheEnd checks that the cost of a stretch of work includes its
+// end: the client's CPU spent after the sampler's last tick counts (the sampler reads
+// /proc a few times a second, and a burn-down lasts about a second).
+func TestMeasureCostCountsToTheEnd(t *testing.T) {
+	t.Parallel()
+	admin, err := pgxpool.New(context.Background(), storetest.URL(t))
+	require.NoError(t, err)
+	defer admin.Close()
+	self := os.Getpid()
+	stop, err := measureCost(context.Background(), admin, self)
+	require.NoError(t, err)
+	began, ok := processCPU(self)
+	require.True(t, ok, "this process's CPU time is read from /proc")
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if spent, _ := processCPU(self); spent-began >= 100*time.Millisecond {
+			break
+		}
+	}
+	c, err := stop()
+	require.NoError(t, err)
+	require.True(t, c.clientKnown && c.cpuKnown)
+	require.GreaterOrEqual(t, c.clientCPU, 100*time.Millisecond, "the CPU spent up to the stop counts")
+
+	none, err := measureCost(context.Background(), admin, 0)
+	require.NoError(t, err)
+	c, err = none()
+	require.NoError(t, err)
+	require.False(t, c.clientKnown, "no client, no client CPU")
+	require.Contains(t, c.per(1), "client CPU -")
 }
 
 // TestSummarize checks the comparison's arithmetic: the median of an even number of

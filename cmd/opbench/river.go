@@ -53,13 +53,13 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  %s\n", "round", "first", "load", "River jobs/s", "opbroker ops/s", "opbroker/River",
 		"PostgreSQL's cost per job (River) and per operation (opbroker)")
 	var riverRates, opRates, ratios []float64
-	var cpus, wals [2][]float64 // River's, opbroker's
+	var cpus, wals, clients [2][]float64 // River's, opbroker's
 	var riverRun riverResult
 	var where, settings string
 	for round := 1; round <= rounds; round++ {
 		load := loadAverage()
 		var riverSecs, opSecs float64
-		var riverCost, opCost pgCost
+		var riverCost, opCost workCost
 		side := func(river bool) error {
 			if river {
 				res, cost, err := runRiver(ctx, bin, url, admin, n, cmd.Int("river-workers"), limit, errOut)
@@ -87,18 +87,20 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 		}
 		riverRate, opRate := float64(n)/riverSecs, float64(n)/opSecs
 		riverRates, opRates, ratios = append(riverRates, riverRate), append(opRates, opRate), append(ratios, opRate/riverRate)
-		for i, c := range []pgCost{riverCost, opCost} {
+		for i, c := range []workCost{riverCost, opCost} {
 			cpus[i], wals[i] = append(cpus[i], float64(c.cpu)/float64(time.Millisecond)/float64(n)), append(wals[i], float64(c.walBytes)/float64(n))
+			clients[i] = append(clients[i], float64(c.clientCPU)/float64(time.Millisecond)/float64(n))
 		}
 		fmt.Fprintf(out, "%-5d  %-8s  %-8s  %14.0f  %14.0f  %14.3f  River %s; opbroker %s\n", round, name[riverFirst], load, riverRate, opRate,
 			opRate/riverRate, riverCost.per(n), opCost.per(n))
 	}
 	r, o, q := summarize(riverRates), summarize(opRates), summarize(ratios)
-	rc0, rw, oc, ow := summarize(cpus[0]), summarize(wals[0]), summarize(cpus[1]), summarize(wals[1])
-	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14.0f  %14.0f  %14.3f  River PostgreSQL CPU %.3f ms, WAL %.0f B; opbroker PostgreSQL CPU %.3f ms, WAL %.0f B\n",
-		"median", "", "", r.median, o.median, q.median, rc0.median, rw.median, oc.median, ow.median)
-	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  River PostgreSQL CPU %s ms, WAL %s B; opbroker PostgreSQL CPU %s ms, WAL %s B\n",
-		"range", "", "", r.format("%.0f"), o.format("%.0f"), q.format("%.3f"), rc0.format("%.3f"), rw.format("%.0f"), oc.format("%.3f"), ow.format("%.0f"))
+	rc0, rw, rcl, oc, ow, ocl := summarize(cpus[0]), summarize(wals[0]), summarize(clients[0]), summarize(cpus[1]), summarize(wals[1]), summarize(clients[1])
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14.0f  %14.0f  %14.3f  River PostgreSQL CPU %.3f ms, WAL %.0f B, client CPU %.3f ms; opbroker PostgreSQL CPU %.3f ms, WAL %.0f B, client CPU %.3f ms\n",
+		"median", "", "", r.median, o.median, q.median, rc0.median, rw.median, rcl.median, oc.median, ow.median, ocl.median)
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  River PostgreSQL CPU %s ms, WAL %s B, client CPU %s ms; opbroker PostgreSQL CPU %s ms, WAL %s B, client CPU %s ms\n",
+		"range", "", "", r.format("%.0f"), o.format("%.0f"), q.format("%.3f"), rc0.format("%.3f"), rw.format("%.0f"), rcl.format("%.3f"),
+		oc.format("%.3f"), ow.format("%.0f"), ocl.format("%.3f"))
 	fmt.Fprintf(out, "  River %s: its library and pgx driver (bench/river), MaxWorkers %d, FetchCooldown %s, FetchPollInterval %s, pool of %d connections;\n",
 		riverRun.River, riverRun.Workers, riverRun.FetchCooldown, riverRun.FetchPollInterval, riverRun.MaxConns)
 	fmt.Fprintf(out, "    jobs inserted with InsertMany, timed from Client.Start to the last job-completed event (sent after the completion's commit)\n")
@@ -107,7 +109,8 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 	fmt.Fprintf(out, "    operations prepared through the store, timed from Dispatcher.Start to the events wake-up of the commit that left none unfinished\n")
 	fmt.Fprintf(out, "  load: the 1-minute load average as the round began\n")
 	fmt.Fprintf(out, "  PostgreSQL's cost, during each side's burn-down alone (not its loading), per job or operation: the CPU of every process named postgres\n")
-	fmt.Fprintf(out, "    on this machine (from /proc), the WAL written, the transaction ids assigned\n")
+	fmt.Fprintf(out, "    on this machine (from /proc), the WAL written, the transaction ids assigned; client CPU: of River's program, and of this process\n")
+	fmt.Fprintf(out, "    for opbroker (its dispatcher and store; and the sampling of /proc, a few milliseconds a second)\n")
 	fmt.Fprintf(out, "  %s\n  %s\n", where, settings)
 	return nil
 }
@@ -146,7 +149,7 @@ type riverResult struct {
 // runRiver runs one River burn-down of n jobs on the PostgreSQL at url, and measures
 // what PostgreSQL spends on it (admin reads the server's counters) from the program's
 // "loaded" to its "completed" (bench/river).
-func runRiver(ctx context.Context, bin, url string, admin *pgxpool.Pool, n, workers int, limit time.Duration, errOut io.Writer) (riverResult, pgCost, error) {
+func runRiver(ctx context.Context, bin, url string, admin *pgxpool.Pool, n, workers int, limit time.Duration, errOut io.Writer) (riverResult, workCost, error) {
 	c := exec.CommandContext(ctx, bin, "--database-url", url, "--jobs", strconv.Itoa(n),
 		"--workers", strconv.Itoa(workers), "--limit", limit.String())
 	c.Stderr = errOut
@@ -155,32 +158,33 @@ func runRiver(ctx context.Context, bin, url string, admin *pgxpool.Pool, n, work
 	c.WaitDelay = 30 * time.Second
 	stdin, err := c.StdinPipe()
 	if err != nil {
-		return riverResult{}, pgCost{}, err
+		return riverResult{}, workCost{}, err
 	}
 	stdout, err := c.StdoutPipe()
 	if err != nil {
-		return riverResult{}, pgCost{}, err
+		return riverResult{}, workCost{}, err
 	}
 	if err := c.Start(); err != nil {
-		return riverResult{}, pgCost{}, fmt.Errorf("%s: %w", bin, err)
+		return riverResult{}, workCost{}, fmt.Errorf("%s: %w", bin, err)
 	}
-	res, cost, talkErr := talkToRiver(ctx, admin, bufio.NewScanner(stdout), stdin)
+	res, cost, talkErr := talkToRiver(ctx, admin, c.Process.Pid, bufio.NewScanner(stdout), stdin)
 	_ = stdin.Close()
 	if err := c.Wait(); err != nil {
-		return riverResult{}, pgCost{}, errors.Join(fmt.Errorf("%s: %w", bin, err), talkErr)
+		return riverResult{}, workCost{}, errors.Join(fmt.Errorf("%s: %w", bin, err), talkErr)
 	}
 	if talkErr != nil {
-		return riverResult{}, pgCost{}, fmt.Errorf("%s: %w", bin, talkErr)
+		return riverResult{}, workCost{}, fmt.Errorf("%s: %w", bin, talkErr)
 	}
 	if res.Jobs != n || res.Seconds <= 0 {
-		return riverResult{}, pgCost{}, fmt.Errorf("%s: %d jobs in %gs, asked for %d", bin, res.Jobs, res.Seconds, n)
+		return riverResult{}, workCost{}, fmt.Errorf("%s: %d jobs in %gs, asked for %d", bin, res.Jobs, res.Seconds, n)
 	}
 	return res, cost, nil
 }
 
-// talkToRiver follows the program's output: at "loaded" it starts measuring and lets the
-// burn-down begin, at "completed" it stops, and the last line is the result.
-func talkToRiver(ctx context.Context, admin *pgxpool.Pool, out *bufio.Scanner, in io.Writer) (riverResult, pgCost, error) {
+// talkToRiver follows the output of the program (process pid): at "loaded" it starts
+// measuring and lets the burn-down begin, at "completed" it stops, and the last line is
+// the result.
+func talkToRiver(ctx context.Context, admin *pgxpool.Pool, pid int, out *bufio.Scanner, in io.Writer) (riverResult, workCost, error) {
 	expect := func(want string) error {
 		if !out.Scan() {
 			return fmt.Errorf("ended before %q: %v", want, out.Err())
@@ -191,27 +195,27 @@ func talkToRiver(ctx context.Context, admin *pgxpool.Pool, out *bufio.Scanner, i
 		return nil
 	}
 	if err := expect("loaded"); err != nil {
-		return riverResult{}, pgCost{}, err
+		return riverResult{}, workCost{}, err
 	}
-	stop, err := measureCost(ctx, admin)
+	stop, err := measureCost(ctx, admin, pid)
 	if err != nil {
-		return riverResult{}, pgCost{}, err
+		return riverResult{}, workCost{}, err
 	}
 	if _, err := io.WriteString(in, "go\n"); err != nil {
 		_, _ = stop()
-		return riverResult{}, pgCost{}, err
+		return riverResult{}, workCost{}, err
 	}
 	err = expect("completed")
 	cost, costErr := stop()
 	if err := errors.Join(err, costErr); err != nil {
-		return riverResult{}, pgCost{}, err
+		return riverResult{}, workCost{}, err
 	}
 	if !out.Scan() {
-		return riverResult{}, pgCost{}, fmt.Errorf("ended before its result: %v", out.Err())
+		return riverResult{}, workCost{}, fmt.Errorf("ended before its result: %v", out.Err())
 	}
 	var res riverResult
 	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		return riverResult{}, pgCost{}, fmt.Errorf("printed %q: %w", out.Text(), err)
+		return riverResult{}, workCost{}, fmt.Errorf("printed %q: %w", out.Text(), err)
 	}
 	return res, cost, nil
 }
