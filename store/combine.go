@@ -20,6 +20,7 @@ type combiner[P, R any] struct {
 
 	mu    sync.Mutex
 	lanes map[string]*lane[P, R]
+	last  int // the size of the batch closed last, any lane's: a new batch's capacity
 }
 
 // lane is one key's batches.
@@ -61,7 +62,7 @@ func (c *combiner[P, R]) do(ctx context.Context, key string, p P, write func(con
 	b := l.open
 	first := b == nil
 	if first {
-		b = &batch[P, R]{done: make(chan struct{})}
+		b = &batch[P, R]{params: make([]P, 0, c.last), done: make(chan struct{})}
 		l.open = b
 	}
 	i := len(b.params)
@@ -98,6 +99,7 @@ func (c *combiner[P, R]) write(ctx context.Context, l *lane[P, R], b *batch[P, R
 	if l.open == b {
 		l.open = nil
 	}
+	c.last = len(b.params) // no one joins b any more
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), combineTimeout)
 	b.result, b.err = write(ctx, b.params)

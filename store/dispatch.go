@@ -238,8 +238,7 @@ func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
 func scanClaimedInto(row pgx.CollectableRow, c *Claimed, extra ...any) error {
 	var leaseLeft, sinceFirst int64
 	var deadlineLeft, windowLeft *int64
-	dest := append(operationDest(&c.Operation), &c.Payload, &leaseLeft, &sinceFirst, &deadlineLeft,
-		&windowLeft, &c.KeyScope)
+	dest := operationDest(&c.Operation, &c.Payload, &leaseLeft, &sinceFirst, &deadlineLeft, &windowLeft, &c.KeyScope)
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return err
 	}
@@ -276,7 +275,7 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease,
 		nullIfZeroDuration(p.KeyRetention), nullIfEmpty(p.KeyScope))
-	claimed, err := pgx.CollectRows(rows, scanClaimed)
+	claimed, err := pgx.AppendRows(make([]Claimed, 0, p.Limit), rows, scanClaimed)
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", translate(err))
 	}
@@ -310,7 +309,7 @@ type OutcomeParams struct {
 // outcomeColumns are outcomes as the columns of their statements' unnest.
 type outcomeColumns struct {
 	tenants                                []string
-	ids                                    []uuid.UUID
+	ids                                    [][16]byte
 	fences                                 []int64
 	states, observations, actors, outcomes []string
 	refs                                   []*string
@@ -320,7 +319,7 @@ type outcomeColumns struct {
 
 func columnsOf(ps []OutcomeParams) (outcomeColumns, error) {
 	n := len(ps)
-	c := outcomeColumns{tenants: make([]string, n), ids: make([]uuid.UUID, n), fences: make([]int64, n),
+	c := outcomeColumns{tenants: make([]string, n), ids: make([][16]byte, n), fences: make([]int64, n),
 		states: make([]string, n), observations: make([]string, n), actors: make([]string, n), outcomes: make([]string, n),
 		refs: make([]*string, n), sent: make([]bool, n), notExecuted: make([]bool, n), waits: make([]time.Duration, n)}
 	for i, p := range ps {
@@ -380,14 +379,17 @@ func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, e
 // recordedOutcomes is what a statement of outcomes did: the operations it moved, and
 // the error of keeping the others as stale outcomes, if that failed.
 type recordedOutcomes struct {
-	moved    map[OperationKey]Operation
+	moved    map[OperationKey]*Operation
 	staleErr error
 }
 
 // applied returns the operation as p's outcome left it, if p's fence held.
 func (r recordedOutcomes) applied(p OutcomeParams) (Operation, bool) {
 	op, ok := r.moved[OperationKey{TenantID: p.TenantID, ID: p.ID}]
-	return op, ok && op.FenceToken == p.Fence
+	if !ok || op.FenceToken != p.Fence {
+		return Operation{}, false
+	}
+	return *op, true
 }
 
 // At most maxOutcomeBatch outcomes per statement, and outcomeWriters statements at once.
@@ -431,13 +433,13 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recorded
 		"tenant_ids": c.tenants, "operation_ids": c.ids, "fences": c.fences, "states": c.states,
 		"remote_refs": c.refs, "observations": c.observations, "actors": c.actors, "outcomes": c.outcomes,
 		"sent": c.sent, "not_executed": c.notExecuted, "send_again_after": c.waits})...)
-	moved, err := pgx.CollectRows(rows, scanOperation)
+	moved, err := pgx.AppendRows(make([]Operation, 0, len(ps)), rows, scanOperation)
 	if err != nil {
 		return recordedOutcomes{}, fmt.Errorf("store: record outcome: %w", translate(err))
 	}
-	recorded := recordedOutcomes{moved: make(map[OperationKey]Operation, len(moved))}
-	for _, op := range moved {
-		recorded.moved[OperationKey{TenantID: op.TenantID, ID: op.ID}] = op
+	recorded := recordedOutcomes{moved: make(map[OperationKey]*Operation, len(moved))}
+	for i := range moved {
+		recorded.moved[OperationKey{TenantID: moved[i].TenantID, ID: moved[i].ID}] = &moved[i]
 	}
 	if len(moved) > 0 {
 		q.s.events.signal()

@@ -61,7 +61,7 @@ func (q Scope) Escalations(ctx context.Context, p EscalationsParams) ([]Escalate
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Escalated, error) {
 		var e Escalated
 		var waited int64
-		err := row.Scan(append(operationDest(&e.Operation), &waited, &e.Position.At)...)
+		err := row.Scan(operationDest(&e.Operation, &waited, &e.Position.At)...)
 		e.Waited, e.Position.TenantID, e.Position.ID = duration(waited), e.TenantID, e.ID
 		return e, err
 	})

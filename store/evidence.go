@@ -186,7 +186,7 @@ func (q Scope) Candidate(ctx context.Context, tenantID string, id uuid.UUID) (Ca
 
 func scanCandidate(row pgx.CollectableRow) (Candidate, error) {
 	var c Candidate
-	err := row.Scan(append(operationDest(&c.Operation), &c.Payload)...)
+	err := row.Scan(operationDest(&c.Operation, &c.Payload)...)
 	return c, err
 }
 

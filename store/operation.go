@@ -132,13 +132,16 @@ func scanOperation(row pgx.CollectableRow) (Operation, error) {
 	return op, err
 }
 
-// operationDest returns the scan destinations of operationColumns.
-func operationDest(op *Operation) []any {
-	return []any{&op.TenantID, &op.ID, &op.OperationType, &op.IntentRef, &op.ContentType,
-		&op.PayloadSHA256, &op.State, &op.Revision, &op.FenceToken, &op.AttemptCount, &op.NotExecuted, &op.RemoteKey, &op.RemoteRef,
+// operationDest returns the scan destinations of operationColumns, then more: one
+// allocation per row. The ids are scanned as arrays of 16 bytes, which pgx reads from
+// PostgreSQL's binary format (a uuid.UUID it would read through its text).
+func operationDest(op *Operation, more ...any) []any {
+	return append(append(make([]any, 0, 27+len(more)),
+		&op.TenantID, (*[16]byte)(&op.ID), &op.OperationType, &op.IntentRef, &op.ContentType,
+		&op.PayloadSHA256, &op.State, &op.Revision, &op.FenceToken, &op.AttemptCount, &op.NotExecuted, (*[16]byte)(&op.RemoteKey), &op.RemoteRef,
 		&op.LastObservation, &op.SupersedesID, &op.Labels, &op.DispatchDeadline, &op.NotBefore, &op.FirstSentAt,
 		&op.CreatedAt, &op.UpdatedAt, &op.NextCheckAt, &op.Checks, &op.Replays, &op.AcceptedUnfinished, &op.Escalation,
-		&op.TraceParent}
+		&op.TraceParent), more...)
 }
 
 // eventsFrom returns the statement that appends one event for every row of the CTE
