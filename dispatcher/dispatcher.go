@@ -205,6 +205,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		d.sendCtx, d.cancelSends = context.WithCancel(context.Background())
 	}
 	d.mu.Unlock()
+	d.leases.resume()
 	d.Base.Start(ctx, func(ctx context.Context) {
 		wake, unsubscribe := d.cfg.Store.Subscribe()
 		defer unsubscribe()

@@ -15,19 +15,18 @@ import (
 // not yet started, it is never sent. A claim is held until its call returns.
 //
 // The keeper, a goroutine, starts with the first claim held and returns at the first
-// tick that finds none held, or as soon as none is held once wait was called: during a
-// burn-down what is held empties between claims again and again, and a keeper that
-// returned each time was started again for most operations (81,225 times for 100,000,
-// each a goroutine, a timer and a channel).
+// tick that finds none held; once the dispatcher stopped (wait), as soon as none is
+// held. During a burn-down what is held empties between claims again and again, and a
+// keeper that returned each time was started again for most operations (81,225 times
+// for 100,000, each a goroutine, a timer and a channel).
 type leases struct {
 	d *Dispatcher
 
-	mu       sync.Mutex
-	held     map[store.OperationKey]*lease
-	keeping  bool          // a keeper runs
-	stopping bool          // wait was called: the keeper returns once nothing is held
-	wake     chan struct{} // has the keeper look at once (one buffered)
-	keepers  sync.WaitGroup
+	mu      sync.Mutex
+	held    map[store.OperationKey]*lease
+	stopped bool          // from wait to resume: the keeper returns as soon as nothing is held
+	wake    chan struct{} // has the keeper look at once (one buffered)
+	done    chan struct{} // the running keeper's, closed when it returns; nil while none runs
 }
 
 // lease is one held claim's.
@@ -50,13 +49,12 @@ func (ls *leases) hold(op store.Claimed, target string, expires time.Time, cut c
 		ls.held = map[store.OperationKey]*lease{}
 	}
 	ls.held[l.op.OperationKey] = l
-	if !ls.keeping {
-		ls.keeping = true
+	if ls.done == nil {
+		ls.done = make(chan struct{})
 		if ls.wake == nil {
 			ls.wake = make(chan struct{}, 1)
 		}
-		ls.keepers.Add(1)
-		go ls.keep()
+		go ls.keep(ls.done)
 	}
 	return l
 }
@@ -68,26 +66,31 @@ func (ls *leases) drop(l *lease) {
 	if ls.held[l.op.OperationKey] == l {
 		delete(ls.held, l.op.OperationKey)
 	}
-	if len(ls.held) == 0 && ls.stopping {
+	if len(ls.held) == 0 && ls.stopped {
 		ls.wakeKeeper()
 	}
 }
 
-// wakeKeeper has the keeper look at once whether anything is held; ls.mu is held.
+// wakeKeeper has the running keeper, if any, look at once whether anything is held;
+// ls.mu is held.
 func (ls *leases) wakeKeeper() {
+	if ls.done == nil {
+		return
+	}
 	select {
 	case ls.wake <- struct{}{}:
 	default: // already woken
 	}
 }
 
-// keeperDone reports whether the keeper is to return, nothing being held, and if so
-// says it returned; ls.mu is held.
-func (ls *leases) keeperDone() bool {
+// keeperDone reports whether the keeper whose channel is done is to return, nothing
+// being held, and if so closes done; ls.mu is held.
+func (ls *leases) keeperDone(done chan struct{}) bool {
 	if len(ls.held) > 0 {
 		return false
 	}
-	ls.keeping = false
+	ls.done = nil
+	close(done)
 	return true
 }
 
@@ -98,23 +101,33 @@ func (ls *leases) end(l *lease) time.Time {
 	return l.expires
 }
 
-// wait returns once nothing is held and the keeper has returned.
+// wait returns once nothing is held and no keeper runs. Until resume, a keeper returns
+// as soon as nothing is held.
 func (ls *leases) wait() {
 	ls.mu.Lock()
-	ls.stopping = true
-	if ls.keeping && len(ls.held) == 0 {
-		ls.wakeKeeper()
+	defer ls.mu.Unlock()
+	ls.stopped = true
+	for ls.done != nil {
+		if len(ls.held) == 0 {
+			ls.wakeKeeper()
+		}
+		done := ls.done
+		ls.mu.Unlock()
+		<-done
+		ls.mu.Lock()
 	}
-	ls.mu.Unlock()
-	ls.keepers.Wait()
-	ls.mu.Lock()
-	ls.stopping = false
-	ls.mu.Unlock()
 }
 
-// keep extends the held leases every third of a lease, until it finds none held.
-func (ls *leases) keep() {
-	defer ls.keepers.Done()
+// resume has a keeper stay when nothing is held again, until its tick (Start).
+func (ls *leases) resume() {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.stopped = false
+}
+
+// keep extends the held leases every third of a lease, until it finds none held; it
+// closes done when it returns.
+func (ls *leases) keep(done chan struct{}) {
 	d := ls.d
 	every := d.cfg.Lease / 3
 	timer := time.NewTimer(every)
@@ -127,7 +140,7 @@ func (ls *leases) keep() {
 			tick = true
 		}
 		ls.mu.Lock()
-		if ls.keeperDone() {
+		if ls.keeperDone(done) {
 			ls.mu.Unlock()
 			return
 		}

@@ -12,54 +12,68 @@ import (
 
 // TestLeaseKeeperOutlivesGapsAndStopsOnWait checks the keeper's life: it does not return
 // when what is held empties between claims (it was started again for most operations of
-// a burn-down), yet Stop's wait does not wait for its next tick, a third of a lease away:
-// it returns as soon as nothing is held.
+// a burn-down), it returns at the first tick that finds nothing held, and once the
+// dispatcher stopped, Stop's wait does not wait for that tick: it returns as soon as
+// nothing is held, until the dispatcher starts again.
 func TestLeaseKeeperOutlivesGapsAndStopsOnWait(t *testing.T) {
 	t.Parallel()
-	ls := &leases{d: &Dispatcher{cfg: Config{Lease: time.Hour, Clock: time.Now}}} // no tick during the test
-	claim := func() *lease {
+	newLeases := func(lease time.Duration) *leases {
+		// No store: a tick that finds nothing held returns before it would extend.
+		return &leases{d: &Dispatcher{cfg: Config{Lease: lease, Clock: time.Now}}}
+	}
+	claim := func(ls *leases) *lease {
 		op := store.Claimed{Operation: store.Operation{TenantID: "t", ID: uuid.New(), FenceToken: 1}}
 		return ls.hold(op, "target", time.Now().Add(time.Hour), func() {})
 	}
-	keeping := func() bool {
+	keeping := func(ls *leases) bool {
 		ls.mu.Lock()
 		defer ls.mu.Unlock()
-		return ls.keeping
+		return ls.done != nil
 	}
-	waited := func() <-chan struct{} {
+	within := func(done <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal(what)
+		}
+	}
+	waited := func(ls *leases) <-chan struct{} {
 		done := make(chan struct{})
 		go func() { ls.wait(); close(done) }()
 		return done
 	}
 
+	ls := newLeases(time.Hour) // no tick during the test
 	for range 3 {
-		ls.drop(claim())
+		ls.drop(claim(ls))
 		time.Sleep(20 * time.Millisecond) // time for a keeper that returns to do so
-		require.True(t, keeping(), "the keeper stays when nothing is held between claims")
+		require.True(t, keeping(ls), "the keeper stays when nothing is held between claims")
 	}
-	select {
-	case <-waited():
-	case <-time.After(5 * time.Second):
-		t.Fatal("wait waited for the keeper's tick with nothing held")
-	}
-	require.False(t, keeping())
+	within(waited(ls), "wait waited for the keeper's tick with nothing held")
+	require.False(t, keeping(ls))
 
-	held := claim()
-	done := waited()
+	held := claim(ls)
+	done := waited(ls)
 	select {
 	case <-done:
 		t.Fatal("wait returned while a claim was held")
 	case <-time.After(50 * time.Millisecond):
 	}
 	ls.drop(held)
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("wait did not return once the last claim was dropped")
-	}
-	require.False(t, keeping())
+	within(done, "wait did not return once the last claim was dropped")
+	require.False(t, keeping(ls))
 
-	ls.drop(claim())
-	require.True(t, keeping(), "a keeper starts again after a wait")
-	<-waited()
+	ls.drop(claim(ls)) // stopped, not started again: no keeper outlives the last claim
+	require.Eventually(t, func() bool { return !keeping(ls) }, 5*time.Second, 10*time.Millisecond)
+	ls.resume()
+	ls.drop(claim(ls))
+	time.Sleep(20 * time.Millisecond)
+	require.True(t, keeping(ls), "started again, the keeper stays between claims")
+	within(waited(ls), "wait waited for the keeper's tick with nothing held")
+
+	ticking := newLeases(30 * time.Millisecond) // a tick every 10 ms
+	ticking.drop(claim(ticking))
+	require.Eventually(t, func() bool { return !keeping(ticking) }, 5*time.Second, 10*time.Millisecond,
+		"the keeper returns at the first tick that finds nothing held")
 }

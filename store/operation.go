@@ -132,9 +132,10 @@ func scanOperation(row pgx.CollectableRow) (Operation, error) {
 	return op, err
 }
 
-// operationDest returns the scan destinations of operationColumns, then more: one
-// allocation per row. The ids are scanned as arrays of 16 bytes, which pgx reads from
-// PostgreSQL's binary format (a uuid.UUID it would read through its text).
+// operationDest returns the scan destinations of operationColumns, then more, in one
+// allocation. The ids are scanned as arrays of 16 bytes, which pgx fills from
+// PostgreSQL's binary format directly (a uuid.UUID, a sql.Scanner, it fills through
+// the id's text).
 func operationDest(op *Operation, more ...any) []any {
 	return append(append(make([]any, 0, 27+len(more)),
 		&op.TenantID, (*[16]byte)(&op.ID), &op.OperationType, &op.IntentRef, &op.ContentType,

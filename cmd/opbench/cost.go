@@ -55,7 +55,7 @@ func measureCost(ctx context.Context, admin *pgxpool.Pool, client int) (func() (
 	base := postgresCPU()
 	last := maps.Clone(base)
 	clientBase, clientKnown := processCPU(client)
-	var clientLast time.Duration
+	clientLast := clientBase
 	stop, done := make(chan struct{}), make(chan struct{})
 	// A process that exits takes its CPU time with it, so the processes are sampled while
 	// the work runs; a backend that exits between samples loses what it spent since the
