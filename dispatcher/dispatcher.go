@@ -149,6 +149,10 @@ type Dispatcher struct {
 
 	startstop.Base // the claim loop
 
+	// life runs Start and Stop one at a time: a Start while a Stop waited for the calls in
+	// progress kept their context, which that Stop then cancelled.
+	life sync.Mutex
+
 	mu          sync.Mutex
 	sendCtx     context.Context    // calls and their records; replaced when a stopped dispatcher starts again
 	cancelSends context.CancelFunc // cuts calls in progress after the grace period
@@ -198,8 +202,11 @@ func New(cfg Config) (*Dispatcher, error) {
 }
 
 // Start begins claiming and sending, and returns at once (package startstop:
-// starting a running dispatcher does nothing; a stopped one starts again).
+// starting a running dispatcher does nothing; a stopped one starts again); during a
+// Stop, it returns once that Stop is over.
 func (d *Dispatcher) Start(ctx context.Context) error {
+	d.life.Lock()
+	defer d.life.Unlock()
 	d.mu.Lock()
 	if d.sendCtx.Err() != nil { // stopped before: its calls were cut
 		d.sendCtx, d.cancelSends = context.WithCancel(context.Background())
@@ -220,6 +227,8 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 // (NOT_STARTED). It blocks until every outcome is recorded. It is idempotent and safe
 // without Start.
 func (d *Dispatcher) Stop() {
+	d.life.Lock()
+	defer d.life.Unlock()
 	d.Base.Stop()
 	done := make(chan struct{})
 	go func() { d.inFlight.Wait(); close(done) }()

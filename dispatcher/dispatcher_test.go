@@ -739,3 +739,28 @@ func TestStartsAgainAfterStop(t *testing.T) {
 		require.Equal(t, store.StateSucceeded, got.State, "run %d: %+v", i, got.LastObservation)
 	}
 }
+
+// TestStartDuringStopGetsItsOwnCalls: a Start while a Stop waits for the calls in
+// progress takes effect once that Stop is over, with calls of its own. (It kept the
+// context of the calls that Stop then cancelled: the dispatcher ran, and every claim it
+// made was cut before its send and given back, again and again.)
+func TestStartDuringStopGetsItsOwnCalls(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{Latency: 500 * time.Millisecond})
+	first := b.prepare(t, "acme", simtarget.DemoCharge, "during-stop-1", `{"amount":1}`)
+	d := b.dispatcher(t, dispatcher.Config{PollInterval: 10 * time.Millisecond})
+	claimed, _, err := d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, claimed)
+	stopped := make(chan struct{})
+	go func() { d.Stop(); close(stopped) }()
+	time.Sleep(100 * time.Millisecond) // Stop waits for the call in progress
+	require.NoError(t, d.Start(b.ctx))
+	<-stopped
+	require.Equal(t, store.StateSucceeded, b.get(t, first).State)
+
+	second := b.prepare(t, "acme", simtarget.DemoCharge, "during-stop-2", `{"amount":1}`)
+	require.Eventually(t, func() bool { return b.get(t, second).State == store.StateSucceeded }, 10*time.Second, 10*time.Millisecond,
+		"the dispatcher started during the Stop sends")
+	d.Stop()
+}
