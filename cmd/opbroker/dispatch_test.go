@@ -282,3 +282,17 @@ func TestWatchAcrossReplicas(t *testing.T) {
 	api.stop(t, syscall.SIGTERM)
 	worker.stop(t, syscall.SIGTERM)
 }
+
+// TestServeRefusesAReconcileLeaseShorterThanTheDispatchLease: a replay is claimed under
+// the reconciler's lease and kept by the dispatcher, which extends it every third of
+// the dispatcher's lease; a shorter reconciler's lease could run out first.
+func TestServeRefusesAReconcileLeaseShorterThanTheDispatchLease(t *testing.T) {
+	t.Parallel()
+	targets := targetsFile(t, simURL(t))
+	got := opbroker(t, serveArgs("postgres://127.0.0.1:1/unreachable", targets, "--dispatch-lease", "30s", "--reconcile-lease", "5s")...)
+	require.Equal(t, 1, got.code)
+	require.Contains(t, got.stderr, "--reconcile-lease 5s is shorter than --dispatch-lease 30s")
+	require.NotContains(t, opbroker(t, serveArgs("postgres://127.0.0.1:1/unreachable", targets,
+		"--dispatch-lease", "30s", "--reconcile-lease", "5s", "--reconcile=false")...).stderr, "--reconcile-lease",
+		"without a reconciler, its lease is not checked")
+}

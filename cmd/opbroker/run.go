@@ -96,6 +96,14 @@ const (
 // startBroker connects to the database, checks its schema and starts listening. The
 // caller runs it with serve and stops it with shutdown.
 func startBroker(ctx context.Context, cmd *cli.Command, log *slog.Logger, databaseURL string, targets *target.Targets, sec security) (*broker, error) {
+	// A replay is claimed under the reconciler's lease but kept by the dispatcher, which
+	// extends what it holds every third of its own lease and sends nothing within a tenth
+	// of a lease's end: under a shorter lease, a long replay's could run out before it is
+	// first extended, and another replica take the operation over while it is sent.
+	if reconcile, dispatch := cmd.Duration("reconcile-lease"), cmd.Duration("dispatch-lease"); cmd.Bool("reconcile") && reconcile < dispatch {
+		return nil, fmt.Errorf("--reconcile-lease %s is shorter than --dispatch-lease %s: a replay is held under the first and kept by the dispatcher, "+
+			"which extends leases every third of the second; make it at least as long", reconcile, dispatch)
+	}
 	poolCfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
