@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -121,6 +122,13 @@ func TestSummarize(t *testing.T) {
 	require.Equal(t, spread{median: 2.5, min: 1, max: 9}, summarize([]float64{3, 9, 1, 2}))
 	require.Equal(t, spread{median: 4, min: 4, max: 4}, summarize([]float64{4}))
 	require.Equal(t, "1.000-9.000", summarize([]float64{1, 9}).format("%.3f"))
+
+	median := func(s spread, verb string) string { return fmt.Sprintf(verb, s.median) }
+	require.Equal(t, "PostgreSQL CPU 0.050 ms, WAL 1900 B, client CPU 0.020 ms",
+		sideCosts(2, []float64{0.04, 0.06}, []float64{1800, 2000}, []float64{0.01, 0.03}, median))
+	require.Equal(t, "PostgreSQL CPU -, WAL 1800-2000 B, client CPU 0.010-0.030 ms",
+		sideCosts(2, []float64{0.04}, []float64{1800, 2000}, []float64{0.01, 0.03}, spread.format),
+		"a CPU unknown in a round is not summarized from the others")
 }
 
 func TestWatchBenchRuns(t *testing.T) {

@@ -88,19 +88,26 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 		riverRate, opRate := float64(n)/riverSecs, float64(n)/opSecs
 		riverRates, opRates, ratios = append(riverRates, riverRate), append(opRates, opRate), append(ratios, opRate/riverRate)
 		for i, c := range []workCost{riverCost, opCost} {
-			cpus[i], wals[i] = append(cpus[i], float64(c.cpu)/float64(time.Millisecond)/float64(n)), append(wals[i], float64(c.walBytes)/float64(n))
-			clients[i] = append(clients[i], float64(c.clientCPU)/float64(time.Millisecond)/float64(n))
+			wals[i] = append(wals[i], float64(c.walBytes)/float64(n))
+			if c.cpuKnown {
+				cpus[i] = append(cpus[i], float64(c.cpu)/float64(time.Millisecond)/float64(n))
+			}
+			if c.clientKnown {
+				clients[i] = append(clients[i], float64(c.clientCPU)/float64(time.Millisecond)/float64(n))
+			}
 		}
 		fmt.Fprintf(out, "%-5d  %-8s  %-8s  %14.0f  %14.0f  %14.3f  River %s; opbroker %s\n", round, name[riverFirst], load, riverRate, opRate,
 			opRate/riverRate, riverCost.per(n), opCost.per(n))
 	}
 	r, o, q := summarize(riverRates), summarize(opRates), summarize(ratios)
-	rc0, rw, rcl, oc, ow, ocl := summarize(cpus[0]), summarize(wals[0]), summarize(clients[0]), summarize(cpus[1]), summarize(wals[1]), summarize(clients[1])
-	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14.0f  %14.0f  %14.3f  River PostgreSQL CPU %.3f ms, WAL %.0f B, client CPU %.3f ms; opbroker PostgreSQL CPU %.3f ms, WAL %.0f B, client CPU %.3f ms\n",
-		"median", "", "", r.median, o.median, q.median, rc0.median, rw.median, rcl.median, oc.median, ow.median, ocl.median)
-	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  River PostgreSQL CPU %s ms, WAL %s B, client CPU %s ms; opbroker PostgreSQL CPU %s ms, WAL %s B, client CPU %s ms\n",
-		"range", "", "", r.format("%.0f"), o.format("%.0f"), q.format("%.3f"), rc0.format("%.3f"), rw.format("%.0f"), rcl.format("%.3f"),
-		oc.format("%.3f"), ow.format("%.0f"), ocl.format("%.3f"))
+	costs := func(i int, of func(spread, string) string) string {
+		return sideCosts(len(ratios), cpus[i], wals[i], clients[i], of)
+	}
+	median := func(s spread, verb string) string { return fmt.Sprintf(verb, s.median) }
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14.0f  %14.0f  %14.3f  River %s; opbroker %s\n",
+		"median", "", "", r.median, o.median, q.median, costs(0, median), costs(1, median))
+	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  River %s; opbroker %s\n",
+		"range", "", "", r.format("%.0f"), o.format("%.0f"), q.format("%.3f"), costs(0, spread.format), costs(1, spread.format))
 	fmt.Fprintf(out, "  River %s: its library and pgx driver (bench/river), MaxWorkers %d, FetchCooldown %s, FetchPollInterval %s, pool of %d connections;\n",
 		riverRun.River, riverRun.Workers, riverRun.FetchCooldown, riverRun.FetchPollInterval, riverRun.MaxConns)
 	fmt.Fprintf(out, "    jobs inserted with InsertMany, timed from Client.Start to the last job-completed event (sent after the completion's commit)\n")
@@ -113,6 +120,18 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 	fmt.Fprintf(out, "    for opbroker (its dispatcher and store; and the sampling of /proc, a few milliseconds a second)\n")
 	fmt.Fprintf(out, "  %s\n  %s\n", where, settings)
 	return nil
+}
+
+// sideCosts formats one side's PostgreSQL CPU, WAL and client CPU per unit over rounds
+// rounds, each by of (its median, or its range); a CPU not known in every round is "-".
+func sideCosts(rounds int, cpu, wal, client []float64, of func(spread, string) string) string {
+	val := func(xs []float64, verb, unit string) string {
+		if len(xs) < rounds {
+			return "-"
+		}
+		return of(summarize(xs), verb) + unit
+	}
+	return fmt.Sprintf("PostgreSQL CPU %s, WAL %s, client CPU %s", val(cpu, "%.3f", " ms"), val(wal, "%.0f", " B"), val(client, "%.3f", " ms"))
 }
 
 // spread is the median and range of a measurement over the rounds.
