@@ -205,10 +205,6 @@ func keyedRows(alias, table, keys, match string) string {
 // operationKey matches a row r to a key k.
 const operationKey = `r.tenant_id = k.tenant_id AND r.operation_id = k.operation_id`
 
-// maxPresized caps the capacity a result slice is made with for the rows a statement
-// was asked for (a caller may ask for more than it can get).
-const maxPresized = 1024
-
 // claimedColumns is what a claim returns, read by scanClaimed: the operation, its
 // payload and key, and the durations of Claimed, in microseconds.
 var claimedColumns = operationColumns + `, payload, ` +
@@ -279,7 +275,7 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease,
 		nullIfZeroDuration(p.KeyRetention), nullIfEmpty(p.KeyScope))
-	claimed, err := pgx.AppendRows(make([]Claimed, 0, max(0, min(p.Limit, maxPresized))), rows, scanClaimed)
+	claimed, err := pgx.CollectRows(rows, scanClaimed) // not presized for Limit: between backlogs, claims are small
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", translate(err))
 	}
