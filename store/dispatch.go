@@ -275,7 +275,7 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease,
 		nullIfZeroDuration(p.KeyRetention), nullIfEmpty(p.KeyScope))
-	claimed, err := pgx.CollectRows(rows, scanClaimed) // not presized for Limit: between backlogs, claims are small
+	claimed, err := pgx.CollectRows(rows, scanClaimed) // no room made for Limit: between backlogs a claim asks for hundreds and gets a few
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", translate(err))
 	}

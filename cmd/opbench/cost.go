@@ -36,7 +36,12 @@ func perMillis(d time.Duration, known bool, n int) string {
 	if !known {
 		return "-"
 	}
-	return fmt.Sprintf("%.3f ms", float64(d)/float64(time.Millisecond)/float64(n))
+	return fmt.Sprintf("%.3f ms", millisPer(d, n))
+}
+
+// millisPer returns d per unit of n, in milliseconds.
+func millisPer(d time.Duration, n int) float64 {
+	return float64(d) / float64(time.Millisecond) / float64(n)
 }
 
 // measureCost starts measuring what PostgreSQL and the client process (its pid; 0 for

@@ -90,10 +90,10 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 		for i, c := range []workCost{riverCost, opCost} {
 			wals[i] = append(wals[i], float64(c.walBytes)/float64(n))
 			if c.cpuKnown {
-				cpus[i] = append(cpus[i], float64(c.cpu)/float64(time.Millisecond)/float64(n))
+				cpus[i] = append(cpus[i], millisPer(c.cpu, n))
 			}
 			if c.clientKnown {
-				clients[i] = append(clients[i], float64(c.clientCPU)/float64(time.Millisecond)/float64(n))
+				clients[i] = append(clients[i], millisPer(c.clientCPU, n))
 			}
 		}
 		fmt.Fprintf(out, "%-5d  %-8s  %-8s  %14.0f  %14.0f  %14.3f  River %s; opbroker %s\n", round, name[riverFirst], load, riverRate, opRate,
