@@ -155,17 +155,17 @@ type Candidate struct {
 // reference names: by the remote key the broker sent, or by the target's reference. At
 // most two: more than one is already ambiguous.
 func (q Scope) EvidenceCandidates(ctx context.Context, operationTypes []string, referenceKind, reference string) ([]Candidate, error) {
-	column := "remote_ref"
+	where := `remote_ref = $1`
 	var arg any = reference
 	if referenceKind == "remote_key" {
 		key, err := uuid.Parse(reference)
 		if err != nil {
 			return nil, nil // no operation has a key that is not a UUID
 		}
-		column, arg = "remote_key", key
+		where, arg = `(tenant_id, operation_id) IN (SELECT tenant_id, operation_id FROM operation_keys WHERE remote_key = $1)`, key
 	}
 	rows := q.query(ctx, `SELECT `+operationColumns+`, payload FROM operations
-		WHERE `+column+` = $1 AND operation_type = ANY ($2) LIMIT 2`, arg, operationTypes)
+		WHERE `+where+` AND operation_type = ANY ($2) LIMIT 2`, arg, operationTypes)
 	found, err := pgx.CollectRows(rows, scanCandidate)
 	if err != nil {
 		return nil, fmt.Errorf("store: evidence candidates: %w", translate(err))

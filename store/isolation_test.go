@@ -25,8 +25,10 @@ func TestRowLevelSecurity(t *testing.T) {
 	var n int
 	require.NoError(t, app.QueryRow(ctx, `SELECT count(*) FROM operations`).Scan(&n))
 	require.Zero(t, n, "without a tenant set, nothing")
-	require.NoError(t, app.QueryRow(ctx, `SELECT count(*) FROM operation_events`).Scan(&n))
-	require.Zero(t, n)
+	for _, table := range []string{"operation_events", "operation_keys"} {
+		require.NoError(t, app.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
+		require.Zero(t, n, table)
+	}
 
 	inTenant := func(tenant string, fn func(pgx.Tx) error) error {
 		return pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
@@ -37,10 +39,9 @@ func TestRowLevelSecurity(t *testing.T) {
 		})
 	}
 	require.NoError(t, inTenant("acme", func(tx pgx.Tx) error {
-		var tenants []string
-		rows, _ := tx.Query(ctx, `SELECT DISTINCT tenant_id FROM operations`)
+		rows, _ := tx.Query(ctx, `SELECT tenant_id FROM operations UNION ALL SELECT tenant_id FROM operation_keys`)
 		tenants, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.Equal(t, []string{"acme"}, tenants, "a query without a tenant predicate sees its tenant only")
+		require.Equal(t, []string{"acme", "acme"}, tenants, "a query without a tenant predicate sees its tenant only")
 		return err
 	}))
 	storetest.PrepareJSON(t, st, "initech", "demo.charge", "i", `{}`)
@@ -86,4 +87,8 @@ func TestCheckSchemaRefusesARoleThatBypassesIsolation(t *testing.T) {
 	_, err = admin.Exec(ctx, `ALTER TABLE inbound_evidence NO FORCE ROW LEVEL SECURITY`)
 	require.NoError(t, err)
 	require.ErrorContains(t, store.CheckSchema(ctx, app), "row-level security is not forced on [inbound_evidence operation_events]")
+	_, err = admin.Exec(ctx, `ALTER TABLE operation_keys NO FORCE ROW LEVEL SECURITY`)
+	require.NoError(t, err)
+	require.ErrorContains(t, store.CheckSchema(ctx, app),
+		"row-level security is not forced on [inbound_evidence operation_events operation_keys]")
 }

@@ -88,7 +88,7 @@ func checkIsolation(ctx context.Context, conn *pgxpool.Conn) error {
 			"bind it: serve as an ordinary role that owns the schema (docs/security.md)", role)
 	}
 	rows, _ := conn.Query(ctx, `SELECT relname FROM pg_class
-		WHERE oid IN ('operations'::regclass, 'operation_events'::regclass, 'stale_outcomes'::regclass,
+		WHERE oid IN ('operations'::regclass, 'operation_keys'::regclass, 'operation_events'::regclass, 'stale_outcomes'::regclass,
 			'payload_mismatches'::regclass, 'inbound_evidence'::regclass)
 		  AND NOT (relrowsecurity AND relforcerowsecurity) ORDER BY relname`)
 	unforced, err := pgx.CollectRows(rows, pgx.RowTo[string])

@@ -100,13 +100,14 @@ func TestMigrationsCarryAPopulatedLedger(t *testing.T) {
 	_, err = app.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY operations_intent_key_new
 		ON operations (operation_type, intent_ref, tenant_id)`)
 	require.NoError(t, err)
-	require.NoError(t, store.Migrate(ctx, app))
-	require.NoError(t, store.CheckSchema(ctx, app))
+	require.NoError(t, store.MigrateTo(ctx, app, 24))
 	rows, _ := b.pool.Query(ctx, `SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'operations'::regclass
 		AND indisunique AND NOT indisprimary`)
 	indexes, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"operations_intent_key"}, indexes, "the index built beforehand is the intent key")
+	require.NoError(t, store.Migrate(ctx, app))
+	require.NoError(t, store.CheckSchema(ctx, app))
 	for migration, check := range map[string]string{"018": "operation_events_transition", "021": "operation_events_sent_on_outcomes"} {
 		var validated bool
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT convalidated FROM pg_constraint WHERE conname = $1`, check).Scan(&validated))
@@ -126,6 +127,13 @@ func TestMigrationsCarryAPopulatedLedger(t *testing.T) {
 	// to_regclass looks in this test's schema only: other tests' schemas, migrated to an
 	// earlier version at the same time, have the table.
 	require.Zero(t, b.count(t, `SELECT count(*) FROM pg_class WHERE oid = to_regclass('operation_attempts')`))
+
+	// 025: the keys are in a table of their own, and no longer indexed on operations.
+	matching, keys := b.keysMatch(t)
+	require.Equal(t, [2]int{5, 5}, [2]int{matching, keys}, "every operation's keys came forward")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM pg_index WHERE indrelid = 'operations'::regclass AND NOT indisprimary
+		AND (SELECT array_agg(attname::text) FROM pg_attribute WHERE attrelid = indrelid AND attnum = ANY (indkey))
+			&& ARRAY['intent_ref', 'remote_key']`), "no index of operations holds a key")
 
 	// The broker of now reads them as the broker of then did.
 	unknown, err := b.all.ClaimUnknown(ctx, store.FairClaim{OperationTypes: []string{"demo.charge"}, Worker: "rec",
@@ -151,7 +159,7 @@ func TestMigrationsCarryAPopulatedLedger(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr, "a second operation for one intent is refused by the schema")
 	require.Equal(t, "23505", pgErr.Code) // unique_violation
-	require.Equal(t, "operations_intent_key", pgErr.ConstraintName)
+	require.Equal(t, "operation_keys_intent", pgErr.ConstraintName)
 	_, created, err = b.all.Prepare(ctx, prepareParams("initech", "a-succeeded", `{}`))
 	require.NoError(t, err)
 	require.True(t, created, "another tenant's intent of the same reference is its own")

@@ -104,13 +104,17 @@ func explainingStore(t *testing.T, url string, settings ...string) (*store.Store
 // amendment's reference to what it supersedes) look the operation up by the primary key,
 // whatever the table's size when the connection planned them: an index that also led
 // with the tenant once won that plan and read the tenant's every operation for each
-// check. So do the checks that an event or stale outcome has its operation.
+// check. So do the checks that an event or stale outcome has its operation, and the
+// search for an inserted operation's keys, even with statistics taken while
+// operation_keys was empty.
 func TestForeignKeyChecksUseThePrimaryKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := storetest.Schema(t)
 	st, plans := explainingStore(t, url)
 	admin := storetest.Pool(t, storetest.AdminURL(t, url))
+	_, err := admin.Exec(ctx, `ANALYZE operation_keys`)
+	require.NoError(t, err)
 
 	prepare := func(n int, round string) {
 		ps := make([]store.PrepareParams, n)
@@ -130,7 +134,7 @@ func TestForeignKeyChecksUseThePrimaryKey(t *testing.T) {
 		require.ErrorAs(t, err, &mismatch)
 	}
 	for _, size := range []int{0, 40, 4000} {
-		_, err := admin.Exec(ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref,
+		_, err = admin.Exec(ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref,
 				content_type, payload, payload_sha256)
 			SELECT 'acme', gen_random_uuid(), 'demo.charge', 'loaded-' || gen_random_uuid(), 'application/json',
 				'{}', sha256('{}')
@@ -151,6 +155,11 @@ func TestForeignKeyChecksUseThePrimaryKey(t *testing.T) {
 				require.Regexp(t, byTheWholeKey, p, "at %d operations:\n%s", size, p)
 			}
 		}
+		keys := plans.matching(`INSERT INTO operation_keys (tenant_id, operation_id, operation_type, intent_ref, remote_key)`)
+		require.NotEmpty(t, keys, "no search for the keys was reported at %d operations", size)
+		for _, p := range keys {
+			require.Regexp(t, keysByAKey, p, "at %d operations:\n%s", size, p)
+		}
 	}
 }
 
@@ -168,9 +177,13 @@ func ledgerRows(t *testing.T) int {
 
 var (
 	byTheWholeKey = regexp.MustCompile(`Index Cond: \(\(tenant_id = [^)]*\) AND \(operation_id = `)
+	// Either unique key of operation_keys, whole: its primary key or the intent key.
+	keysByAKey = regexp.MustCompile(`Index Scan using operation_keys_(pkey|intent) on operation_keys k .*\n\s*Index Cond: ` +
+		`\(\((remote_key = n.remote_key\) AND \(tenant_id = n.tenant_id|operation_type = n.operation_type\) AND ` +
+		`\(intent_ref = n.intent_ref\) AND \(tenant_id = n.tenant_id)\)\)`)
 	// A scan the plan never executed reads nothing: an update whose condition is false
 	// for its arguments (an evidence settlement without a change) keeps its node.
-	bigTableScan    = regexp.MustCompile(`Seq Scan on (operations|operation_events) [^\n]*\(actual`)
+	bigTableScan    = regexp.MustCompile(`Seq Scan on (operations|operation_keys|operation_events) [^\n]*\(actual`)
 	removedByFilter = regexp.MustCompile(`Rows Removed by (?:Filter|Join Filter|Index Recheck): (\d+)`)
 )
 
@@ -186,7 +199,7 @@ func TestPlansStayOnTheKeys(t *testing.T) {
 	admin := storetest.Pool(t, storetest.AdminURL(t, url))
 	rows := ledgerRows(t)
 	loadFinished(t, admin, rows)
-	_, err := admin.Exec(ctx, `ANALYZE operations; ANALYZE operation_events`)
+	_, err := admin.Exec(ctx, `ANALYZE operations; ANALYZE operation_keys; ANALYZE operation_events`)
 	require.NoError(t, err)
 
 	st, plans := explainingStore(t, url, "auto_explain.log_analyze", "on", "auto_explain.log_timing", "off")
@@ -215,10 +228,10 @@ func TestPlansStayOnTheKeys(t *testing.T) {
 	require.Empty(t, violations, "statements that left the keys over %d operations", rows)
 }
 
-// loadFinished loads rows finished operations, as admin: one operation and its last
-// event each, spread over 30 days and 54 tenants, half of it over the workload's four
-// (their finished operations are what a claim must not step over). The history's checks
-// are not run for the load. It takes no statistics.
+// loadFinished loads rows finished operations, as admin: one operation, its keys and
+// its last event each, spread over 30 days and 54 tenants, half of it over the
+// workload's four (their finished operations are what a claim must not step over). The
+// triggers are not run for the load. It takes no statistics.
 func loadFinished(t *testing.T, admin *pgxpool.Pool, rows int) {
 	t.Helper()
 	ctx := context.Background()
@@ -236,6 +249,9 @@ func loadFinished(t *testing.T, admin *pgxpool.Pool, rows int) {
 		`INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor,
 				remote_ref, attempt_count, created_at)
 			SELECT tenant_id, operation_id, 3, 'IN_FLIGHT', 'SUCCEEDED', 1, 'dispatcher:load', remote_ref, 1, updated_at
+			FROM operations WHERE intent_ref LIKE 'loaded-%'`,
+		`INSERT INTO operation_keys (tenant_id, operation_id, operation_type, intent_ref, remote_key)
+			SELECT tenant_id, operation_id, operation_type, intent_ref, remote_key
 			FROM operations WHERE intent_ref LIKE 'loaded-%'`,
 	} {
 		var args []any
@@ -272,8 +288,17 @@ func workload(t *testing.T, st *store.Store) {
 	require.NoError(t, err)
 	_, err = all.Get(ctx, one.TenantID, one.ID)
 	require.NoError(t, err)
+	for _, again := range []store.PrepareParams{ps[1], prepareParams("work-1", "loaded-2", `{}`)} {
+		_, created, err := all.Prepare(ctx, again) // answered from the intent key
+		require.NoError(t, err)
+		require.False(t, created, again.IntentRef)
+	}
 	_, _, err = all.List(ctx, store.ListParams{TenantID: "load-7", Limit: 50})
 	require.NoError(t, err)
+	listed, _, err := all.List(ctx, store.ListParams{TenantID: "load-7", IntentRef: "loaded-7",
+		OperationTypes: []string{"demo.charge", "demo.notify"}, Limit: 50})
+	require.NoError(t, err)
+	require.Len(t, listed, 1)
 	_, err = all.Events(ctx, one.TenantID, one.ID, 0, 100)
 	require.NoError(t, err)
 

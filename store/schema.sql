@@ -57,6 +57,34 @@ END;
 $$;
 
 --
+-- Name: operation_keys_guard(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.operation_keys_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'opbroker'
+    AS $$
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    IF EXISTS (SELECT 1 FROM operations) THEN
+      RAISE EXCEPTION 'operation_keys: keys are truncated with operations, never on their own'
+        USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NULL;
+  END IF;
+  IF TG_OP = 'UPDATE' THEN
+    RAISE EXCEPTION 'operation %: its keys never change', OLD.operation_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF EXISTS (SELECT 1 FROM operations WHERE tenant_id = OLD.tenant_id AND operation_id = OLD.operation_id) THEN
+    RAISE EXCEPTION 'operation %: its keys are deleted with it, never on their own', OLD.operation_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RETURN OLD;
+END;
+$$;
+
+--
 -- Name: operations_delete_history(); Type: FUNCTION; Schema: opbroker; Owner: -
 --
 
@@ -68,6 +96,7 @@ BEGIN
   DELETE FROM operation_events e USING old_rows o WHERE e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id;
   DELETE FROM stale_outcomes s USING old_rows o WHERE s.tenant_id = o.tenant_id AND s.operation_id = o.operation_id;
   DELETE FROM inbound_evidence i USING old_rows o WHERE i.tenant_id = o.tenant_id AND i.operation_id = o.operation_id;
+  DELETE FROM operation_keys k USING old_rows o WHERE k.remote_key = o.remote_key AND k.tenant_id = o.tenant_id;
   RETURN NULL;
 END;
 $$;
@@ -137,6 +166,28 @@ END;
 $$;
 
 --
+-- Name: operations_have_keys(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.operations_have_keys() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'opbroker'
+    SET enable_seqscan TO 'off'
+    AS $$
+BEGIN
+  INSERT INTO operation_keys (tenant_id, operation_id, operation_type, intent_ref, remote_key)
+    SELECT n.tenant_id, n.operation_id, n.operation_type, n.intent_ref, n.remote_key
+    FROM new_rows n LEFT JOIN LATERAL (
+      SELECT true AS found FROM operation_keys k
+      WHERE k.remote_key = n.remote_key AND k.tenant_id = n.tenant_id AND k.operation_id = n.operation_id
+        AND k.operation_type = n.operation_type AND k.intent_ref = n.intent_ref LIMIT 1) k ON true
+    WHERE k.found IS NULL
+    ORDER BY n.tenant_id, n.operation_type, n.intent_ref;
+  RETURN NULL;
+END;
+$$;
+
+--
 -- Name: operations_truncate_history(); Type: FUNCTION; Schema: opbroker; Owner: -
 --
 
@@ -145,7 +196,7 @@ CREATE FUNCTION opbroker.operations_truncate_history() RETURNS trigger
     SET search_path TO 'opbroker'
     AS $$
 BEGIN
-  TRUNCATE operation_events, stale_outcomes, inbound_evidence;
+  TRUNCATE operation_events, stale_outcomes, inbound_evidence, operation_keys;
   RETURN NULL;
 END;
 $$;
@@ -261,6 +312,20 @@ ALTER TABLE opbroker.operation_events ALTER COLUMN seq ADD GENERATED ALWAYS AS I
 );
 
 --
+-- Name: operation_keys; Type: TABLE; Schema: opbroker; Owner: -
+--
+
+CREATE TABLE opbroker.operation_keys (
+    tenant_id text NOT NULL,
+    operation_id uuid NOT NULL,
+    operation_type text NOT NULL,
+    intent_ref text NOT NULL,
+    remote_key uuid DEFAULT gen_random_uuid() NOT NULL
+);
+
+ALTER TABLE ONLY opbroker.operation_keys FORCE ROW LEVEL SECURITY;
+
+--
 -- Name: operation_transitions; Type: TABLE; Schema: opbroker; Owner: -
 --
 
@@ -373,18 +438,25 @@ ALTER TABLE ONLY opbroker.operation_events
     ADD CONSTRAINT operation_events_pkey PRIMARY KEY (tenant_id, operation_id, revision);
 
 --
+-- Name: operation_keys operation_keys_intent; Type: CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operation_keys
+    ADD CONSTRAINT operation_keys_intent UNIQUE (operation_type, intent_ref, tenant_id);
+
+--
+-- Name: operation_keys operation_keys_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE ONLY opbroker.operation_keys
+    ADD CONSTRAINT operation_keys_pkey PRIMARY KEY (remote_key, tenant_id);
+
+--
 -- Name: operation_transitions operation_transitions_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
 --
 
 ALTER TABLE ONLY opbroker.operation_transitions
     ADD CONSTRAINT operation_transitions_pkey PRIMARY KEY (from_state, to_state);
-
---
--- Name: operations operations_intent_key; Type: CONSTRAINT; Schema: opbroker; Owner: -
---
-
-ALTER TABLE ONLY opbroker.operations
-    ADD CONSTRAINT operations_intent_key UNIQUE (operation_type, intent_ref, tenant_id);
 
 --
 -- Name: operations operations_pkey; Type: CONSTRAINT; Schema: opbroker; Owner: -
@@ -461,12 +533,6 @@ CREATE INDEX operations_lease_idx ON opbroker.operations USING btree (lease_expi
 CREATE INDEX operations_purge_idx ON opbroker.operations USING btree (updated_at) WHERE ((payload IS NOT NULL) AND (state = ANY (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state])));
 
 --
--- Name: operations_remote_key_idx; Type: INDEX; Schema: opbroker; Owner: -
---
-
-CREATE INDEX operations_remote_key_idx ON opbroker.operations USING btree (remote_key);
-
---
 -- Name: operations_remote_ref_idx; Type: INDEX; Schema: opbroker; Owner: -
 --
 
@@ -503,6 +569,18 @@ CREATE TRIGGER operation_events_append_only BEFORE UPDATE ON opbroker.operation_
 CREATE TRIGGER operation_events_have_operations AFTER INSERT ON opbroker.operation_events REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION opbroker.history_has_operations();
 
 --
+-- Name: operation_keys operation_keys_guard; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operation_keys_guard BEFORE DELETE OR UPDATE ON opbroker.operation_keys FOR EACH ROW EXECUTE FUNCTION opbroker.operation_keys_guard();
+
+--
+-- Name: operation_keys operation_keys_truncate_guard; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operation_keys_truncate_guard BEFORE TRUNCATE ON opbroker.operation_keys FOR EACH STATEMENT EXECUTE FUNCTION opbroker.operation_keys_guard();
+
+--
 -- Name: operations operations_delete_history; Type: TRIGGER; Schema: opbroker; Owner: -
 --
 
@@ -519,6 +597,12 @@ CREATE TRIGGER operations_formats BEFORE INSERT ON opbroker.operations FOR EACH 
 --
 
 CREATE TRIGGER operations_guard BEFORE UPDATE ON opbroker.operations FOR EACH ROW WHEN (((new.tenant_id <> old.tenant_id) OR (new.operation_id <> old.operation_id) OR (new.operation_type <> old.operation_type) OR (new.intent_ref <> old.intent_ref) OR (new.content_type <> old.content_type) OR (new.payload_sha256 <> old.payload_sha256) OR (new.remote_key <> old.remote_key) OR (new.created_at <> old.created_at) OR (new.supersedes_id IS DISTINCT FROM old.supersedes_id) OR (new.dispatch_deadline IS DISTINCT FROM old.dispatch_deadline) OR (new.not_before IS DISTINCT FROM old.not_before) OR (new.trace_parent IS DISTINCT FROM old.trace_parent) OR (new.labels <> old.labels) OR ((new.first_sent_at IS DISTINCT FROM old.first_sent_at) AND (old.first_sent_at IS NOT NULL)) OR ((new.key_window_end IS DISTINCT FROM old.key_window_end) AND (old.key_window_end IS NOT NULL)) OR ((new.key_scope IS DISTINCT FROM old.key_scope) AND (old.key_scope IS NOT NULL)) OR (new.fence_token < old.fence_token) OR (new.revision < old.revision) OR (new.attempt_count < old.attempt_count) OR (new.not_executed < old.not_executed) OR ((new.state <> old.state) AND ((new.revision <> (old.revision + 1)) OR ((((((((((((((((old.state <> 'PREPARED'::opbroker.operation_state) OR (new.state <> 'IN_FLIGHT'::opbroker.operation_state)) AND ((old.state <> 'PREPARED'::opbroker.operation_state) OR (new.state <> 'CANCELLED'::opbroker.operation_state))) AND ((old.state <> 'PREPARED'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'SUCCEEDED'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'UNKNOWN'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'PREPARED'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'IN_FLIGHT'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'SUCCEEDED'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'ESCALATED'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'UNKNOWN'::opbroker.operation_state))) AND ((old.state <> 'ESCALATED'::opbroker.operation_state) OR (new.state <> 'SUCCEEDED'::opbroker.operation_state))) AND ((old.state <> 'ESCALATED'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'ESCALATED'::opbroker.operation_state) OR (new.state <> 'ESCALATED'::opbroker.operation_state))))))) EXECUTE FUNCTION opbroker.operations_guard();
+
+--
+-- Name: operations operations_have_keys; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operations_have_keys AFTER INSERT ON opbroker.operations REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION opbroker.operations_have_keys();
 
 --
 -- Name: operations operations_payload_guard; Type: TRIGGER; Schema: opbroker; Owner: -
@@ -571,6 +655,12 @@ ALTER TABLE opbroker.inbound_evidence ENABLE ROW LEVEL SECURITY;
 ALTER TABLE opbroker.operation_events ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: operation_keys; Type: ROW SECURITY; Schema: opbroker; Owner: -
+--
+
+ALTER TABLE opbroker.operation_keys ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: operations; Type: ROW SECURITY; Schema: opbroker; Owner: -
 --
 
@@ -607,6 +697,20 @@ END);
 --
 
 CREATE POLICY tenant_isolation ON opbroker.operation_events USING (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END) WITH CHECK (
+CASE current_setting('opbroker.tenant'::text, true)
+    WHEN '*'::text THEN true
+    ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))
+END);
+
+--
+-- Name: operation_keys tenant_isolation; Type: POLICY; Schema: opbroker; Owner: -
+--
+
+CREATE POLICY tenant_isolation ON opbroker.operation_keys USING (
 CASE current_setting('opbroker.tenant'::text, true)
     WHEN '*'::text THEN true
     ELSE (tenant_id = ANY (string_to_array(current_setting('opbroker.tenant'::text, true), ','::text)))

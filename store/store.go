@@ -245,14 +245,19 @@ var insertOperationsSQL = compileNamed(`
 			SELECT u.operation_id AS call_id, sup.tenant_id, sup.operation_id, sup.state
 			FROM u JOIN sup ON sup.tenant_id = u.tenant_id AND sup.operation_id = u.supersedes_id
 			WHERE sup.state IN `+unresolvedStates+`
-		), ins AS (
-			INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
-				payload, payload_sha256, supersedes_id, labels, dispatch_deadline, not_before, next_check_at, trace_parent)
-			SELECT tenant_id, operation_id, operation_type, intent_ref, content_type,
-				payload, payload_sha256, supersedes_id, labels, dispatch_deadline, not_before, not_before, trace_parent
+		), keyed AS (
+			INSERT INTO operation_keys (tenant_id, operation_id, operation_type, intent_ref)
+			SELECT tenant_id, operation_id, operation_type, intent_ref
 			FROM u WHERE operation_id NOT IN (SELECT call_id FROM refused)
 			ORDER BY tenant_id, operation_type, intent_ref
-			ON CONFLICT ON CONSTRAINT operations_intent_key DO NOTHING
+			ON CONFLICT ON CONSTRAINT operation_keys_intent DO NOTHING
+			RETURNING operation_id, remote_key
+		), ins AS (
+			INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, remote_key, content_type,
+				payload, payload_sha256, supersedes_id, labels, dispatch_deadline, not_before, next_check_at, trace_parent)
+			SELECT tenant_id, operation_id, operation_type, intent_ref, remote_key, content_type,
+				payload, payload_sha256, supersedes_id, labels, dispatch_deadline, not_before, not_before, trace_parent
+			FROM u JOIN keyed USING (operation_id)
 			RETURNING *
 		), ev AS (`+eventsFrom(`ins JOIN (SELECT operation_id, actor FROM u) a USING (operation_id)
 			LEFT JOIN (SELECT tenant_id AS sup_tenant, operation_id AS sup_id, state AS sup_state FROM sup) s
@@ -352,7 +357,8 @@ func sameTime(a, b *time.Time) bool {
 // findByIntent returns the operation recording an intent, or ErrNotFound.
 func (q Scope) findByIntent(ctx context.Context, tenantID, operationType, intentRef string) (Operation, error) {
 	rows := q.query(ctx, `SELECT `+operationColumns+` FROM operations
-		WHERE tenant_id = $1 AND operation_type = $2 AND intent_ref = $3`,
+		WHERE tenant_id = $1 AND operation_id = (SELECT operation_id FROM operation_keys
+			WHERE operation_type = $2 AND intent_ref = $3 AND tenant_id = $1)`,
 		tenantID, operationType, intentRef)
 	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
 	return op, translate(err)
@@ -390,7 +396,8 @@ func (q Scope) List(ctx context.Context, p ListParams) (ops []Operation, more bo
 	var search string // each filter its own statement text, planned on its own index
 	if p.IntentRef != "" {
 		args = append(args, p.IntentRef, p.OperationTypes)
-		search += ` AND intent_ref = $5 AND operation_type = ANY ($6::text[])`
+		search += ` AND operation_id IN (SELECT operation_id FROM operation_keys
+			WHERE operation_type = ANY ($6::text[]) AND intent_ref = $5 AND tenant_id = $1)`
 	}
 	if p.RemoteRef != "" {
 		args = append(args, p.RemoteRef)

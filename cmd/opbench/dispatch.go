@@ -327,7 +327,7 @@ func (r *dispatchRun) backlog(ctx context.Context, n int) error {
 // would on a server where it runs. Without them, plans made while the tables were empty
 // stay: the outcome's attempt update, say, scans instead of using the primary key.
 func analyze(ctx context.Context, admin *pgxpool.Pool) error {
-	_, err := admin.Exec(ctx, `ANALYZE operations; ANALYZE operation_events`)
+	_, err := admin.Exec(ctx, `ANALYZE operations; ANALYZE operation_keys; ANALYZE operation_events`)
 	return err
 }
 
