@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
+	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/simtarget"
 )
 
@@ -66,6 +67,11 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 			case codes.OK:
 				resolved++
 			case codes.Aborted, codes.Unavailable, codes.DeadlineExceeded: // listed again
+			case codes.FailedPrecondition:
+				if reasonOf(err) != server.ReasonSendMayStillLand {
+					return resolved, fmt.Errorf("resolving %s: %w", op.GetName(), err)
+				}
+				waiting = true // the broker says the last send may still land: look again later
 			default:
 				return resolved, fmt.Errorf("resolving %s: %w", op.GetName(), err)
 			}

@@ -58,7 +58,7 @@ func (s *adminService) ResolveOperation(ctx context.Context, req *opbrokerv1.Res
 	}
 	resolution := store.ManualResolution{TenantID: tenant, ID: id, Revision: req.GetRevision(),
 		State: state, RemoteRef: req.GetRemoteRef(), Reason: req.GetReason(), Evidence: req.GetEvidence(),
-		EvidenceURL: req.GetEvidenceUrl(), Actor: operatorActor(ctx)}
+		EvidenceURL: req.GetEvidenceUrl(), Actor: operatorActor(ctx), FailureSettlesAfter: s.failureSettlesAfter(current)}
 	if contract, ok := s.targets.ForType(current.OperationType); ok && contract.SecondOperatorRequired() {
 		proposed, err := ledger(ctx, s.store).ProposeResolution(ctx, resolution, contract.ManualResolution.Window())
 		if err != nil {
@@ -83,12 +83,27 @@ func (s *adminService) ApproveResolution(ctx context.Context, req *opbrokerv1.Ap
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
-	op, err := ledger(ctx, s.store).ApproveResolution(ctx, tenant, id, req.GetRevision(), operatorActor(ctx))
+	current, err := ledger(ctx, s.store).Get(ctx, tenant, id)
+	if err != nil {
+		return nil, toStatus(ctx, s.log, err)
+	}
+	op, err := ledger(ctx, s.store).ApproveResolution(ctx, tenant, id, req.GetRevision(), operatorActor(ctx),
+		s.failureSettlesAfter(current))
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
 	s.resolved(ctx, op, req.GetName())
 	return &opbrokerv1.ApproveResolutionResponse{Operation: operationFor(ctx, s.targets, op)}, nil
+}
+
+// failureSettlesAfter is how long after op's last send a resolution by hand may call it
+// FAILED_TERMINAL, by the contract of the target serving its type (a type no target
+// serves: at once).
+func (s *adminService) failureSettlesAfter(op store.Operation) time.Duration {
+	if contract, ok := s.targets.ForType(op.OperationType); ok {
+		return contract.FailureSettlesAfter()
+	}
+	return 0
 }
 
 // operatorPrefix starts the actor of what an operator does by hand, before the

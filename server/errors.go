@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/opbroker/opbroker/store"
 )
@@ -29,6 +30,7 @@ const (
 	ReasonSupersededUnresolved        = "SUPERSEDED_OPERATION_UNRESOLVED"
 	ReasonRevisionChanged             = "REVISION_CHANGED"
 	ReasonBeingReconciled             = "BEING_RECONCILED"
+	ReasonSendMayStillLand            = "SEND_MAY_STILL_LAND"
 	ReasonNoPendingResolution         = "NO_PENDING_RESOLUTION"
 	ReasonSameOperator                = "SAME_OPERATOR"
 	ReasonResolutionExpired           = "RESOLUTION_EXPIRED"
@@ -153,6 +155,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		stateErr   *store.StateError
 		unresolved *store.SupersededUnresolvedError
 		revChanged *store.RevisionChangedError
+		mayLand    *store.SendMayStillLandError
 		tenantErr  *tenantError
 	)
 	switch {
@@ -186,6 +189,15 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, store.ErrProposalExpired):
 		return newStatus(codes.FailedPrecondition, "the proposed resolution expired: propose it again with ResolveOperation",
 			ReasonResolutionExpired, nil)
+	case errors.As(err, &mayLand):
+		wait := (mayLand.Wait + time.Second - 1).Truncate(time.Second) // whole seconds, never short
+		desc := fmt.Sprintf("the operation's last send may still take effect, or its effect not be visible at the target yet: "+
+			"look at the target again and resolve it as FAILED_TERMINAL after %s", wait)
+		return newStatus(codes.FailedPrecondition, desc, ReasonSendMayStillLand,
+			map[string]string{"retryAfterSeconds": fmt.Sprint(int64(wait / time.Second))},
+			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
+				{Type: "LAST_SEND", Description: desc}}},
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)})
 	case errors.Is(err, store.ErrBeingReconciled):
 		return newStatus(codes.Aborted, "a reconciler is working on the operation at this moment: retry in a few seconds",
 			ReasonBeingReconciled, nil)

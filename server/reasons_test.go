@@ -243,8 +243,8 @@ func TestEveryDocumentedReason(t *testing.T) {
 	}
 	resolve := func(own *testBundle, op *opbrokerv1.Operation, revision int64) error {
 		_, err := opbrokerv1.NewAdminServiceClient(own.conn).ResolveOperation(own.ctx, &opbrokerv1.ResolveOperationRequest{
-			Name: op.GetName(), Revision: revision, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
-			Reason: "not at the target", Evidence: "searched the dashboard"})
+			Name: op.GetName(), Revision: revision, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_SUCCEEDED,
+			RemoteRef: "ch_found", Reason: "at the target", Evidence: "searched the dashboard"})
 		return err
 	}
 	approve := func(own *testBundle, op *opbrokerv1.Operation, revision int64) error {
@@ -260,6 +260,13 @@ func TestEveryDocumentedReason(t *testing.T) {
 		server.ReasonBeingReconciled: func(t *testing.T) seen {
 			own, op := unknownOp(t, true)
 			return received(t, resolve(own, op, op.GetRevision()))
+		},
+		server.ReasonSendMayStillLand: func(t *testing.T) seen {
+			own, op := unknownOp(t, false)
+			_, err := opbrokerv1.NewAdminServiceClient(own.conn).ResolveOperation(own.ctx, &opbrokerv1.ResolveOperationRequest{
+				Name: op.GetName(), Revision: op.GetRevision(), Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
+				Reason: "not at the target", Evidence: "searched the dashboard"})
+			return received(t, err)
 		},
 		server.ReasonNoPendingResolution: func(t *testing.T) seen {
 			own, op := unknownOp(t, false)

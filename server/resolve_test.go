@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -268,6 +269,33 @@ func storetestPrepare(t *testing.T, b *testBundle, tenant string) uuid.UUID {
 	return storetest.PrepareJSON(t, b.store, tenant, simtarget.DemoCharge, "escalated-"+tenant, `{"amount":1}`).ID
 }
 
+// TestFailureTooSoonSaysHowLongToWait: FAILED_TERMINAL right after the last send, within
+// the target's visibility delay, is refused with the time left, as a precondition and
+// as a retry delay; nothing is recorded.
+func TestFailureTooSoonSaysHowLongToWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := storetestPrepare(t, b, "acme")
+	escalated := escalate(t, b, "acme", id)
+	admin := opbrokerv1.NewAdminServiceClient(b.conn)
+	_, err := admin.ResolveOperation(b.ctx, &opbrokerv1.ResolveOperationRequest{Name: "tenants/acme/operations/" + id.String(),
+		Revision: escalated.Revision, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
+		Reason: "the provider has no such charge", Evidence: "searched the dashboard by the remote key"})
+	st := requireStatus(t, err, codes.FailedPrecondition, server.ReasonSendMayStillLand)
+	require.Equal(t, "2", errorInfo(st).GetMetadata()["retryAfterSeconds"], "the demo target's visibility delay, 2 s, rounded up")
+	var retry *errdetails.RetryInfo
+	for _, d := range st.Details() {
+		if r, ok := d.(*errdetails.RetryInfo); ok {
+			retry = r
+		}
+	}
+	require.NotNil(t, retry)
+	require.Equal(t, 2*time.Second, retry.GetRetryDelay().AsDuration())
+	op, err := b.store.AllTenants().Get(b.ctx, "acme", id)
+	require.NoError(t, err)
+	require.Equal(t, escalated.Revision, op.Revision, "nothing recorded")
+}
+
 // TestDeleteTenantAfterItsEscalationIsResolved: a tenant with an escalation cannot be
 // deleted; once an operator resolved it, it can, end to end.
 func TestDeleteTenantAfterItsEscalationIsResolved(t *testing.T) {
@@ -280,8 +308,8 @@ func TestDeleteTenantAfterItsEscalationIsResolved(t *testing.T) {
 	_, err := admin.DeleteTenantData(b.ctx, &opbrokerv1.DeleteTenantDataRequest{Tenant: "acme"})
 	requireStatus(t, err, codes.FailedPrecondition, server.ReasonTenantHasOpenOperations)
 	_, err = admin.ResolveOperation(b.ctx, &opbrokerv1.ResolveOperationRequest{Name: "tenants/acme/operations/" + id.String(),
-		Revision: escalated.Revision, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
-		Reason: "the provider has no such charge", Evidence: "searched the dashboard by the remote key"})
+		Revision: escalated.Revision, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_SUCCEEDED, RemoteRef: "ch_found",
+		Reason: "the provider has the charge", Evidence: "searched the dashboard by the remote key"})
 	require.NoError(t, err)
 	deleted, err := admin.DeleteTenantData(b.ctx, &opbrokerv1.DeleteTenantDataRequest{Tenant: "acme"})
 	require.NoError(t, err)

@@ -27,6 +27,10 @@ type ManualResolution struct {
 	Evidence    string
 	EvidenceURL string
 	Actor       string
+	// FailureSettlesAfter, for a FAILED_TERMINAL, is how long after the operation's
+	// last send ended (by the database's clock) a failure may be recorded: before that
+	// the send may still take effect, or its effect not be visible at the target yet.
+	FailureSettlesAfter time.Duration
 }
 
 // ErrRevisionChanged means the operation changed after the revision the caller read;
@@ -42,13 +46,26 @@ func (e *RevisionChangedError) Unwrap() error { return ErrRevisionChanged }
 // ErrBeingReconciled means a reconciler holds the operation at this moment.
 var ErrBeingReconciled = errors.New("a reconciler is working on the operation")
 
+// ErrSendMayStillLand means a resolution as FAILED_TERMINAL came too soon after the
+// operation's last send; ResolveManually returns it as a *SendMayStillLandError.
+var ErrSendMayStillLand = errors.New("the operation's last send may still take effect")
+
+// SendMayStillLandError is ErrSendMayStillLand with how long until a failure may be
+// recorded.
+type SendMayStillLandError struct{ Wait time.Duration }
+
+func (e *SendMayStillLandError) Error() string { return ErrSendMayStillLand.Error() }
+func (e *SendMayStillLandError) Unwrap() error { return ErrSendMayStillLand }
+
 // ResolveManually records an operator's resolution: the operation moves to p.State with
 // fence + 1, so a reconciler that held it earlier can no longer record, and an event
 // whose actor is the operator and whose observation holds the reason and evidence. It is
 // refused, recording nothing, when the operation is not UNKNOWN or ESCALATED
 // (*StateError), changed since p.Revision (*RevisionChangedError), or is held by a
-// reconciler's live lease (ErrBeingReconciled). The resolved operation keeps its
-// Escalation when it was ESCALATED, and has none when it was UNKNOWN.
+// reconciler's live lease (ErrBeingReconciled), or is a FAILED_TERMINAL sooner than
+// p.FailureSettlesAfter after the last send ended (*SendMayStillLandError). The
+// resolved operation keeps its Escalation when it was ESCALATED, and has none when it
+// was UNKNOWN.
 func (q Scope) ResolveManually(ctx context.Context, p ManualResolution) (Operation, error) {
 	return q.resolveManually(ctx, p, manualStep{})
 }
@@ -74,8 +91,10 @@ var ErrProposalExpired = errors.New("the proposed resolution expired")
 // ApproveResolution applies the resolution proposed on the operation at revision (the
 // proposal's), as ResolveManually would, its event's actor the approver and its
 // observation naming the proposer. It is refused with ErrNoProposal, ErrSameOperator or
-// ErrProposalExpired (by the database's clock), or as ResolveManually is.
-func (q Scope) ApproveResolution(ctx context.Context, tenantID string, id uuid.UUID, revision int64, approver string) (Operation, error) {
+// ErrProposalExpired (by the database's clock), or as ResolveManually is (a failure
+// after failureSettlesAfter).
+func (q Scope) ApproveResolution(ctx context.Context, tenantID string, id uuid.UUID, revision int64, approver string,
+	failureSettlesAfter time.Duration) (Operation, error) {
 	op, err := q.Get(ctx, tenantID, id)
 	if err != nil {
 		return Operation{}, err
@@ -92,7 +111,7 @@ func (q Scope) ApproveResolution(ctx context.Context, tenantID string, id uuid.U
 	}
 	return q.resolveManually(ctx, ManualResolution{TenantID: tenantID, ID: id, Revision: revision,
 		State: obs.Proposal.State, RemoteRef: obs.Proposal.RemoteRef, Reason: obs.Summary, Evidence: obs.Evidence,
-		EvidenceURL: obs.EvidenceURL, Actor: approver}, manualStep{approve: obs.Proposal})
+		EvidenceURL: obs.EvidenceURL, Actor: approver, FailureSettlesAfter: failureSettlesAfter}, manualStep{approve: obs.Proposal})
 }
 
 // manualStep says what resolveManually records: the resolution itself (the zero
@@ -107,6 +126,8 @@ type manualStep struct {
 // observation, whose outcome is the event's reason, $7 the operator. With a window $8 it
 // only proposes: the state, the fence and the reference stay, and the observation's
 // proposal expires after the window. With $9 it is an approval, applied only before $9.
+// A FAILED_TERMINAL is recorded or proposed only $10 or longer after the last send
+// ended.
 var manualResolution = `
 	WITH cur AS (
 		SELECT tenant_id, operation_id, state AS from_state FROM operations
@@ -128,6 +149,7 @@ var manualResolution = `
 		WHERE o.tenant_id = cur.tenant_id AND o.operation_id = cur.operation_id AND o.revision = $3
 			AND o.state IN ('UNKNOWN', 'ESCALATED') AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
 			AND ($9::timestamptz IS NULL OR now() < $9)
+			AND ($4::operation_state <> 'FAILED_TERMINAL' OR coalesce(now() - ` + lastSendEnded("o") + ` >= $10::interval, true))
 		RETURNING o.*, cur.from_state
 	), ev AS (` + eventsFrom("upd", "from_state", "$7", "$6::jsonb->>'outcome'", "last_observation") + `)
 	SELECT ` + operationColumns + ` FROM upd`
@@ -157,7 +179,8 @@ func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step man
 	case step.approve != nil:
 		obs.ProposedBy, expires = step.approve.ProposedBy, &step.approve.ExpiresAt
 	}
-	rows := q.query(ctx, manualResolution, p.TenantID, p.ID, p.Revision, p.State, ref, obs, p.Actor, window, expires)
+	rows := q.query(ctx, manualResolution, p.TenantID, p.ID, p.Revision, p.State, ref, obs, p.Actor, window, expires,
+		p.FailureSettlesAfter)
 	op, err := q.collectFenced(rows, "resolve manually")
 	if !errors.Is(err, ErrFenceLost) {
 		return op, err
@@ -179,6 +202,16 @@ func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step man
 		if expired {
 			return Operation{}, ErrProposalExpired
 		}
+	}
+	var leased bool
+	var wait *int64 // until a failure may be recorded
+	if err := q.queryRow(ctx, `SELECT coalesce(lease_expires_at >= now(), false),
+			`+micros(`$3::interval - (now() - `+lastSendEnded("o")+`)`)+`
+		FROM operations o WHERE tenant_id = $1 AND operation_id = $2`, p.TenantID, p.ID, p.FailureSettlesAfter).Scan(&leased, &wait); err != nil {
+		return Operation{}, fmt.Errorf("store: resolve manually: %w", translate(err))
+	}
+	if !leased && p.State == StateFailedTerminal && wait != nil && *wait > 0 {
+		return Operation{}, &SendMayStillLandError{Wait: duration(*wait)}
 	}
 	return Operation{}, ErrBeingReconciled
 }

@@ -97,7 +97,7 @@ func TestTwoOperatorResolution(t *testing.T) {
 	resolution := store.ManualResolution{TenantID: "acme", ID: op.ID, Revision: op.Revision, State: store.StateSucceeded,
 		RemoteRef: "ch_9", Reason: "seen in the dashboard", Evidence: "charge ch_9", Actor: "operator:alice"}
 
-	_, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, op.Revision, "operator:bob")
+	_, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, op.Revision, "operator:bob", 0)
 	require.ErrorIs(t, err, store.ErrNoProposal)
 
 	proposed, err := b.all.ProposeResolution(b.ctx, resolution, time.Hour)
@@ -113,12 +113,12 @@ func TestTwoOperatorResolution(t *testing.T) {
 	require.Equal(t, "operator:alice", p.ProposedBy)
 	require.WithinDuration(t, time.Now().Add(time.Hour), p.ExpiresAt, time.Minute)
 
-	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:alice")
+	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:alice", 0)
 	require.ErrorIs(t, err, store.ErrSameOperator)
-	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, op.Revision, "operator:bob")
+	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, op.Revision, "operator:bob", 0)
 	require.ErrorIs(t, err, store.ErrRevisionChanged, "approved at another revision than the proposal's")
 
-	resolved, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob")
+	resolved, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", 0)
 	require.NoError(t, err)
 	require.Equal(t, store.StateSucceeded, resolved.State)
 	require.Equal(t, "ch_9", resolved.RemoteRef)
@@ -139,7 +139,7 @@ func TestTwoOperatorResolution(t *testing.T) {
 	proposed, err = b.all.ProposeResolution(b.ctx, resolution, time.Millisecond)
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
-	_, err = b.all.ApproveResolution(b.ctx, "acme", late.ID, proposed.Revision, "operator:bob")
+	_, err = b.all.ApproveResolution(b.ctx, "acme", late.ID, proposed.Revision, "operator:bob", 0)
 	require.ErrorIs(t, err, store.ErrProposalExpired)
 	got, err := b.all.Get(b.ctx, "acme", late.ID)
 	require.NoError(t, err)
@@ -204,4 +204,46 @@ func TestPeriodStats(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, scoped, 1, "a tenant's scope reads its own")
 	require.Equal(t, "", scoped[0].Target, "a type no target serves")
+}
+
+// TestFailureWaitsForTheLastSend: an operation is resolved as FAILED_TERMINAL by hand,
+// proposed so or approved, only once its target's settling time has passed since its
+// last send ended; until then nothing is recorded and the error says how long is left.
+// A success, which names the effect, needs no wait.
+func TestFailureWaitsForTheLastSend(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const settles = 700 * time.Millisecond
+	op := b.unknownOp(t, "too-soon")
+	failed := store.ManualResolution{TenantID: "acme", ID: op.ID, Revision: op.Revision, State: store.StateFailedTerminal,
+		Reason: "not at the target", Evidence: "no charge under the key", Actor: "operator:alice", FailureSettlesAfter: time.Hour}
+
+	_, err := b.all.ResolveManually(b.ctx, failed)
+	var mayLand *store.SendMayStillLandError
+	require.ErrorAs(t, err, &mayLand)
+	require.InDelta(t, time.Hour.Seconds(), mayLand.Wait.Seconds(), 60, "how long is left, by the database's clock")
+	_, err = b.all.ProposeResolution(b.ctx, failed, time.Hour)
+	require.ErrorIs(t, err, store.ErrSendMayStillLand, "nor proposed")
+	now, err := b.all.Get(b.ctx, "acme", op.ID)
+	require.NoError(t, err)
+	require.Equal(t, op.Revision, now.Revision, "nothing recorded")
+
+	succeeded := failed
+	succeeded.State, succeeded.RemoteRef = store.StateSucceeded, "ch_1"
+	other := b.unknownOp(t, "found")
+	succeeded.ID, succeeded.Revision = other.ID, other.Revision
+	_, err = b.all.ResolveManually(b.ctx, succeeded)
+	require.NoError(t, err, "a success names its effect: no wait")
+
+	// Proposed with no wait, approved only once the target's wait has passed.
+	failed.FailureSettlesAfter = 0
+	proposed, err := b.all.ProposeResolution(b.ctx, failed, time.Hour)
+	require.NoError(t, err)
+	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", settles)
+	require.ErrorAs(t, err, &mayLand)
+	require.LessOrEqual(t, mayLand.Wait, settles)
+	time.Sleep(mayLand.Wait)
+	resolved, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", settles)
+	require.NoError(t, err)
+	require.Equal(t, store.StateFailedTerminal, resolved.State)
 }

@@ -27,6 +27,18 @@ type UnknownClaim struct {
 	SinceLastSend time.Duration
 }
 
+// lastSendEnded is when the broker stopped waiting for the last send of the operation of
+// the row named alias, by the database's clock: the operation's last exit from
+// IN_FLIGHT (its outcome, or the sweep of its expired lease), or a stale worker's later
+// record. NULL for an operation never sent.
+func lastSendEnded(alias string) string {
+	return `greatest(
+		(SELECT max(e.created_at) FROM operation_events e
+		 WHERE e.tenant_id = ` + alias + `.tenant_id AND e.operation_id = ` + alias + `.operation_id AND e.from_state = 'IN_FLIGHT'),
+		(SELECT max(s.recorded_at) FROM stale_outcomes s
+		 WHERE s.tenant_id = ` + alias + `.tenant_id AND s.operation_id = ` + alias + `.operation_id))`
+}
+
 // ClaimUnknown takes due UNKNOWN operations for reconciliation: each gets a lease and
 // fence + 1 without a change of state, so two reconcilers never act on one operation at
 // once, and only the holder of the new fence can record what it finds.
@@ -36,9 +48,7 @@ func (q Scope) ClaimUnknown(ctx context.Context, p FairClaim) ([]UnknownClaim, e
 
 func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClaim, error) {
 	// An attempt is an event into IN_FLIGHT; its outcome, the event out of IN_FLIGHT
-	// under its fence or a stale worker's record. The last send ended at the operation's
-	// last exit from IN_FLIGHT (an UNKNOWN operation's is to UNKNOWN) or at a stale
-	// worker's later record.
+	// under its fence or a stale worker's record (lastSendEnded).
 	rows := q.query(ctx, fairPick("UNKNOWN",
 		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at", 0)+`
 		), claimed AS (
@@ -55,11 +65,7 @@ func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClai
 					AND NOT EXISTS (SELECT 1 FROM stale_outcomes s
 						WHERE s.tenant_id = a.tenant_id AND s.operation_id = a.operation_id
 							AND s.fence_token = a.fence_token AND NOT s.sent)),
-			coalesce(`+micros(`now() - greatest(
-				(SELECT max(e.created_at) FROM operation_events e
-				 WHERE e.tenant_id = claimed.tenant_id AND e.operation_id = claimed.operation_id AND e.from_state = 'IN_FLIGHT'),
-				(SELECT max(s.recorded_at) FROM stale_outcomes s
-				 WHERE s.tenant_id = claimed.tenant_id AND s.operation_id = claimed.operation_id))`)+`, 0),
+			coalesce(`+micros(`now() - `+lastSendEnded("claimed"))+`, 0),
 			`+acceptedByEvidence("claimed.tenant_id", "claimed.operation_id")+`
 		FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease)

@@ -83,6 +83,17 @@ func (c *Contract) SecondOperatorRequired() bool {
 	return c.ManualResolution != nil && c.ManualResolution.SecondOperator
 }
 
+// FailureSettlesAfter is how long after an operation's last send ended a resolution by
+// hand may call it FAILED_TERMINAL: until then a write the send made may not be visible
+// to a look at the target yet (the lookup's visibility delay), or the request may still
+// take effect (its documented absence_final_after). Zero for a target with no lookup.
+func (c *Contract) FailureSettlesAfter() time.Duration {
+	if c.Lookup == nil {
+		return 0
+	}
+	return max(c.Lookup.VisibilityDelay.D(), c.Lookup.AbsenceFinalAfter.D())
+}
+
 // Documentation says where the contract comes from.
 type Documentation struct {
 	URL     string `yaml:"url"`

@@ -148,3 +148,19 @@ func TestProblemsComeInAStableOrder(t *testing.T) {
 		require.Equal(t, first.Error(), again.Error())
 	}
 }
+
+// A failure by hand waits for the longer of the lookup's visibility delay and the
+// documented finality of absence; a target with no lookup documents neither.
+func TestFailureSettlesAfter(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		lookup *target.Lookup
+		want   time.Duration
+	}{
+		{nil, 0},
+		{&target.Lookup{VisibilityDelay: target.Duration(5 * time.Second)}, 5 * time.Second},
+		{&target.Lookup{VisibilityDelay: target.Duration(5 * time.Second), AbsenceFinalAfter: target.Duration(time.Hour)}, time.Hour},
+	} {
+		require.Equal(t, c.want, (&target.Contract{Lookup: c.lookup}).FailureSettlesAfter())
+	}
+}

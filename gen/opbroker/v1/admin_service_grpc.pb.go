@@ -51,7 +51,11 @@ type AdminServiceClient interface {
 	// retry in a moment). It takes the next fence, so a reconciler that held the
 	// operation earlier can no longer record. The event records the operator's name, the
 	// reason and the evidence. An operation in any other state is FAILED_PRECONDITION
-	// (OPERATION_STATE).
+	// (OPERATION_STATE). FAILED_TERMINAL is FAILED_PRECONDITION too (SEND_MAY_STILL_LAND,
+	// with a RetryInfo and metadata retryAfterSeconds) until the target's settling time
+	// has passed since the operation's last send ended (the longer of its lookup's
+	// visibility_delay and absence_final_after): until then the send may still take
+	// effect, or its effect not be visible at the target yet.
 	//
 	// For a target whose contract asks for a second operator (manual_resolution), the
 	// resolution is not applied: it is proposed, recorded as an event with the same
@@ -64,7 +68,8 @@ type AdminServiceClient interface {
 	// is the one the approver read, the proposal's own (ABORTED, REVISION_CHANGED, when
 	// anything happened since). It is FAILED_PRECONDITION when no resolution is pending
 	// (NO_PENDING_RESOLUTION), when the approver proposed it (SAME_OPERATOR), or when it
-	// expired (RESOLUTION_EXPIRED: propose it again).
+	// expired (RESOLUTION_EXPIRED: propose it again); a FAILED_TERMINAL before the
+	// target's settling time, as in ResolveOperation (SEND_MAY_STILL_LAND).
 	ApproveResolution(ctx context.Context, in *ApproveResolutionRequest, opts ...grpc.CallOption) (*ApproveResolutionResponse, error)
 	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
 	// reason, how long it has waited and the owner's runbook from the target's contract.
@@ -209,7 +214,11 @@ type AdminServiceServer interface {
 	// retry in a moment). It takes the next fence, so a reconciler that held the
 	// operation earlier can no longer record. The event records the operator's name, the
 	// reason and the evidence. An operation in any other state is FAILED_PRECONDITION
-	// (OPERATION_STATE).
+	// (OPERATION_STATE). FAILED_TERMINAL is FAILED_PRECONDITION too (SEND_MAY_STILL_LAND,
+	// with a RetryInfo and metadata retryAfterSeconds) until the target's settling time
+	// has passed since the operation's last send ended (the longer of its lookup's
+	// visibility_delay and absence_final_after): until then the send may still take
+	// effect, or its effect not be visible at the target yet.
 	//
 	// For a target whose contract asks for a second operator (manual_resolution), the
 	// resolution is not applied: it is proposed, recorded as an event with the same
@@ -222,7 +231,8 @@ type AdminServiceServer interface {
 	// is the one the approver read, the proposal's own (ABORTED, REVISION_CHANGED, when
 	// anything happened since). It is FAILED_PRECONDITION when no resolution is pending
 	// (NO_PENDING_RESOLUTION), when the approver proposed it (SAME_OPERATOR), or when it
-	// expired (RESOLUTION_EXPIRED: propose it again).
+	// expired (RESOLUTION_EXPIRED: propose it again); a FAILED_TERMINAL before the
+	// target's settling time, as in ResolveOperation (SEND_MAY_STILL_LAND).
 	ApproveResolution(context.Context, *ApproveResolutionRequest) (*ApproveResolutionResponse, error)
 	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
 	// reason, how long it has waited and the owner's runbook from the target's contract.
