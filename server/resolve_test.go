@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -282,7 +283,6 @@ func TestFailureTooSoonSaysHowLongToWait(t *testing.T) {
 		Revision: escalated.Revision, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
 		Reason: "the provider has no such charge", Evidence: "searched the dashboard by the remote key"})
 	st := requireStatus(t, err, codes.FailedPrecondition, server.ReasonSendMayStillLand)
-	require.Equal(t, "2", errorInfo(st).GetMetadata()["retryAfterSeconds"], "the demo target's visibility delay, 2 s, rounded up")
 	var retry *errdetails.RetryInfo
 	for _, d := range st.Details() {
 		if r, ok := d.(*errdetails.RetryInfo); ok {
@@ -290,7 +290,9 @@ func TestFailureTooSoonSaysHowLongToWait(t *testing.T) {
 		}
 	}
 	require.NotNil(t, retry)
-	require.Equal(t, 2*time.Second, retry.GetRetryDelay().AsDuration())
+	delay := retry.GetRetryDelay().AsDuration()
+	require.True(t, delay == time.Second || delay == 2*time.Second, "within the demo target's visibility delay, 2 s: %s", delay)
+	require.Equal(t, fmt.Sprint(int64(delay/time.Second)), errorInfo(st).GetMetadata()["retryAfterSeconds"])
 	op, err := b.store.AllTenants().Get(b.ctx, "acme", id)
 	require.NoError(t, err)
 	require.Equal(t, escalated.Revision, op.Revision, "nothing recorded")

@@ -16,9 +16,9 @@ const terminalStates = `('SUCCEEDED', 'FAILED_TERMINAL', 'CANCELLED')`
 // operations may still cause, or have caused without confirmation, a remote effect.
 var ErrTenantHasOpenOperations = errors.New("the tenant has operations that are not terminal")
 
-// DeleteTenant deletes every operation of a tenant with its events and stale outcomes, and
-// returns how many operations it deleted. While any operation of the tenant is not
-// terminal it deletes nothing and returns ErrTenantHasOpenOperations.
+// DeleteTenant deletes every operation of a tenant with its events, stale outcomes and
+// keys, and returns how many operations it deleted. While any operation of the tenant
+// is not terminal it deletes nothing and returns ErrTenantHasOpenOperations.
 func (q Scope) DeleteTenant(ctx context.Context, tenantID string) (int64, error) {
 	var deleted int64
 	// Read committed: the deletion's trigger then deletes the history as it is when the

@@ -23,14 +23,18 @@ import (
 type testBundle struct {
 	ctx   context.Context
 	store *store.Store
-	all   store.Scope // every tenant's, as the broker's workers reach the ledger
-	pool  *pgxpool.Pool
+	all   store.Scope   // every tenant's, as the broker's workers reach the ledger
+	pool  *pgxpool.Pool // the administrator's
+	app   *pgxpool.Pool // the broker's role, bound by row-level security
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	s, pool := storetest.NewStore(t)
-	return &testBundle{ctx: context.Background(), store: s, all: s.AllTenants(), pool: pool}
+	url := storetest.Schema(t)
+	app := storetest.Pool(t, url)
+	s := store.New(app)
+	return &testBundle{ctx: context.Background(), store: s, all: s.AllTenants(),
+		pool: storetest.Pool(t, storetest.AdminURL(t, url)), app: app}
 }
 
 // prepareParams returns a valid intent; opts may change it.
