@@ -63,14 +63,11 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 			callCtx, cancel := context.WithTimeout(c.asOperator(ctx), 10*time.Second)
 			_, err := admin.ResolveOperation(callCtx, req)
 			cancel()
-			switch status.Code(err) {
-			case codes.OK:
+			switch code := status.Code(err); {
+			case code == codes.OK:
 				resolved++
-			case codes.Aborted, codes.Unavailable, codes.DeadlineExceeded: // listed again
-			case codes.FailedPrecondition:
-				if reasonOf(err) != server.ReasonSendMayStillLand {
-					return resolved, fmt.Errorf("resolving %s: %w", op.GetName(), err)
-				}
+			case code == codes.Aborted, code == codes.Unavailable, code == codes.DeadlineExceeded: // listed again
+			case code == codes.FailedPrecondition && reasonOf(err) == server.ReasonSendMayStillLand:
 				waiting = true // the broker says the last send may still land: look again later
 			default:
 				return resolved, fmt.Errorf("resolving %s: %w", op.GetName(), err)

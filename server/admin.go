@@ -83,12 +83,8 @@ func (s *adminService) ApproveResolution(ctx context.Context, req *opbrokerv1.Ap
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}
-	current, err := ledger(ctx, s.store).Get(ctx, tenant, id)
-	if err != nil {
-		return nil, toStatus(ctx, s.log, err)
-	}
 	op, err := ledger(ctx, s.store).ApproveResolution(ctx, tenant, id, req.GetRevision(), operatorActor(ctx),
-		s.failureSettlesAfter(current))
+		s.failureSettlesAfter)
 	if err != nil {
 		return nil, toStatus(ctx, s.log, err)
 	}

@@ -91,10 +91,10 @@ var ErrProposalExpired = errors.New("the proposed resolution expired")
 // ApproveResolution applies the resolution proposed on the operation at revision (the
 // proposal's), as ResolveManually would, its event's actor the approver and its
 // observation naming the proposer. It is refused with ErrNoProposal, ErrSameOperator or
-// ErrProposalExpired (by the database's clock), or as ResolveManually is (a failure
-// after failureSettlesAfter).
+// ErrProposalExpired (by the database's clock), or as ResolveManually is, a failure only
+// failureSettlesAfter(the operation) after its last send.
 func (q Scope) ApproveResolution(ctx context.Context, tenantID string, id uuid.UUID, revision int64, approver string,
-	failureSettlesAfter time.Duration) (Operation, error) {
+	failureSettlesAfter func(Operation) time.Duration) (Operation, error) {
 	op, err := q.Get(ctx, tenantID, id)
 	if err != nil {
 		return Operation{}, err
@@ -111,7 +111,7 @@ func (q Scope) ApproveResolution(ctx context.Context, tenantID string, id uuid.U
 	}
 	return q.resolveManually(ctx, ManualResolution{TenantID: tenantID, ID: id, Revision: revision,
 		State: obs.Proposal.State, RemoteRef: obs.Proposal.RemoteRef, Reason: obs.Summary, Evidence: obs.Evidence,
-		EvidenceURL: obs.EvidenceURL, Actor: approver, FailureSettlesAfter: failureSettlesAfter}, manualStep{approve: obs.Proposal})
+		EvidenceURL: obs.EvidenceURL, Actor: approver, FailureSettlesAfter: failureSettlesAfter(op)}, manualStep{approve: obs.Proposal})
 }
 
 // manualStep says what resolveManually records: the resolution itself (the zero
@@ -194,23 +194,20 @@ func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step man
 		return Operation{}, &StateError{Operation: current, Want: StateEscalated}
 	case current.Revision != p.Revision:
 		return Operation{}, &RevisionChangedError{Current: current.Revision}
-	case expires != nil:
-		var expired bool
-		if err := q.queryRow(ctx, `SELECT now() >= $1::timestamptz`, expires).Scan(&expired); err != nil {
-			return Operation{}, fmt.Errorf("store: resolve manually: %w", translate(err))
-		}
-		if expired {
-			return Operation{}, ErrProposalExpired
-		}
 	}
-	var leased bool
+	// The rest of the statement's conditions, by the database's clock.
+	var expired, leased bool
 	var wait *int64 // until a failure may be recorded
-	if err := q.queryRow(ctx, `SELECT coalesce(lease_expires_at >= now(), false),
+	if err := q.queryRow(ctx, `SELECT coalesce(now() >= $4::timestamptz, false), coalesce(lease_expires_at >= now(), false),
 			`+micros(`$3::interval - (now() - `+lastSendEnded("o")+`)`)+`
-		FROM operations o WHERE tenant_id = $1 AND operation_id = $2`, p.TenantID, p.ID, p.FailureSettlesAfter).Scan(&leased, &wait); err != nil {
+		FROM operations o WHERE tenant_id = $1 AND operation_id = $2`,
+		p.TenantID, p.ID, p.FailureSettlesAfter, expires).Scan(&expired, &leased, &wait); err != nil {
 		return Operation{}, fmt.Errorf("store: resolve manually: %w", translate(err))
 	}
-	if !leased && p.State == StateFailedTerminal && wait != nil && *wait > 0 {
+	switch {
+	case expired:
+		return Operation{}, ErrProposalExpired
+	case !leased && p.State == StateFailedTerminal && wait != nil && *wait > 0:
 		return Operation{}, &SendMayStillLandError{Wait: duration(*wait)}
 	}
 	return Operation{}, ErrBeingReconciled

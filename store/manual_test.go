@@ -97,7 +97,7 @@ func TestTwoOperatorResolution(t *testing.T) {
 	resolution := store.ManualResolution{TenantID: "acme", ID: op.ID, Revision: op.Revision, State: store.StateSucceeded,
 		RemoteRef: "ch_9", Reason: "seen in the dashboard", Evidence: "charge ch_9", Actor: "operator:alice"}
 
-	_, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, op.Revision, "operator:bob", 0)
+	_, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, op.Revision, "operator:bob", settles(0))
 	require.ErrorIs(t, err, store.ErrNoProposal)
 
 	proposed, err := b.all.ProposeResolution(b.ctx, resolution, time.Hour)
@@ -113,12 +113,12 @@ func TestTwoOperatorResolution(t *testing.T) {
 	require.Equal(t, "operator:alice", p.ProposedBy)
 	require.WithinDuration(t, time.Now().Add(time.Hour), p.ExpiresAt, time.Minute)
 
-	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:alice", 0)
+	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:alice", settles(0))
 	require.ErrorIs(t, err, store.ErrSameOperator)
-	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, op.Revision, "operator:bob", 0)
+	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, op.Revision, "operator:bob", settles(0))
 	require.ErrorIs(t, err, store.ErrRevisionChanged, "approved at another revision than the proposal's")
 
-	resolved, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", 0)
+	resolved, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", settles(0))
 	require.NoError(t, err)
 	require.Equal(t, store.StateSucceeded, resolved.State)
 	require.Equal(t, "ch_9", resolved.RemoteRef)
@@ -139,7 +139,7 @@ func TestTwoOperatorResolution(t *testing.T) {
 	proposed, err = b.all.ProposeResolution(b.ctx, resolution, time.Millisecond)
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
-	_, err = b.all.ApproveResolution(b.ctx, "acme", late.ID, proposed.Revision, "operator:bob", 0)
+	_, err = b.all.ApproveResolution(b.ctx, "acme", late.ID, proposed.Revision, "operator:bob", settles(0))
 	require.ErrorIs(t, err, store.ErrProposalExpired)
 	got, err := b.all.Get(b.ctx, "acme", late.ID)
 	require.NoError(t, err)
@@ -238,14 +238,14 @@ func TestFailureWaitsForTheLastSend(t *testing.T) {
 	failed.FailureSettlesAfter = 0
 	proposed, err := b.all.ProposeResolution(b.ctx, failed, time.Hour)
 	require.NoError(t, err)
-	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", time.Hour)
+	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", settles(time.Hour))
 	require.ErrorAs(t, err, &mayLand)
 	b.sentEarlier(t, op, 59*time.Minute)
-	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", time.Hour)
+	_, err = b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", settles(time.Hour))
 	require.ErrorAs(t, err, &mayLand)
 	require.InDelta(t, time.Minute.Seconds(), mayLand.Wait.Seconds(), 10, "a minute left")
 	b.sentEarlier(t, op, time.Minute)
-	resolved, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", time.Hour)
+	resolved, err := b.all.ApproveResolution(b.ctx, "acme", op.ID, proposed.Revision, "operator:bob", settles(time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, store.StateFailedTerminal, resolved.State)
 }
@@ -262,4 +262,10 @@ func (b *testBundle) sentEarlier(t *testing.T, op store.Operation, d time.Durati
 	_, err = tx.Exec(b.ctx, `UPDATE operation_events SET created_at = created_at - $2::interval WHERE operation_id = $1`, op.ID, d)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(b.ctx))
+}
+
+// settles is a target's settling time for a failure by hand, the same for every
+// operation.
+func settles(d time.Duration) func(store.Operation) time.Duration {
+	return func(store.Operation) time.Duration { return d }
 }
