@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -285,48 +284,58 @@ func (c *cluster) as(ctx context.Context, tenant string) context.Context {
 
 // probe: another tenant's client asks for this tenant's operation, by its own tenant's
 // name and by this one's, and lists this tenant. Each must be refused without a trace
-// of the operation.
+// of the operation. A check that gets no answer (its replica was down or paused) is
+// asked again of another, as a client does, for up to probePatience: a short run
+// whose faults came thick must still have probes answered.
 func (c *cluster) probe(ctx context.Context, rng *rand.Rand, h *history, tenant, name string) {
 	other := fmt.Sprintf("tenant-%d", rng.IntN(c.cfg.Tenants))
 	if other == tenant {
 		return
 	}
-	conn, err := c.client(rng)
-	if err != nil {
-		return
-	}
-	client := opbrokerv1.NewOperationServiceClient(conn)
-	ctx, cancel := context.WithTimeout(c.as(ctx, other), 5*time.Second)
-	defer cancel()
 	id := name[len("tenants/"+tenant+"/operations/"):]
 	checks := []struct {
 		what string
-		call func() error
+		call func(context.Context, opbrokerv1.OperationServiceClient) error
 		want codes.Code
 	}{
-		{"GetOperation of another tenant's name", func() error {
+		{"GetOperation of another tenant's name", func(ctx context.Context, client opbrokerv1.OperationServiceClient) error {
 			_, err := client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: name})
 			return err
 		}, codes.PermissionDenied},
-		{"GetOperation of another tenant's id under its own name", func() error {
+		{"GetOperation of another tenant's id under its own name", func(ctx context.Context, client opbrokerv1.OperationServiceClient) error {
 			_, err := client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: "tenants/" + other + "/operations/" + id})
 			return err
 		}, codes.NotFound},
-		{"ListOperations of another tenant", func() error {
+		{"ListOperations of another tenant", func(ctx context.Context, client opbrokerv1.OperationServiceClient) error {
 			_, err := client.ListOperations(ctx, &opbrokerv1.ListOperationsRequest{Tenant: tenant})
 			return err
 		}, codes.PermissionDenied},
 	}
+	deadline := time.Now().Add(probePatience)
 	for _, check := range checks {
-		err := check.call()
-		if retryable(err) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			continue // the replica was down: no answer, no leak
+		for attempt := 0; ctx.Err() == nil; attempt++ {
+			if time.Now().After(deadline) {
+				return // no replica answered: no answer, no leak
+			}
+			conn, err := c.client(rng)
+			if err == nil {
+				callCtx, cancel := context.WithTimeout(c.as(ctx, other), 2*time.Second)
+				err = check.call(callCtx, opbrokerv1.NewOperationServiceClient(conn))
+				cancel()
+				if !retryable(err) {
+					h.mu.Lock()
+					h.probes++
+					if status.Code(err) != check.want {
+						h.violations = append(h.violations, fmt.Sprintf("%s (%s as %s): got %v, want %v", check.what, name, other, err, check.want))
+					}
+					h.mu.Unlock()
+					break
+				}
+			}
+			time.Sleep(time.Duration(20+rng.IntN(100)) * time.Millisecond << min(attempt, 4))
 		}
-		h.mu.Lock()
-		h.probes++
-		if status.Code(err) != check.want {
-			h.violations = append(h.violations, fmt.Sprintf("%s (%s as %s): got %v, want %v", check.what, name, other, err, check.want))
-		}
-		h.mu.Unlock()
 	}
 }
+
+// probePatience is how long a cross-tenant probe asks again for an answer.
+const probePatience = 15 * time.Second
