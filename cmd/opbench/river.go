@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -118,6 +119,7 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 	fmt.Fprintf(out, "  PostgreSQL's cost, during each side's burn-down alone (not its loading), per job or operation: the CPU of every process named postgres\n")
 	fmt.Fprintf(out, "    on this machine (from /proc), the WAL written, the transaction ids assigned; client CPU: of River's program, and of this process\n")
 	fmt.Fprintf(out, "    for opbroker (its dispatcher and store; and the sampling of /proc, a few milliseconds a second)\n")
+	fmt.Fprintf(out, "  Go's collector: River's program at GOGC %s; this process at the broker's (below)\n", cmp.Or(os.Getenv("GOGC"), "100 (Go's default)"))
 	fmt.Fprintf(out, "  %s\n  %s\n", where, settings)
 	return nil
 }

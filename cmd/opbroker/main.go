@@ -23,9 +23,14 @@ import (
 	"syscall"
 
 	"github.com/urfave/cli/v3"
+
+	"github.com/opbroker/opbroker/gcpace"
 )
 
 func main() {
+	if err := gcpace.Default(); err != nil {
+		fmt.Fprintln(os.Stderr, "opbroker: warning: no soft memory limit from the container's:", err)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args, os.Stdout, os.Stderr)
 	stop()

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	"github.com/opbroker/opbroker/crashpoint"
+	"github.com/opbroker/opbroker/gcpace"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/storetest"
@@ -484,4 +485,22 @@ func TestTargetsCheck(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, string(out), `target "acme-payments": go/no-go control 1 (target contract recorded) fails: auth.secret is missing: environment variable OPBROKER_TEST_ACME_TOKEN is not set`, "serve refuses a missing credential")
 	require.NotContains(t, string(out), secret)
+}
+
+// TestServeRunsTheCollectorAtItsPace: the broker's process runs Go's collector at
+// gcpace.Percent unless GOGC is set, and GOMEMLIMIT in the environment wins over the
+// container's (gcpace's own tests cover a container's limit).
+func TestServeRunsTheCollectorAtItsPace(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	for env, want := range map[string]string{
+		"GOGC=":           fmt.Sprintf(`gogc=%d `, gcpace.Percent),
+		"GOGC=150":        `gogc=150 `,
+		"GOMEMLIMIT=1GiB": fmt.Sprintf(`gogc=%d gomemlimit=1073741824$`, gcpace.Percent),
+	} {
+		p := startEnv(t, []string{env}, serveArgs(url, targetsFile(t, simURL(t)), "--dispatch=false")...)
+		p.waitReady(t)
+		p.stop(t, syscall.SIGTERM)
+		require.Regexp(t, `(?m)msg=serving .* `+want, p.Output(), env)
+	}
 }

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -25,6 +27,7 @@ import (
 	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/dispatcher"
 	"github.com/opbroker/opbroker/evidence"
+	"github.com/opbroker/opbroker/gcpace"
 	"github.com/opbroker/opbroker/reconciler"
 	"github.com/opbroker/opbroker/server"
 	"github.com/opbroker/opbroker/store"
@@ -349,7 +352,13 @@ func (b *broker) run(ctx context.Context) error {
 		b.log.Info("support view", "addr", b.uiURL)
 	}
 	b.srv.SetServing()
-	b.log.Info("serving", "grpc", b.grpcLis.Addr().String(), "metrics", "http://"+b.httpLis.Addr().String()+"/metrics")
+	gogc, limit := gcpace.Current()
+	memoryLimit := "none"
+	if limit < math.MaxInt64 {
+		memoryLimit = strconv.FormatInt(limit, 10)
+	}
+	b.log.Info("serving", "grpc", b.grpcLis.Addr().String(), "metrics", "http://"+b.httpLis.Addr().String()+"/metrics",
+		"gogc", gogc, "gomemlimit", memoryLimit)
 
 	var err error
 	select {
