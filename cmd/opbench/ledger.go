@@ -28,12 +28,16 @@ func benchLedger(ctx context.Context, cmd *cli.Command) error {
 	defer cleanup()
 	st := store.New(pool)
 	total, tenants, period := cmd.Int("operations"), max(1, cmd.Int("tenants")), cmd.Duration("period")
+	backlog := cmd.Int("backlog")
+	if backlog < 64 {
+		return errors.New("--backlog must be at least 64, one claim")
+	}
 	out := cmd.Root().Writer
-	fmt.Fprintf(out, "the ledger as it grows: Prepare at concurrency 8 for %s, then claims of 64 (each with its events) through a fresh backlog of 1,280\n", period)
+	fmt.Fprintf(out, "the ledger as it grows: Prepare at concurrency 8 for %s, then claims of 64 (each with its events) through a fresh backlog of %d\n", period, backlog)
 	fmt.Fprintf(out, "%-12s  %-30s  %-22s  %s\n", "operations", "Prepare ops/s p50 p99", "claim of 64: p50 p99", "their 64 outcomes: p50 p99")
 	// Warm up first (connections, their prepared statements, caches), so that the
 	// empty ledger is not measured cold.
-	if _, _, err := claimThrough(ctx, st, -1, tenants, 256); err != nil {
+	if _, _, err := claimThrough(ctx, st, -1, tenants, backlog/5); err != nil {
 		return err
 	}
 	grown := 0
@@ -63,8 +67,8 @@ func benchLedger(ctx context.Context, cmd *cli.Command) error {
 			return prepare.err
 		}
 		// The intents just prepared are dispatched too, so the claims start from a
-		// backlog of the fresh 1,280 plus those.
-		claims, outcomes, err := claimThrough(ctx, st, size, tenants, 1280)
+		// backlog of the fresh ones plus those.
+		claims, outcomes, err := claimThrough(ctx, st, size, tenants, backlog)
 		if err != nil {
 			return err
 		}

@@ -99,6 +99,7 @@ func newApp() *cli.Command {
 				&cli.IntFlag{Name: "operations", Value: 1_000_000, Usage: "finished operations the ledger grows to (measured at none, a tenth and all)"},
 				&cli.IntFlag{Name: "tenants", Value: 8},
 				&cli.DurationFlag{Name: "period", Value: 3 * time.Second, Usage: "how long each Prepare measurement runs"},
+				&cli.IntFlag{Name: "backlog", Value: 1280, Usage: "operations prepared at each size, then claimed 64 at a time (a fifth of it to warm up)"},
 			},
 			Action: benchLedger,
 		}, {

@@ -167,7 +167,7 @@ func TestLedgerBenchRuns(t *testing.T) {
 	app := newApp()
 	app.Writer, app.ErrWriter = &out, &bytes.Buffer{}
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "ledger", "--database-url", storetest.URL(t),
-		"--operations", "2000", "--period", "100ms"}))
+		"--operations", "2000", "--period", "100ms", "--backlog", "128"}))
 	for _, size := range []string{"0", "200", "2000"} {
 		require.Regexp(t, `(?m)^`+size+` +\d+ .*ms +\d+\.\d+ms +\d+\.\d+ms +\d+\.\d+ms +\d+\.\d+ms$`, out.String(), "a row at %s operations", size)
 	}
