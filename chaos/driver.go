@@ -285,8 +285,8 @@ func (c *cluster) as(ctx context.Context, tenant string) context.Context {
 // probe: another tenant's client asks for this tenant's operation, by its own tenant's
 // name and by this one's, and lists this tenant. Each must be refused without a trace
 // of the operation. A check that gets no answer (its replica was down or paused) is
-// asked again of another, as a client does, for up to probePatience: a short run
-// whose faults came thick must still have probes answered.
+// asked again, of a replica chosen again, as a client does, for up to probePatience: a
+// short run whose faults came thick must still have probes answered.
 func (c *cluster) probe(ctx context.Context, rng *rand.Rand, h *history, tenant, name string) {
 	other := fmt.Sprintf("tenant-%d", rng.IntN(c.cfg.Tenants))
 	if other == tenant {
@@ -332,7 +332,10 @@ func (c *cluster) probe(ctx context.Context, rng *rand.Rand, h *history, tenant,
 					break
 				}
 			}
-			time.Sleep(time.Duration(20+rng.IntN(100)) * time.Millisecond << min(attempt, 4))
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(20+rng.IntN(100)) * time.Millisecond << min(attempt, 4)):
+			}
 		}
 	}
 }
