@@ -212,19 +212,14 @@ func openDatabase(ctx context.Context, cmd *cli.Command, rls bool) (*pgxpool.Poo
 	return pool, func() { drop(); stop() }, nil
 }
 
-// gogc is the Go collector's pace in this process.
-func gogc() int {
-	percent, _ := gcpace.Current()
-	return percent
-}
-
 // machine describes where the numbers were measured.
 func machine(ctx context.Context, pool *pgxpool.Pool) string {
 	var version, sharedBuffers, syncCommit, fsync string
+	gogc, _ := gcpace.Describe()
 	_ = pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('shared_buffers'),
 		current_setting('synchronous_commit'), current_setting('fsync')`).Scan(&version, &sharedBuffers, &syncCommit, &fsync)
-	return fmt.Sprintf("machine: %d cores, %s/%s, PostgreSQL %s (shared_buffers %s, synchronous_commit %s, fsync %s) on the same machine; this process's Go collector at GOGC %d",
-		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version, sharedBuffers, syncCommit, fsync, gogc())
+	return fmt.Sprintf("machine: %d cores, %s/%s, PostgreSQL %s (shared_buffers %s, synchronous_commit %s, fsync %s) on the same machine; this process's Go collector at GOGC %s",
+		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, version, sharedBuffers, syncCommit, fsync, gogc)
 }
 
 // prepareIntent records one demo.charge intent of tenant, in that tenant's scope.

@@ -29,7 +29,7 @@ import (
 
 func main() {
 	if err := gcpace.Default(); err != nil {
-		fmt.Fprintln(os.Stderr, "opbroker: warning: no soft memory limit from the container's:", err)
+		fmt.Fprintln(os.Stderr, "opbroker: warning: no soft memory limit set:", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args, os.Stdout, os.Stderr)

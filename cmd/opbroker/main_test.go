@@ -498,7 +498,8 @@ func TestServeRunsTheCollectorAtItsPace(t *testing.T) {
 		"GOGC=150":        `gogc=150 `,
 		"GOMEMLIMIT=1GiB": fmt.Sprintf(`gogc=%d gomemlimit=1073741824$`, gcpace.Percent),
 	} {
-		p := startEnv(t, []string{env}, serveArgs(url, targetsFile(t, simURL(t)), "--dispatch=false")...)
+		// GOGC= first: a GOGC of the test's own environment would win otherwise.
+		p := startEnv(t, []string{"GOGC=", env}, serveArgs(url, targetsFile(t, simURL(t)), "--dispatch=false")...)
 		p.waitReady(t)
 		p.stop(t, syscall.SIGTERM)
 		require.Regexp(t, `(?m)msg=serving .* `+want, p.Output(), env)

@@ -7,11 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
@@ -352,11 +350,7 @@ func (b *broker) run(ctx context.Context) error {
 		b.log.Info("support view", "addr", b.uiURL)
 	}
 	b.srv.SetServing()
-	gogc, limit := gcpace.Current()
-	memoryLimit := "none"
-	if limit < math.MaxInt64 {
-		memoryLimit = strconv.FormatInt(limit, 10)
-	}
+	gogc, memoryLimit := gcpace.Describe()
 	b.log.Info("serving", "grpc", b.grpcLis.Addr().String(), "metrics", "http://"+b.httpLis.Addr().String()+"/metrics",
 		"gogc", gogc, "gomemlimit", memoryLimit)
 
