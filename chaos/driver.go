@@ -252,29 +252,50 @@ func reasonOf(err error) string {
 // same request as a careful client does, for up to a minute. It returns the error that
 // ended it without an acknowledgement (nil when acknowledged).
 func (c *cluster) prepare(ctx context.Context, rng *rand.Rand, h *history, in *intent) error {
-	deadline := time.Now().Add(time.Minute)
-	for attempt := 0; time.Now().Before(deadline) && ctx.Err() == nil; attempt++ {
-		conn, err := c.client(rng)
-		if err == nil {
-			callCtx, cancel := context.WithTimeout(c.as(ctx, in.req.GetTenant()), 5*time.Second)
-			var resp *opbrokerv1.PrepareOperationResponse
-			resp, err = opbrokerv1.NewOperationServiceClient(conn).PrepareOperation(callCtx, in.req)
-			cancel()
+	answered, err := c.ask(ctx, rng, in.req.GetTenant(), time.Minute, 5*time.Second,
+		func(ctx context.Context, client opbrokerv1.OperationServiceClient) error {
+			resp, err := client.PrepareOperation(ctx, in.req)
 			if err == nil {
 				in.ack(resp.GetOperation().GetName())
-				return nil
 			}
-			if !retryable(err) {
-				fmt.Fprintf(c.cfg.Log, "chaos: %s refused: %v\n", in.req.GetIntentRef(), err)
-				return err
-			}
-		}
-		time.Sleep(time.Duration(20+rng.IntN(100)) * time.Millisecond << min(attempt, 4))
+			return err
+		})
+	switch {
+	case answered && err != nil:
+		fmt.Fprintf(c.cfg.Log, "chaos: %s refused: %v\n", in.req.GetIntentRef(), err)
+		return err
+	case answered:
+		return nil
 	}
 	h.mu.Lock()
 	h.gaveUp++
 	h.mu.Unlock()
 	return ctx.Err()
+}
+
+// ask makes a call as tenant's client on a live replica, bounded by timeout, until it is
+// answered (with no error, or one that retryable does not list), ctx ends or patience
+// passes, waiting between tries as a careful client does. It reports whether the call was
+// answered, and with what.
+func (c *cluster) ask(ctx context.Context, rng *rand.Rand, tenant string, patience, timeout time.Duration,
+	call func(context.Context, opbrokerv1.OperationServiceClient) error) (bool, error) {
+	deadline := time.Now().Add(patience)
+	for attempt := 0; time.Now().Before(deadline) && ctx.Err() == nil; attempt++ {
+		conn, err := c.client(rng)
+		if err == nil {
+			callCtx, cancel := context.WithTimeout(c.as(ctx, tenant), timeout)
+			err = call(callCtx, opbrokerv1.NewOperationServiceClient(conn))
+			cancel()
+			if !retryable(err) {
+				return true, err
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(20+rng.IntN(100)) * time.Millisecond << min(attempt, 4)):
+		}
+	}
+	return false, nil
 }
 
 // as returns ctx with the tenant's bearer token.
@@ -313,30 +334,16 @@ func (c *cluster) probe(ctx context.Context, rng *rand.Rand, h *history, tenant,
 	}
 	deadline := time.Now().Add(probePatience)
 	for _, check := range checks {
-		for attempt := 0; ctx.Err() == nil; attempt++ {
-			if time.Now().After(deadline) {
-				return // no replica answered: no answer, no leak
-			}
-			conn, err := c.client(rng)
-			if err == nil {
-				callCtx, cancel := context.WithTimeout(c.as(ctx, other), 2*time.Second)
-				err = check.call(callCtx, opbrokerv1.NewOperationServiceClient(conn))
-				cancel()
-				if !retryable(err) {
-					h.mu.Lock()
-					h.probes++
-					if status.Code(err) != check.want {
-						h.violations = append(h.violations, fmt.Sprintf("%s (%s as %s): got %v, want %v", check.what, name, other, err, check.want))
-					}
-					h.mu.Unlock()
-					break
-				}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Duration(20+rng.IntN(100)) * time.Millisecond << min(attempt, 4)):
-			}
+		answered, err := c.ask(ctx, rng, other, time.Until(deadline), 2*time.Second, check.call)
+		if !answered {
+			return // no replica answered: no answer, no leak
 		}
+		h.mu.Lock()
+		h.probes++
+		if status.Code(err) != check.want {
+			h.violations = append(h.violations, fmt.Sprintf("%s (%s as %s): got %v, want %v", check.what, name, other, err, check.want))
+		}
+		h.mu.Unlock()
 	}
 }
 
