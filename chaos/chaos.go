@@ -68,7 +68,9 @@ type Config struct {
 	ResolutionDeadline time.Duration
 	// SettleBound is how long the work may take to settle after healing (default 60s).
 	SettleBound time.Duration
-	// Log receives progress; ReplicaLogs, when set, every replica's log lines.
+	// Log receives progress; ReplicaLogs, when set, every replica's log lines. Run
+	// writes to them from several goroutines, one write at a time, so neither needs to be
+	// safe for concurrent use (a bytes.Buffer will do).
 	Log         io.Writer
 	ReplicaLogs io.Writer
 }
@@ -104,6 +106,23 @@ func (c *Config) setDefaults() {
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
+	mu := new(sync.Mutex) // one for both: they may be the same writer
+	c.Log = serialized{mu, c.Log}
+	if c.ReplicaLogs != nil {
+		c.ReplicaLogs = serialized{mu, c.ReplicaLogs}
+	}
+}
+
+// serialized passes one write at a time to w.
+type serialized struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (s serialized) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
 
 // Report is what a run found.
