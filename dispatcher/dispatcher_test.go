@@ -546,6 +546,36 @@ func TestLongCallKeepsItsLease(t *testing.T) {
 	require.Equal(t, store.StateSucceeded, got.State, "%+v", got.LastObservation)
 }
 
+// TestClaimsWaitingForASlotKeepTheirLeases: claims taken ahead of a target's one slot
+// wait in its queue while a call holds the slot for three leases; the lease keeper keeps
+// theirs too, so the sweeper (running all along) makes none of them UNKNOWN, and each is
+// sent once its turn comes.
+func TestClaimsWaitingForASlotKeepTheirLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{SlowDelay: 3 * time.Second}, func(c *target.Contract) {
+		c.Concurrency = 1
+		c.Endpoint.Timeout = target.Duration(8 * time.Second)
+	})
+	b.prepare(t, "acme", simtarget.DemoCharge, "slow", `{"amount":1,"sim":{"fault":"slow_commit"}}`)
+	require.NoError(t, b.sweeper(t).Start(b.ctx))
+	d := b.dispatcher(t, dispatcher.Config{Lease: time.Second})
+	claimed, _, err := d.RunOnce(b.ctx) // the one slot: the slow call
+	require.NoError(t, err)
+	require.Equal(t, 1, claimed)
+	time.Sleep(dispatcher.PaceWindow) // the target's pace is known
+	for i := range 4 {
+		b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprintf("w-%d", i), fmt.Sprintf(`{"amount":%d}`, i+2))
+	}
+	claimed, _, err = d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Positive(t, claimed, "claims run ahead of the busy slot")
+	drain(t, b, d)
+	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM operations WHERE state = 'SUCCEEDED'`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events WHERE to_state = 'UNKNOWN'`),
+		"no lease ran out while its claim waited")
+	require.Len(t, b.sim.Snapshot().Keys, 5)
+}
+
 func TestPerTargetConcurrencyLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{Latency: 20 * time.Millisecond}, func(c *target.Contract) { c.Concurrency = 2 })
