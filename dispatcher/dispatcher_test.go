@@ -552,20 +552,25 @@ func TestLongCallKeepsItsLease(t *testing.T) {
 // sent once its turn comes.
 func TestClaimsWaitingForASlotKeepTheirLeases(t *testing.T) {
 	t.Parallel()
-	b := setup(t, simtarget.Config{SlowDelay: 3 * time.Second}, func(c *target.Contract) {
+	// The waiting claims wait for the slow call, longer than their lease.
+	const lease = 2 * time.Second
+	b := setup(t, simtarget.Config{SlowDelay: 2 * lease}, func(c *target.Contract) {
 		c.Concurrency = 1
-		c.Endpoint.Timeout = target.Duration(8 * time.Second)
+		c.Endpoint.Timeout = target.Duration(4 * lease)
 	})
 	b.prepare(t, "acme", simtarget.DemoCharge, "slow", `{"amount":1,"sim":{"fault":"slow_commit"}}`)
 	require.NoError(t, b.sweeper(t).Start(b.ctx))
-	d := b.dispatcher(t, dispatcher.Config{Lease: time.Second})
+	d := b.dispatcher(t, dispatcher.Config{Lease: lease})
 	claimed, _, err := d.RunOnce(b.ctx) // the one slot: the slow call
 	require.NoError(t, err)
 	require.Equal(t, 1, claimed)
-	time.Sleep(dispatcher.PaceWindow) // the target's pace is known
 	for i := range 4 {
 		b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprintf("w-%d", i), fmt.Sprintf(`{"amount":%d}`, i+2))
 	}
+	// The target's pace is known after PaceWindow: one send started since the first
+	// claim. A claim then runs ahead by what that pace starts within a quarter of the
+	// lease, at least one unless the first claim was more than lease/4 ago.
+	time.Sleep(dispatcher.PaceWindow)
 	claimed, _, err = d.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Positive(t, claimed, "claims run ahead of the busy slot")
