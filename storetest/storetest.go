@@ -1,7 +1,9 @@
 // Package storetest gives tests a real PostgreSQL: the one named by
 // OPBROKER_TEST_DATABASE_URL, or an embedded one started for the test binary. Each test
-// gets its own schema, migrated to the current version and dropped at cleanup, so tests
-// that commit, race or listen run in parallel without seeing each other.
+// gets a schema of its own, migrated to the current version, so tests that commit, race
+// or listen run in parallel without seeing each other. At cleanup the schema is reset
+// to what the migrations leave and handed to a later test of the same binary, or, when
+// that cannot be proved (reuse.go), dropped.
 package storetest
 
 import (
@@ -60,6 +62,10 @@ func Run(m *testing.M) int {
 		baseURL = srv.URL()
 	}
 	code := m.Run()
+	if err := dropSpares(baseURL); err != nil {
+		fmt.Fprintln(os.Stderr, "storetest:", err)
+		code = 1
+	}
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "storetest: leaked goroutines:", err)
@@ -78,14 +84,27 @@ func URL(t testing.TB) string {
 	return baseURL
 }
 
-// Schema creates a fresh schema, migrated to the current version, and returns a
-// connection string whose search_path selects it. The schema is dropped at cleanup.
+// Schema returns a connection string whose search_path selects a schema of the test's
+// own, migrated to the current version: a new one, or one a finished test of this binary
+// used and that was then put back exactly as the migrations leave it (reuse.go). At
+// cleanup the schema is reset for a later test, or dropped.
 func Schema(t testing.TB) string {
 	t.Helper()
-	url := EmptySchema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if schema := takeSpare(); schema != "" {
+		url, err := provision.WithParams(URL(t), map[string]string{"search_path": schema, "role": AppRole})
+		if err != nil {
+			t.Fatalf("storetest: %v", err)
+		}
+		cleanupSchema(t, schema, true)
+		return url
+	}
+	url, schema := newSchema(t, true)
 	if err := store.Migrate(ctx, Pool(t, url)); err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	if err := record(ctx, URL(t), schema); err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
 	return url
@@ -95,28 +114,49 @@ func Schema(t testing.TB) string {
 // security binds it, as in production.
 const AppRole = "opbroker_app"
 
-// EmptySchema is Schema without the migration. The connection string is the broker's:
-// the administrator's credentials acting as AppRole, which owns the schema.
+// EmptySchema is Schema without the migration, always a new schema, dropped at cleanup.
+// The connection string is the broker's: the administrator's credentials acting as
+// AppRole, which owns the schema.
 func EmptySchema(t testing.TB) string {
+	t.Helper()
+	url, _ := newSchema(t, false)
+	return url
+}
+
+// newSchema creates a schema owned by AppRole and returns its connection string and
+// name; at cleanup it is dropped, or given back for reuse if reuse is set.
+func newSchema(t testing.TB, reuse bool) (url, schema string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
-	schema := "test_" + hex.EncodeToString(suffix)
+	schema = "test_" + hex.EncodeToString(suffix)
 	url, err := provision.Schema(ctx, URL(t), AppRole, schema)
 	if err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
+	cleanupSchema(t, schema, reuse)
+	return url, schema
+}
+
+// cleanupSchema registers the schema's cleanup first, so that it runs after the test's
+// own cleanups have closed their pools and stopped their servers.
+func cleanupSchema(t testing.TB, schema string, reuse bool) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := provision.DropSchema(ctx, URL(t), schema); err != nil {
+		var err error
+		if reuse {
+			err = giveBack(ctx, URL(t), schema, t.Failed())
+		} else {
+			err = provision.DropSchema(ctx, URL(t), schema)
+		}
+		if err != nil {
 			t.Errorf("storetest: %v", err)
 		}
 	})
-	return url
 }
 
 // AdminURL returns the administrator's connection string for a schema of EmptySchema:

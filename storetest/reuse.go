@@ -1,0 +1,293 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/opbroker/opbroker/provision"
+)
+
+// Migrating a schema is most of what PostgreSQL does for a typical test (26 migrations,
+// about a quarter of a second of its CPU with the cleanup). So a test's schema is handed
+// to a later test of the same binary once it has been put back exactly as the migrations
+// left it: every table emptied, the migrations' own rows restored, statistics dropped,
+// and a fingerprint of everything in the schema's catalogue (tables, columns, defaults,
+// constraints, indexes, triggers and whether they fire, functions, policies, types,
+// privileges, owners, storage parameters, sizes and statistics) equal to a freshly
+// migrated schema's. A schema whose test failed, whose reset could not take its locks
+// within a second (something still uses it), or whose fingerprint differs (the test
+// changed the schema, not only its rows) is dropped as before.
+
+// maxSpare is how many reset schemas one test binary keeps for its next tests.
+const maxSpare = 8
+
+// spares holds the reset schemas of this test binary and what a fresh one looks like.
+var spares struct {
+	mu       sync.Mutex
+	admin    *pgxpool.Pool // the administrator's pool on the test database, opened on first use
+	pristine *pristine     // nil until the first schema is migrated
+	free     []string      // schema names ready for a test
+}
+
+// pristine is what a freshly migrated schema holds: its fingerprint, the rows the
+// migrations wrote, per table, in COPY's text format, and the sizes the catalogue gives
+// its tables and indexes (which TRUNCATE changes, and the planner reads).
+type pristine struct {
+	fingerprint string
+	rows        map[string][]byte // by table name
+	sizes       relSizes
+}
+
+// relSizes are pg_class's relpages, reltuples and relallvisible of a schema's relations.
+type relSizes struct {
+	Names      []string
+	Pages      []int32
+	Tuples     []float32
+	AllVisible []int32
+}
+
+func adminPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	if spares.admin == nil {
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			return nil, err
+		}
+		spares.admin = pool
+	}
+	return spares.admin, nil
+}
+
+// takeSpare returns a reset schema, or "" when there is none.
+func takeSpare() string {
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	n := len(spares.free)
+	if n == 0 {
+		return ""
+	}
+	schema := spares.free[n-1]
+	spares.free = spares.free[:n-1]
+	return schema
+}
+
+// record keeps what the freshly migrated schema holds, the first time one is made.
+func record(ctx context.Context, url, schema string) error {
+	spares.mu.Lock()
+	have := spares.pristine != nil
+	spares.mu.Unlock()
+	if have {
+		return nil
+	}
+	p := &pristine{rows: map[string][]byte{}}
+	err := inSchema(ctx, url, schema, "", func(tx pgx.Tx) error {
+		tables, err := tablesOf(ctx, tx, schema)
+		if err != nil {
+			return err
+		}
+		for _, table := range tables {
+			var buf bytes.Buffer
+			tag, err := tx.Conn().PgConn().CopyTo(ctx, &buf, "COPY "+pgx.Identifier{schema, table}.Sanitize()+" TO STDOUT")
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() > 0 {
+				p.rows[table] = buf.Bytes()
+			}
+		}
+		if err := tx.QueryRow(ctx, `SELECT array_agg(relname), array_agg(relpages), array_agg(reltuples), array_agg(relallvisible)
+			FROM pg_class WHERE relnamespace = $1::regnamespace`, schema).
+			Scan(&p.sizes.Names, &p.sizes.Pages, &p.sizes.Tuples, &p.sizes.AllVisible); err != nil {
+			return err
+		}
+		p.fingerprint, err = fingerprint(ctx, tx, schema)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("record the fresh schema: %w", err)
+	}
+	spares.mu.Lock()
+	if spares.pristine == nil {
+		spares.pristine = p
+	}
+	spares.mu.Unlock()
+	return nil
+}
+
+// errChanged says that a schema's catalogue is not a fresh schema's after the reset.
+var errChanged = errors.New("the schema differs from a freshly migrated one")
+
+// giveBack resets schema for a later test and keeps it, or drops it when it cannot be
+// reset exactly (or enough are kept already).
+func giveBack(ctx context.Context, url, schema string, failed bool) error {
+	err := errors.New("its test failed")
+	if !failed {
+		err = reset(ctx, url, schema)
+	}
+	if err == nil {
+		spares.mu.Lock()
+		if len(spares.free) < maxSpare {
+			spares.free = append(spares.free, schema)
+			spares.mu.Unlock()
+			return nil
+		}
+		spares.mu.Unlock()
+	}
+	return provision.DropSchema(ctx, url, schema)
+}
+
+// reset empties schema and restores the migrations' rows and the catalogue's sizes in one
+// transaction, committed only if the schema then fingerprints as a fresh one.
+func reset(ctx context.Context, url, schema string) error {
+	spares.mu.Lock()
+	p := spares.pristine
+	spares.mu.Unlock()
+	if p == nil {
+		return errors.New("no fresh schema recorded")
+	}
+	// session_replication_role = replica: the ledger's guards (no TRUNCATE of the keys on
+	// their own, history never deleted) do not fire for the reset.
+	const settings = "; SET LOCAL lock_timeout = '1s'; SET LOCAL session_replication_role = replica"
+	return inSchema(ctx, url, schema, settings, func(tx pgx.Tx) error {
+		tables, err := tablesOf(ctx, tx, schema)
+		if err != nil {
+			return err
+		}
+		if len(tables) > 0 {
+			quoted := make([]string, len(tables))
+			for i, table := range tables {
+				quoted[i] = pgx.Identifier{schema, table}.Sanitize()
+			}
+			if _, err := tx.Exec(ctx, "TRUNCATE "+strings.Join(quoted, ", ")+" RESTART IDENTITY"); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM pg_statistic WHERE starelid IN
+			(SELECT oid FROM pg_class WHERE relnamespace = $1::regnamespace)`, schema); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE pg_class c SET relpages = s.pages, reltuples = s.tuples, relallvisible = s.allvisible
+			FROM unnest($2::name[], $3::int[], $4::real[], $5::int[]) AS s(name, pages, tuples, allvisible)
+			WHERE c.relnamespace = $1::regnamespace AND c.relname = s.name`,
+			schema, p.sizes.Names, p.sizes.Pages, p.sizes.Tuples, p.sizes.AllVisible); err != nil {
+			return err
+		}
+		for table, rows := range p.rows {
+			if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(rows), "COPY "+pgx.Identifier{schema, table}.Sanitize()+" FROM STDIN"); err != nil {
+				return err
+			}
+		}
+		got, err := fingerprint(ctx, tx, schema)
+		if err != nil {
+			return err
+		}
+		if got != p.fingerprint {
+			return errChanged
+		}
+		return nil
+	})
+}
+
+// inSchema runs fn in a transaction of the administrator's, with search_path set to
+// schema and then the settings given (further SET LOCAL statements).
+func inSchema(ctx context.Context, url, schema, settings string, fn func(pgx.Tx) error) error {
+	admin, err := adminPool(ctx, url)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL search_path = "+pgx.Identifier{schema}.Sanitize()+settings); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+// dropSpares drops the schemas kept at the end of the test binary and closes the
+// administrator's pool.
+func dropSpares(url string) error {
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	var errs []error
+	for _, schema := range spares.free {
+		errs = append(errs, provision.DropSchema(context.Background(), url, schema))
+	}
+	spares.free = nil
+	if spares.admin != nil {
+		spares.admin.Close()
+		spares.admin = nil
+	}
+	return errors.Join(errs...)
+}
+
+// tablesOf lists the names of schema's tables.
+func tablesOf(ctx context.Context, tx pgx.Tx, schema string) ([]string, error) {
+	rows, _ := tx.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') ORDER BY c.relname`, schema)
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// fingerprint digests everything in schema's catalogue that a test could change and a
+// later test could notice. The caller sets search_path to schema, so that names print
+// unqualified and two schemas compare equal when only their names differ. Some builds of
+// PostgreSQL give every column an option of their own (pg_attver) that differs from one
+// schema to the next: it is left out.
+func fingerprint(ctx context.Context, tx pgx.Tx, schema string) (string, error) {
+	var digest string
+	err := tx.QueryRow(ctx, fingerprintSQL, schema).Scan(&digest)
+	return digest, err
+}
+
+const fingerprintSQL = `
+WITH ns AS (SELECT oid, nspowner, nspacl FROM pg_namespace WHERE nspname = $1),
+rels AS (SELECT c.* FROM pg_class c, ns WHERE c.relnamespace = ns.oid)
+SELECT md5(concat_ws(E'\n',
+  (SELECT format('%s %s', nspowner::regrole, nspacl) FROM ns),
+  (SELECT string_agg(format('%s %s %s %s %s %s %s %s %s %s %s %s', relname, relkind, relpersistence, reloptions,
+      relrowsecurity, relforcerowsecurity, relreplident, relacl, relowner::regrole, relpages, reltuples, relallvisible),
+      E'\n' ORDER BY relname) FROM rels),
+  (SELECT string_agg(format('%s.%s %s %s %s %s %s %s %s %s %s %s', r.relname, a.attname, format_type(a.atttypid, a.atttypmod),
+      a.attnum, a.attnotnull, a.attidentity, a.attgenerated, a.attisdropped, a.attstattarget,
+      array(SELECT o FROM unnest(a.attoptions) o WHERE o NOT LIKE 'pg_attver=%' ORDER BY o), a.attacl,
+      pg_get_expr(d.adbin, d.adrelid)), E'\n' ORDER BY r.relname, a.attnum)
+     FROM rels r JOIN pg_attribute a ON a.attrelid = r.oid
+     LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+     WHERE a.attnum > 0),
+  (SELECT string_agg(format('%s %s %s %s %s %s', conrelid::regclass, contypid::regtype, conname,
+      pg_get_constraintdef(c.oid), convalidated, condeferrable), E'\n' ORDER BY conrelid::regclass::text, conname)
+     FROM pg_constraint c, ns WHERE c.connamespace = ns.oid),
+  (SELECT string_agg(format('%s %s %s %s %s', replace(pg_get_indexdef(i.indexrelid), ' ON ' || quote_ident($1) || '.', ' ON '),
+      indisvalid, indisready, indislive, indisclustered), E'\n' ORDER BY i.indexrelid::regclass::text)
+     FROM pg_index i JOIN rels r ON r.oid = i.indrelid),
+  (SELECT string_agg(format('%s %s %s %s %s %s', r.relname, CASE WHEN t.tgisinternal THEN ''
+      ELSE replace(pg_get_triggerdef(t.oid), ' ON ' || quote_ident($1) || '.', ' ON ') END,
+      (SELECT conname FROM pg_constraint WHERE oid = t.tgconstraint), t.tgtype, t.tgfoid::regprocedure, t.tgenabled),
+      E'\n' ORDER BY r.relname, t.tgname) FROM pg_trigger t JOIN rels r ON r.oid = t.tgrelid),
+  (SELECT string_agg(format('%s %s %s %s %s %s %s %s %s %s %s', p.oid::regprocedure, p.prokind, p.prorettype::regtype, p.prosrc,
+      replace(p.proconfig::text, $1, '<schema>'), p.provolatile, p.proisstrict, p.prosecdef, p.proleakproof, p.proowner::regrole, p.proacl),
+      E'\n' ORDER BY p.oid::regprocedure::text) FROM pg_proc p, ns WHERE p.pronamespace = ns.oid),
+  (SELECT string_agg(format('%s %s %s %s %s %s %s', p.polrelid::regclass, p.polname, p.polcmd, p.polpermissive,
+      p.polroles::regrole[], pg_get_expr(p.polqual, p.polrelid), pg_get_expr(p.polwithcheck, p.polrelid)), E'\n' ORDER BY r.relname, p.polname)
+     FROM pg_policy p JOIN rels r ON r.oid = p.polrelid),
+  (SELECT string_agg(format('%s %s %s %s %s', t.oid::regtype, t.typtype, t.typowner::regrole, t.typacl,
+      (SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid)),
+      E'\n' ORDER BY t.typname) FROM pg_type t, ns WHERE t.typnamespace = ns.oid),
+  (SELECT string_agg(pg_get_ruledef(w.oid), E'\n' ORDER BY r.relname, w.rulename) FROM pg_rewrite w JOIN rels r ON r.oid = w.ev_class),
+  (SELECT string_agg(format('%s %s %s %s %s %s %s %s', s.seqrelid::regclass, s.seqtypid::regtype, s.seqstart, s.seqincrement,
+      s.seqmax, s.seqmin, s.seqcycle, pg_sequence_last_value(s.seqrelid)), E'\n' ORDER BY r.relname)
+     FROM pg_sequence s JOIN rels r ON r.oid = s.seqrelid),
+  (SELECT string_agg(format('%s %s', inhrelid::regclass, inhparent::regclass), E'\n' ORDER BY r.relname, inhseqno)
+     FROM pg_inherits JOIN rels r ON r.oid = inhrelid),
+  (SELECT format('default privileges %s', array_agg(defaclacl ORDER BY defaclobjtype)) FROM pg_default_acl, ns
+     WHERE defaclnamespace = ns.oid),
+  (SELECT format('statistics %s', count(*)) FROM pg_statistic JOIN rels r ON r.oid = starelid),
+  (SELECT format('extended statistics %s', count(*)) FROM pg_statistic_ext, ns WHERE stxnamespace = ns.oid)
+))`

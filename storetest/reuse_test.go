@@ -1,0 +1,150 @@
+package storetest
+
+import (
+	"context"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
+)
+
+func TestMain(m *testing.M) { Main(m) }
+
+// schemaOf returns the schema a connection string of Schema selects.
+func schemaOf(t *testing.T, conn string) string {
+	t.Helper()
+	u, err := url.Parse(conn)
+	require.NoError(t, err)
+	return u.Query().Get("search_path")
+}
+
+func exists(t *testing.T, schema string) bool {
+	t.Helper()
+	var found bool
+	require.NoError(t, Pool(t, URL(t)).QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&found))
+	return found
+}
+
+// use runs a test body on a schema of Schema, as its own subtest, and returns the
+// schema's name once the subtest and its cleanup are over.
+func use(t *testing.T, name string, body func(t *testing.T, conn string)) string {
+	t.Helper()
+	var schema string
+	t.Run(name, func(t *testing.T) {
+		conn := Schema(t)
+		schema = schemaOf(t, conn)
+		body(t, conn)
+	})
+	return schema
+}
+
+// These tests do not run in parallel: each expects the schema the previous one left.
+
+func TestAResetSchemaIsAFreshOne(t *testing.T) {
+	ctx := context.Background()
+	var transitions int
+	first := use(t, "writes", func(t *testing.T, conn string) {
+		st := store.New(Pool(t, conn))
+		admin := Pool(t, AdminURL(t, conn))
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM operation_transitions`).Scan(&transitions))
+		require.Positive(t, transitions, "the migrations' own rows")
+		for _, intent := range []string{"a", "b", "c"} {
+			PrepareJSON(t, st, "t1", "charge", intent, `{}`)
+		}
+		_, err := admin.Exec(ctx, `DELETE FROM operation_transitions WHERE to_state = 'CANCELLED'; ANALYZE`)
+		require.NoError(t, err)
+	})
+	second := use(t, "reads", func(t *testing.T, conn string) {
+		admin := Pool(t, AdminURL(t, conn))
+		var operations, events, keys, stats, have int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM operations), (SELECT count(*) FROM operation_events),
+			(SELECT count(*) FROM operation_keys), (SELECT count(*) FROM operation_transitions),
+			(SELECT count(*) FROM pg_statistic WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = current_schema()::regnamespace))`).
+			Scan(&operations, &events, &keys, &have, &stats))
+		require.Zero(t, operations+events+keys, "the last test's rows are gone")
+		require.Equal(t, transitions, have, "the migrations' rows are back")
+		require.Zero(t, stats, "no statistics, as after the migrations")
+		st := store.New(Pool(t, conn))
+		op := PrepareJSON(t, st, "t1", "charge", "a", `{}`)
+		require.EqualValues(t, 1, op.Revision, "an intent of the last test's is new here")
+		var seq int64
+		require.NoError(t, admin.QueryRow(ctx, `SELECT max(seq) FROM operation_events`).Scan(&seq))
+		require.EqualValues(t, 1, seq, "the events' sequence starts again")
+	})
+	require.Equal(t, first, second, "the schema was handed on")
+}
+
+func TestAChangedSchemaIsDropped(t *testing.T) {
+	for _, change := range []string{
+		`ALTER TABLE operations DISABLE TRIGGER operations_guard`,
+		`ALTER TABLE operations DISABLE TRIGGER ALL`,
+		`DROP TRIGGER operation_events_append_only ON operation_events`,
+		`ALTER FUNCTION operations_formats() STABLE`,
+		`ALTER TABLE operations DROP CONSTRAINT operations_sent`,
+		`CREATE INDEX ON operations (updated_at)`,
+		`DROP INDEX operations_lease_idx`,
+		`ALTER TABLE operations ALTER COLUMN labels SET DEFAULT '{"x": 1}'`,
+		`ALTER TABLE operations ALTER COLUMN labels SET STATISTICS 5`,
+		`ALTER TABLE operations SET (fillfactor = 50)`,
+		`ALTER TABLE operations NO FORCE ROW LEVEL SECURITY`,
+		`DROP POLICY tenant_isolation ON operations`,
+		`GRANT SELECT ON operations TO PUBLIC`,
+		`CREATE TABLE scratch (x int)`,
+		`ALTER TYPE operation_state ADD VALUE 'PAUSED'`,
+		`CREATE STATISTICS operations_pair ON tenant_id, operation_type FROM operations`,
+	} {
+		changed := use(t, change, func(t *testing.T, conn string) {
+			_, err := Pool(t, AdminURL(t, conn)).Exec(context.Background(), change)
+			require.NoError(t, err)
+		})
+		require.False(t, exists(t, changed), "%s: the schema is dropped", change)
+		next := use(t, "next", func(*testing.T, string) {})
+		require.NotEqual(t, changed, next)
+	}
+}
+
+// spare runs an empty test on a schema of Schema and takes the schema it gave back out of
+// the spares, for a test to give back itself.
+func spare(t *testing.T) string {
+	t.Helper()
+	schema := use(t, "spare", func(*testing.T, string) {})
+	require.Equal(t, schema, takeSpare(), "the schema was kept")
+	return schema
+}
+
+func TestASchemaInUseIsDropped(t *testing.T) {
+	ctx := context.Background()
+	schema := spare(t)
+	conn, err := pgx.Connect(ctx, URL(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `LOCK TABLE `+pgx.Identifier{schema, "operations"}.Sanitize()+` IN ACCESS SHARE MODE`)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() { done <- giveBack(ctx, URL(t), schema, false) }()
+	// The reset gives up at its lock timeout, and the drop then waits for the lock too.
+	admin := Pool(t, URL(t))
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE query LIKE 'DROP SCHEMA%' AND wait_event_type = 'Lock')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 20*time.Millisecond)
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-done)
+	require.False(t, exists(t, schema), "a reset that could not take its locks drops the schema")
+}
+
+func TestAFailedTestsSchemaIsDropped(t *testing.T) {
+	schema := spare(t)
+	require.NoError(t, giveBack(context.Background(), URL(t), schema, true))
+	require.False(t, exists(t, schema))
+}
