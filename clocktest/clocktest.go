@@ -23,7 +23,7 @@ func New(skew time.Duration) *Clock {
 // durations between two readings are the real ones plus what Advance added.
 func (c *Clock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
 
-// Advance moves the clock forward by d.
+// Advance moves the clock forward by d (back when d is negative).
 func (c *Clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
 
 // Skews are the offsets that safety tests run under: a host clock ten seconds behind

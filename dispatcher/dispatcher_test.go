@@ -560,17 +560,19 @@ func TestClaimsWaitingForASlotKeepTheirLeases(t *testing.T) {
 	})
 	b.prepare(t, "acme", simtarget.DemoCharge, "slow", `{"amount":1,"sim":{"fault":"slow_commit"}}`)
 	require.NoError(t, b.sweeper(t).Start(b.ctx))
-	d := b.dispatcher(t, dispatcher.Config{Lease: lease})
+	clock := clocktest.New(0)
+	d := b.dispatcher(t, dispatcher.Config{Lease: lease, Clock: clock.Now})
 	claimed, _, err := d.RunOnce(b.ctx) // the one slot: the slow call
 	require.NoError(t, err)
 	require.Equal(t, 1, claimed)
+	claimedAt := time.Now()
 	for i := range 4 {
 		b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprintf("w-%d", i), fmt.Sprintf(`{"amount":%d}`, i+2))
 	}
-	// The target's pace is known after PaceWindow: one send started since the first
-	// claim. A claim then runs ahead by what that pace starts within a quarter of the
-	// lease, at least one unless the first claim was more than lease/4 ago.
-	time.Sleep(dispatcher.PaceWindow)
+	// The target's pace is measured from the first claim: one send started. A claim runs
+	// ahead by what that pace starts within a quarter of the lease, so the dispatcher's
+	// clock reads PaceWindow after the first claim, however long the prepares took.
+	clock.Advance(claimedAt.Add(dispatcher.PaceWindow).Sub(clock.Now()))
 	claimed, _, err = d.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Positive(t, claimed, "claims run ahead of the busy slot")
