@@ -16,14 +16,15 @@ import (
 
 // Migrating a schema is most of what PostgreSQL does for a typical test (26 migrations,
 // about a quarter of a second of its CPU with the cleanup). So a test's schema is handed
-// to a later test of the same binary once it has been put back exactly as the migrations
-// left it: every table emptied, the migrations' own rows restored, statistics dropped,
-// and a fingerprint of everything in the schema's catalogue (tables, columns, defaults,
-// constraints, indexes, triggers and whether they fire, functions, policies, types,
-// privileges, owners, storage parameters, sizes and statistics) equal to a freshly
-// migrated schema's. A schema whose test failed, whose reset could not take its locks
-// within a second (something still uses it), or whose fingerprint differs (the test
-// changed the schema, not only its rows) is dropped as before.
+// to a later test of the same binary once it has been put back as the migrations left
+// it, in one transaction of the administrator's: the sessions still connected to it
+// ended, every table emptied, the migrations' own rows restored, statistics, activity
+// counters and the catalogue's sizes put back; committed only if a fingerprint of the
+// schema's catalogue (fingerprintSQL says what it compares) equals a freshly migrated
+// schema's. A schema whose test failed, whose reset could not take its locks within a
+// second, or whose fingerprint differs (the test changed the schema, not only its rows)
+// is dropped as before. The reset needs a superuser: with any other administrator, every
+// schema is new and dropped.
 
 // maxSpare is how many reset schemas one test binary keeps for its next tests.
 const maxSpare = 8
@@ -32,6 +33,7 @@ const maxSpare = 8
 var spares struct {
 	mu       sync.Mutex
 	admin    *pgxpool.Pool // the administrator's pool on the test database, opened on first use
+	off      bool          // the administrator is no superuser: no schema is reused
 	pristine *pristine     // nil until the first schema is migrated
 	free     []string      // schema names ready for a test
 }
@@ -47,12 +49,14 @@ type pristine struct {
 
 // relSizes are pg_class's relpages, reltuples and relallvisible of a schema's relations.
 type relSizes struct {
-	Names      []string
-	Pages      []int32
-	Tuples     []float32
-	AllVisible []int32
+	names      []string
+	pages      []int32
+	tuples     []float32
+	allVisible []int32
 }
 
+// adminPool opens the administrator's pool the first time, and finds out whether the
+// administrator can reset schemas.
 func adminPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	spares.mu.Lock()
 	defer spares.mu.Unlock()
@@ -61,7 +65,12 @@ func adminPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		if err != nil {
 			return nil, err
 		}
-		spares.admin = pool
+		var super bool
+		if err := pool.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super); err != nil {
+			pool.Close()
+			return nil, err
+		}
+		spares.admin, spares.off = pool, !super
 	}
 	return spares.admin, nil
 }
@@ -81,14 +90,17 @@ func takeSpare() string {
 
 // record keeps what the freshly migrated schema holds, the first time one is made.
 func record(ctx context.Context, url, schema string) error {
+	if _, err := adminPool(ctx, url); err != nil {
+		return err
+	}
 	spares.mu.Lock()
-	have := spares.pristine != nil
+	done := spares.pristine != nil || spares.off
 	spares.mu.Unlock()
-	if have {
+	if done {
 		return nil
 	}
 	p := &pristine{rows: map[string][]byte{}}
-	err := inSchema(ctx, url, schema, "", func(tx pgx.Tx) error {
+	err := inSchema(ctx, url, schema, func(tx pgx.Tx) error {
 		tables, err := tablesOf(ctx, tx, schema)
 		if err != nil {
 			return err
@@ -105,7 +117,7 @@ func record(ctx context.Context, url, schema string) error {
 		}
 		if err := tx.QueryRow(ctx, `SELECT array_agg(relname), array_agg(relpages), array_agg(reltuples), array_agg(relallvisible)
 			FROM pg_class WHERE relnamespace = $1::regnamespace`, schema).
-			Scan(&p.sizes.Names, &p.sizes.Pages, &p.sizes.Tuples, &p.sizes.AllVisible); err != nil {
+			Scan(&p.sizes.names, &p.sizes.pages, &p.sizes.tuples, &p.sizes.allVisible); err != nil {
 			return err
 		}
 		p.fingerprint, err = fingerprint(ctx, tx, schema)
@@ -125,38 +137,59 @@ func record(ctx context.Context, url, schema string) error {
 // errChanged says that a schema's catalogue is not a fresh schema's after the reset.
 var errChanged = errors.New("the schema differs from a freshly migrated one")
 
-// giveBack resets schema for a later test and keeps it, or drops it when it cannot be
-// reset exactly (or enough are kept already).
-func giveBack(ctx context.Context, url, schema string, failed bool) error {
-	err := errors.New("its test failed")
-	if !failed {
-		err = reset(ctx, url, schema)
+// giveBack resets schema for a later test and keeps it, or drops it when its test failed
+// or it cannot be reset exactly (or enough are kept already). logf says why a schema
+// was not kept.
+func giveBack(ctx context.Context, url, schema string, failed bool, logf func(string, ...any)) error {
+	if failed {
+		logf("storetest: schema %s dropped: its test failed", schema)
+		return provision.DropSchema(ctx, url, schema)
 	}
-	if err == nil {
-		spares.mu.Lock()
-		if len(spares.free) < maxSpare {
-			spares.free = append(spares.free, schema)
-			spares.mu.Unlock()
-			return nil
-		}
-		spares.mu.Unlock()
+	if err := reset(ctx, url, schema); err != nil {
+		logf("storetest: schema %s dropped: %v", schema, err)
+		return provision.DropSchema(ctx, url, schema)
+	}
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	if len(spares.free) < maxSpare {
+		spares.free = append(spares.free, schema)
+		return nil
 	}
 	return provision.DropSchema(ctx, url, schema)
 }
 
-// reset empties schema and restores the migrations' rows and the catalogue's sizes in one
-// transaction, committed only if the schema then fingerprints as a fresh one.
+// reset ends the sessions still connected to schema, empties it and restores the
+// migrations' rows, the catalogue's sizes and the activity counters, in one transaction
+// committed only if the schema then fingerprints as a fresh one.
 func reset(ctx context.Context, url, schema string) error {
+	admin, err := adminPool(ctx, url)
+	if err != nil {
+		return err
+	}
 	spares.mu.Lock()
-	p := spares.pristine
+	p, off := spares.pristine, spares.off
 	spares.mu.Unlock()
-	if p == nil {
+	switch {
+	case off:
+		return errors.New("the administrator is no superuser")
+	case p == nil:
 		return errors.New("no fresh schema recorded")
 	}
-	// session_replication_role = replica: the ledger's guards (no TRUNCATE of the keys on
-	// their own, history never deleted) do not fire for the reset.
-	const settings = "; SET LOCAL lock_timeout = '1s'; SET LOCAL session_replication_role = replica"
-	return inSchema(ctx, url, schema, settings, func(tx pgx.Tx) error {
+	// A session left connected (a killed process's, whose last statements may still be
+	// in its socket) could write after the reset, into the next test's schema. Schema's
+	// connection strings name the schema as their application_name.
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity
+		WHERE application_name = $1 AND pid <> pg_backend_pid()`, schema); err != nil {
+		return err
+	}
+	return inSchema(ctx, url, schema, func(tx pgx.Tx) error {
+		// session_replication_role = replica: the ledger's guards (no TRUNCATE of the keys
+		// on their own, history never deleted) do not fire for the reset.
+		for _, set := range []string{"SET LOCAL lock_timeout = '1s'", "SET LOCAL session_replication_role = replica"} {
+			if _, err := tx.Exec(ctx, set); err != nil {
+				return err
+			}
+		}
 		tables, err := tablesOf(ctx, tx, schema)
 		if err != nil {
 			return err
@@ -170,20 +203,35 @@ func reset(ctx context.Context, url, schema string) error {
 				return err
 			}
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM pg_statistic WHERE starelid IN
-			(SELECT oid FROM pg_class WHERE relnamespace = $1::regnamespace)`, schema); err != nil {
-			return err
+		// Statistics and activity counters steer plans and autovacuum, and tests read
+		// function counters: a fresh schema has none.
+		for _, statement := range []string{
+			`DELETE FROM pg_statistic WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = $1::regnamespace)`,
+			`SELECT pg_stat_reset_single_table_counters(oid) FROM pg_class WHERE relnamespace = $1::regnamespace`,
+			`SELECT pg_stat_reset_single_function_counters(oid) FROM pg_proc WHERE pronamespace = $1::regnamespace`,
+		} {
+			if _, err := tx.Exec(ctx, statement, schema); err != nil {
+				return err
+			}
 		}
 		if _, err := tx.Exec(ctx, `UPDATE pg_class c SET relpages = s.pages, reltuples = s.tuples, relallvisible = s.allvisible
 			FROM unnest($2::name[], $3::int[], $4::real[], $5::int[]) AS s(name, pages, tuples, allvisible)
 			WHERE c.relnamespace = $1::regnamespace AND c.relname = s.name`,
-			schema, p.sizes.Names, p.sizes.Pages, p.sizes.Tuples, p.sizes.AllVisible); err != nil {
+			schema, p.sizes.names, p.sizes.pages, p.sizes.tuples, p.sizes.allVisible); err != nil {
 			return err
 		}
 		for table, rows := range p.rows {
 			if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(rows), "COPY "+pgx.Identifier{schema, table}.Sanitize()+" FROM STDIN"); err != nil {
 				return err
 			}
+		}
+		var connected bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE application_name = $1 AND pid <> pg_backend_pid())`, schema).Scan(&connected); err != nil {
+			return err
+		}
+		if connected {
+			return errors.New("a session connected to it again")
 		}
 		got, err := fingerprint(ctx, tx, schema)
 		if err != nil {
@@ -197,14 +245,14 @@ func reset(ctx context.Context, url, schema string) error {
 }
 
 // inSchema runs fn in a transaction of the administrator's, with search_path set to
-// schema and then the settings given (further SET LOCAL statements).
-func inSchema(ctx context.Context, url, schema, settings string, fn func(pgx.Tx) error) error {
+// schema.
+func inSchema(ctx context.Context, url, schema string, fn func(pgx.Tx) error) error {
 	admin, err := adminPool(ctx, url)
 	if err != nil {
 		return err
 	}
 	return pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL search_path = "+pgx.Identifier{schema}.Sanitize()+settings); err != nil {
+		if _, err := tx.Exec(ctx, "SET LOCAL search_path = "+pgx.Identifier{schema}.Sanitize()); err != nil {
 			return err
 		}
 		return fn(tx)
@@ -235,8 +283,16 @@ func tablesOf(ctx context.Context, tx pgx.Tx, schema string) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-// fingerprint digests everything in schema's catalogue that a test could change and a
-// later test could notice. The caller sets search_path to schema, so that names print
+// fingerprint digests what a test could change in schema's catalogue and a later test
+// could notice: the schema's owner and privileges; each relation's kind, persistence,
+// access method, storage options (its TOAST table's too), row-level security, replica
+// identity, privileges, owner and sizes; each column's type, collation, storage,
+// compression, nullability, identity, default, statistics target, options and
+// privileges; constraints, indexes and triggers as defined, with whether each is valid
+// or fires; functions (body, cost, volatility, settings, security, owner, privileges);
+// policies; types and enum labels; rules; sequences and their state; inheritance;
+// default privileges; every object that belongs to the schema by name; comments;
+// publications; statistics. The caller sets search_path to schema, so that names print
 // unqualified and two schemas compare equal when only their names differ. Some builds of
 // PostgreSQL give every column an option of their own (pg_attver) that differs from one
 // schema to the next: it is left out.
@@ -248,21 +304,28 @@ func fingerprint(ctx context.Context, tx pgx.Tx, schema string) (string, error) 
 
 const fingerprintSQL = `
 WITH ns AS (SELECT oid, nspowner, nspacl FROM pg_namespace WHERE nspname = $1),
-rels AS (SELECT c.* FROM pg_class c, ns WHERE c.relnamespace = ns.oid)
+rels AS (SELECT c.* FROM pg_class c, ns WHERE c.relnamespace = ns.oid),
+owned AS (SELECT d.classid, d.objid, d.objsubid FROM pg_depend d, ns
+  WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = ns.oid),
+described AS (SELECT oid FROM ns UNION SELECT objid FROM owned UNION SELECT oid FROM rels
+  UNION SELECT c.oid FROM pg_constraint c, ns WHERE c.connamespace = ns.oid
+  UNION SELECT t.oid FROM pg_trigger t JOIN rels r ON r.oid = t.tgrelid
+  UNION SELECT p.oid FROM pg_policy p JOIN rels r ON r.oid = p.polrelid)
 SELECT md5(concat_ws(E'\n',
   (SELECT format('%s %s', nspowner::regrole, nspacl) FROM ns),
-  (SELECT string_agg(format('%s %s %s %s %s %s %s %s %s %s %s %s', relname, relkind, relpersistence, reloptions,
-      relrowsecurity, relforcerowsecurity, relreplident, relacl, relowner::regrole, relpages, reltuples, relallvisible),
-      E'\n' ORDER BY relname) FROM rels),
-  (SELECT string_agg(format('%s.%s %s %s %s %s %s %s %s %s %s %s', r.relname, a.attname, format_type(a.atttypid, a.atttypmod),
-      a.attnum, a.attnotnull, a.attidentity, a.attgenerated, a.attisdropped, a.attstattarget,
+  (SELECT string_agg(format('%s %s %s %s %s %s %s %s %s %s %s %s %s %s', relname, relkind, relpersistence, reloptions,
+      relrowsecurity, relforcerowsecurity, relreplident, relacl, relowner::regrole, relpages, reltuples, relallvisible,
+      (SELECT a.amname FROM pg_am a WHERE a.oid = r.relam), (SELECT t.reloptions FROM pg_class t WHERE t.oid = r.reltoastrelid)),
+      E'\n' ORDER BY relname) FROM rels r),
+  (SELECT string_agg(format('%s.%s %s %s %s %s %s %s %s %s %s %s %s %s %s', r.relname, a.attname,
+      format_type(a.atttypid, a.atttypmod), a.attcollation::regcollation, a.attstorage, a.attcompression, a.attnum, a.attnotnull, a.attidentity, a.attgenerated, a.attisdropped, a.attstattarget,
       array(SELECT o FROM unnest(a.attoptions) o WHERE o NOT LIKE 'pg_attver=%' ORDER BY o), a.attacl,
       pg_get_expr(d.adbin, d.adrelid)), E'\n' ORDER BY r.relname, a.attnum)
      FROM rels r JOIN pg_attribute a ON a.attrelid = r.oid
      LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
      WHERE a.attnum > 0),
-  (SELECT string_agg(format('%s %s %s %s %s %s', conrelid::regclass, contypid::regtype, conname,
-      pg_get_constraintdef(c.oid), convalidated, condeferrable), E'\n' ORDER BY conrelid::regclass::text, conname)
+  (SELECT string_agg(format('%s %s %s %s %s %s %s', conrelid::regclass, contypid::regtype, conname,
+      pg_get_constraintdef(c.oid), convalidated, condeferrable, condeferred), E'\n' ORDER BY conrelid::regclass::text, conname)
      FROM pg_constraint c, ns WHERE c.connamespace = ns.oid),
   (SELECT string_agg(format('%s %s %s %s %s', replace(pg_get_indexdef(i.indexrelid), ' ON ' || quote_ident($1) || '.', ' ON '),
       indisvalid, indisready, indislive, indisclustered), E'\n' ORDER BY i.indexrelid::regclass::text)
@@ -271,7 +334,8 @@ SELECT md5(concat_ws(E'\n',
       ELSE replace(pg_get_triggerdef(t.oid), ' ON ' || quote_ident($1) || '.', ' ON ') END,
       (SELECT conname FROM pg_constraint WHERE oid = t.tgconstraint), t.tgtype, t.tgfoid::regprocedure, t.tgenabled),
       E'\n' ORDER BY r.relname, t.tgname) FROM pg_trigger t JOIN rels r ON r.oid = t.tgrelid),
-  (SELECT string_agg(format('%s %s %s %s %s %s %s %s %s %s %s', p.oid::regprocedure, p.prokind, p.prorettype::regtype, p.prosrc,
+  (SELECT string_agg(format('%s %s %s %s %s %s %s %s %s %s %s %s %s %s', p.oid::regprocedure, p.prokind, p.prorettype::regtype,
+      p.prosrc, p.procost, p.prorows, p.proparallel,
       replace(p.proconfig::text, $1, '<schema>'), p.provolatile, p.proisstrict, p.prosecdef, p.proleakproof, p.proowner::regrole, p.proacl),
       E'\n' ORDER BY p.oid::regprocedure::text) FROM pg_proc p, ns WHERE p.pronamespace = ns.oid),
   (SELECT string_agg(format('%s %s %s %s %s %s %s', p.polrelid::regclass, p.polname, p.polcmd, p.polpermissive,
@@ -281,13 +345,21 @@ SELECT md5(concat_ws(E'\n',
       (SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid)),
       E'\n' ORDER BY t.typname) FROM pg_type t, ns WHERE t.typnamespace = ns.oid),
   (SELECT string_agg(pg_get_ruledef(w.oid), E'\n' ORDER BY r.relname, w.rulename) FROM pg_rewrite w JOIN rels r ON r.oid = w.ev_class),
-  (SELECT string_agg(format('%s %s %s %s %s %s %s %s', s.seqrelid::regclass, s.seqtypid::regtype, s.seqstart, s.seqincrement,
-      s.seqmax, s.seqmin, s.seqcycle, pg_sequence_last_value(s.seqrelid)), E'\n' ORDER BY r.relname)
+  (SELECT string_agg(format('%s %s %s %s %s %s %s %s %s', s.seqrelid::regclass, s.seqtypid::regtype, s.seqstart, s.seqincrement,
+      s.seqmax, s.seqmin, s.seqcache, s.seqcycle, pg_sequence_last_value(s.seqrelid)), E'\n' ORDER BY r.relname)
      FROM pg_sequence s JOIN rels r ON r.oid = s.seqrelid),
   (SELECT string_agg(format('%s %s', inhrelid::regclass, inhparent::regclass), E'\n' ORDER BY r.relname, inhseqno)
      FROM pg_inherits JOIN rels r ON r.oid = inhrelid),
   (SELECT format('default privileges %s', array_agg(defaclacl ORDER BY defaclobjtype)) FROM pg_default_acl, ns
      WHERE defaclnamespace = ns.oid),
+  (SELECT string_agg(pg_describe_object(classid, objid, objsubid), E'\n' ORDER BY pg_describe_object(classid, objid, objsubid))
+     FROM owned),
+  (SELECT string_agg(format('%s %s', pg_describe_object(d.classoid, d.objoid, d.objsubid), d.description),
+      E'\n' ORDER BY pg_describe_object(d.classoid, d.objoid, d.objsubid)) FROM pg_description d JOIN described ON described.oid = d.objoid),
+  (SELECT string_agg(format('publication %s %s', p.pubname, r.relname), E'\n' ORDER BY p.pubname, r.relname)
+     FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid JOIN rels r ON r.oid = pr.prrelid),
+  (SELECT string_agg(format('publication %s', p.pubname), E'\n' ORDER BY p.pubname)
+     FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid, ns WHERE pn.pnnspid = ns.oid),
   (SELECT format('statistics %s', count(*)) FROM pg_statistic JOIN rels r ON r.oid = starelid),
   (SELECT format('extended statistics %s', count(*)) FROM pg_statistic_ext, ns WHERE stxnamespace = ns.oid)
 ))`

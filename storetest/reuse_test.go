@@ -2,7 +2,9 @@ package storetest
 
 import (
 	"context"
+	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,6 +71,10 @@ func TestAResetSchemaIsAFreshOne(t *testing.T) {
 		require.Zero(t, operations+events+keys, "the last test's rows are gone")
 		require.Equal(t, transitions, have, "the migrations' rows are back")
 		require.Zero(t, stats, "no statistics, as after the migrations")
+		var inserted, modified int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT n_tup_ins, n_mod_since_analyze FROM pg_stat_user_tables
+			WHERE relid = 'operations'::regclass`).Scan(&inserted, &modified))
+		require.Zero(t, inserted+modified, "no activity counted, as after the migrations")
 		st := store.New(Pool(t, conn))
 		op := PrepareJSON(t, st, "t1", "charge", "a", `{}`)
 		require.EqualValues(t, 1, op.Revision, "an intent of the last test's is new here")
@@ -85,27 +91,62 @@ func TestAChangedSchemaIsDropped(t *testing.T) {
 		`ALTER TABLE operations DISABLE TRIGGER ALL`,
 		`DROP TRIGGER operation_events_append_only ON operation_events`,
 		`ALTER FUNCTION operations_formats() STABLE`,
+		`ALTER FUNCTION operations_formats() COST 1000`,
 		`ALTER TABLE operations DROP CONSTRAINT operations_sent`,
 		`CREATE INDEX ON operations (updated_at)`,
 		`DROP INDEX operations_lease_idx`,
 		`ALTER TABLE operations ALTER COLUMN labels SET DEFAULT '{"x": 1}'`,
 		`ALTER TABLE operations ALTER COLUMN labels SET STATISTICS 5`,
+		`ALTER TABLE operations ALTER COLUMN labels SET STORAGE MAIN`,
+		`ALTER TABLE operation_keys ALTER COLUMN intent_ref TYPE text COLLATE "C"`,
 		`ALTER TABLE operations SET (fillfactor = 50)`,
+		`ALTER TABLE operations SET (toast.autovacuum_enabled = false)`,
 		`ALTER TABLE operations NO FORCE ROW LEVEL SECURITY`,
 		`DROP POLICY tenant_isolation ON operations`,
 		`GRANT SELECT ON operations TO PUBLIC`,
+		`ALTER SEQUENCE operation_events_seq_seq CACHE 10`,
 		`CREATE TABLE scratch (x int)`,
+		`CREATE COLLATION scratch (provider = icu, locale = 'und', deterministic = false)`,
 		`ALTER TYPE operation_state ADD VALUE 'PAUSED'`,
 		`CREATE STATISTICS operations_pair ON tenant_id, operation_type FROM operations`,
+		`COMMENT ON TABLE operations IS 'changed'`,
+		`CREATE PUBLICATION scratch FOR TABLE payload_mismatches`,
 	} {
 		changed := use(t, change, func(t *testing.T, conn string) {
-			_, err := Pool(t, AdminURL(t, conn)).Exec(context.Background(), change)
+			ctx := context.Background()
+			admin := Pool(t, AdminURL(t, conn))
+			_, err := admin.Exec(ctx, change)
 			require.NoError(t, err)
+			require.ErrorIs(t, reset(ctx, URL(t), schemaOf(t, conn)), errChanged, "the reset sees the change")
 		})
 		require.False(t, exists(t, changed), "%s: the schema is dropped", change)
-		next := use(t, "next", func(*testing.T, string) {})
-		require.NotEqual(t, changed, next)
+		if strings.HasPrefix(change, "CREATE PUBLICATION") {
+			_, err := Pool(t, URL(t)).Exec(context.Background(), `DROP PUBLICATION scratch`)
+			require.NoError(t, err)
+		}
 	}
+}
+
+// A session left connected (a killed process's) is ended before the reset, so that
+// nothing it still sends lands in the next test's schema.
+func TestALingeringSessionIsEnded(t *testing.T) {
+	ctx := context.Background()
+	var lingering *pgx.Conn
+	first := use(t, "leaves a session", func(t *testing.T, conn string) {
+		var err error
+		lingering, err = pgx.Connect(ctx, AdminURL(t, conn))
+		require.NoError(t, err)
+	})
+	defer lingering.Close(ctx)
+	_, err := lingering.Exec(ctx, `INSERT INTO operation_transitions VALUES ('PREPARED', 'SUCCEEDED', 'late')`)
+	require.Error(t, err, "the session was ended")
+	second := use(t, "next", func(t *testing.T, conn string) {
+		var late int
+		require.NoError(t, Pool(t, AdminURL(t, conn)).QueryRow(ctx,
+			`SELECT count(*) FROM operation_transitions WHERE who = 'late'`).Scan(&late))
+		require.Zero(t, late)
+	})
+	require.Equal(t, first, second, "the schema was handed on")
 }
 
 // spare runs an empty test on a schema of Schema and takes the schema it gave back out of
@@ -129,7 +170,7 @@ func TestASchemaInUseIsDropped(t *testing.T) {
 	require.NoError(t, err)
 
 	done := make(chan error, 1)
-	go func() { done <- giveBack(ctx, URL(t), schema, false) }()
+	go func() { done <- giveBack(ctx, URL(t), schema, false, t.Logf) }()
 	// The reset gives up at its lock timeout, and the drop then waits for the lock too.
 	admin := Pool(t, URL(t))
 	require.Eventually(t, func() bool {
@@ -143,8 +184,28 @@ func TestASchemaInUseIsDropped(t *testing.T) {
 	require.False(t, exists(t, schema), "a reset that could not take its locks drops the schema")
 }
 
+// failing is a test that has failed, as its cleanups see it.
+type failing struct{ *testing.T }
+
+func (failing) Failed() bool { return true }
+
 func TestAFailedTestsSchemaIsDropped(t *testing.T) {
-	schema := spare(t)
-	require.NoError(t, giveBack(context.Background(), URL(t), schema, true))
+	var schema string
+	t.Run("fails", func(t *testing.T) {
+		schema = schemaOf(t, Schema(failing{t}))
+	})
 	require.False(t, exists(t, schema))
+}
+
+func TestSchemasHandedOnInParallel(t *testing.T) {
+	for i := range 8 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Parallel()
+			for range 3 {
+				use(t, "writes", func(t *testing.T, conn string) {
+					PrepareJSON(t, store.New(Pool(t, conn)), "t1", "charge", "a", `{}`)
+				})
+			}
+		})
+	}
 }

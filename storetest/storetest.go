@@ -90,17 +90,13 @@ func URL(t testing.TB) string {
 // cleanup the schema is reset for a later test, or dropped.
 func Schema(t testing.TB) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	if schema := takeSpare(); schema != "" {
-		url, err := provision.WithParams(URL(t), map[string]string{"search_path": schema, "role": AppRole})
-		if err != nil {
-			t.Fatalf("storetest: %v", err)
-		}
 		cleanupSchema(t, schema, true)
-		return url
+		return schemaURL(t, schema)
 	}
 	url, schema := newSchema(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	if err := store.Migrate(ctx, Pool(t, url)); err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
@@ -133,23 +129,33 @@ func newSchema(t testing.TB, reuse bool) (url, schema string) {
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	schema = "test_" + hex.EncodeToString(suffix)
-	url, err := provision.Schema(ctx, URL(t), AppRole, schema)
-	if err != nil {
+	if _, err := provision.Schema(ctx, URL(t), AppRole, schema); err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
 	cleanupSchema(t, schema, reuse)
-	return url, schema
+	return schemaURL(t, schema), schema
 }
 
-// cleanupSchema registers the schema's cleanup first, so that it runs after the test's
-// own cleanups have closed their pools and stopped their servers.
+// schemaURL is the broker's connection string for schema. It names the schema as its
+// application_name too, so that a reset finds the sessions still connected to it.
+func schemaURL(t testing.TB, schema string) string {
+	t.Helper()
+	url, err := provision.WithParams(URL(t), map[string]string{"search_path": schema, "role": AppRole, "application_name": schema})
+	if err != nil {
+		t.Fatalf("storetest: %v", err)
+	}
+	return url
+}
+
+// cleanupSchema registers the schema's cleanup. Cleanups run last first, so it runs after
+// those the test registers once it has the schema (its pools, servers and processes).
 func cleanupSchema(t testing.TB, schema string, reuse bool) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		var err error
 		if reuse {
-			err = giveBack(ctx, URL(t), schema, t.Failed())
+			err = giveBack(ctx, URL(t), schema, t.Failed(), t.Logf)
 		} else {
 			err = provision.DropSchema(ctx, URL(t), schema)
 		}
