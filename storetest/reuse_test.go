@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -85,37 +86,76 @@ func TestAResetSchemaIsAFreshOne(t *testing.T) {
 	require.Equal(t, first, second, "the schema was handed on")
 }
 
+// changes are what a test could do to its schema beyond its rows: each must keep the
+// schema from being handed on.
+var changes = []string{
+	`ALTER TABLE operations DISABLE TRIGGER operations_guard`,
+	`ALTER TABLE operations DISABLE TRIGGER ALL`,
+	`DROP TRIGGER operation_events_append_only ON operation_events`,
+	`ALTER FUNCTION operations_formats() STABLE`,
+	`ALTER FUNCTION operations_formats() COST 1000`,
+	`ALTER TABLE operations DROP CONSTRAINT operations_sent`,
+	`CREATE INDEX ON operations (updated_at)`,
+	`DROP INDEX operations_lease_idx`,
+	`ALTER TABLE operations ALTER COLUMN labels SET DEFAULT '{"x": 1}'`,
+	`ALTER TABLE operations ALTER COLUMN labels SET STATISTICS 5`,
+	`ALTER TABLE operations ALTER COLUMN labels SET STORAGE MAIN`,
+	`ALTER TABLE operation_keys ALTER COLUMN intent_ref TYPE text COLLATE "C"`,
+	`ALTER TABLE operations SET (fillfactor = 50)`,
+	`ALTER TABLE operations SET (toast.autovacuum_enabled = false)`,
+	`ALTER TABLE operations NO FORCE ROW LEVEL SECURITY`,
+	`DROP POLICY tenant_isolation ON operations`,
+	`GRANT SELECT ON operations TO PUBLIC`,
+	`ALTER SEQUENCE operation_events_seq_seq CACHE 10`,
+	`CREATE TABLE scratch (x int)`,
+	`CREATE COLLATION scratch (provider = icu, locale = 'und', deterministic = false)`,
+	`ALTER TYPE operation_state ADD VALUE 'PAUSED'`,
+	`CREATE STATISTICS operations_pair ON tenant_id, operation_type FROM operations`,
+	`COMMENT ON TABLE operations IS 'changed'`,
+	`CREATE PUBLICATION scratch FOR TABLE payload_mismatches`,
+}
+
+// Each change, made in a transaction that is then rolled back, changes the fingerprint
+// (one schema for all: DDL is transactional).
+func TestTheFingerprintSeesEachChange(t *testing.T) {
+	use(t, "changes", func(t *testing.T, conn string) {
+		ctx := context.Background()
+		schema := schemaOf(t, conn)
+		fresh := func(change string) bool {
+			var same bool
+			errRollback := errors.New("rolled back")
+			err := inSchema(ctx, URL(t), schema, func(tx pgx.Tx) error {
+				if change != "" {
+					if _, err := tx.Exec(ctx, change); err != nil {
+						return err
+					}
+				}
+				got, err := fingerprint(ctx, tx, schema)
+				spares.mu.Lock()
+				same = got == spares.pristine.fingerprint
+				spares.mu.Unlock()
+				if err != nil {
+					return err
+				}
+				return errRollback
+			})
+			require.ErrorIs(t, err, errRollback, change)
+			return same
+		}
+		require.True(t, fresh(""), "an unchanged schema fingerprints as a fresh one")
+		for _, change := range changes {
+			require.False(t, fresh(change), "%s: seen", change)
+		}
+		require.True(t, fresh(""), "every change was rolled back")
+	})
+}
+
+// A changed schema fails its reset as a change, and is dropped.
 func TestAChangedSchemaIsDropped(t *testing.T) {
-	for _, change := range []string{
-		`ALTER TABLE operations DISABLE TRIGGER operations_guard`,
-		`ALTER TABLE operations DISABLE TRIGGER ALL`,
-		`DROP TRIGGER operation_events_append_only ON operation_events`,
-		`ALTER FUNCTION operations_formats() STABLE`,
-		`ALTER FUNCTION operations_formats() COST 1000`,
-		`ALTER TABLE operations DROP CONSTRAINT operations_sent`,
-		`CREATE INDEX ON operations (updated_at)`,
-		`DROP INDEX operations_lease_idx`,
-		`ALTER TABLE operations ALTER COLUMN labels SET DEFAULT '{"x": 1}'`,
-		`ALTER TABLE operations ALTER COLUMN labels SET STATISTICS 5`,
-		`ALTER TABLE operations ALTER COLUMN labels SET STORAGE MAIN`,
-		`ALTER TABLE operation_keys ALTER COLUMN intent_ref TYPE text COLLATE "C"`,
-		`ALTER TABLE operations SET (fillfactor = 50)`,
-		`ALTER TABLE operations SET (toast.autovacuum_enabled = false)`,
-		`ALTER TABLE operations NO FORCE ROW LEVEL SECURITY`,
-		`DROP POLICY tenant_isolation ON operations`,
-		`GRANT SELECT ON operations TO PUBLIC`,
-		`ALTER SEQUENCE operation_events_seq_seq CACHE 10`,
-		`CREATE TABLE scratch (x int)`,
-		`CREATE COLLATION scratch (provider = icu, locale = 'und', deterministic = false)`,
-		`ALTER TYPE operation_state ADD VALUE 'PAUSED'`,
-		`CREATE STATISTICS operations_pair ON tenant_id, operation_type FROM operations`,
-		`COMMENT ON TABLE operations IS 'changed'`,
-		`CREATE PUBLICATION scratch FOR TABLE payload_mismatches`,
-	} {
+	for _, change := range []string{changes[0], changes[len(changes)-1]} {
 		changed := use(t, change, func(t *testing.T, conn string) {
 			ctx := context.Background()
-			admin := Pool(t, AdminURL(t, conn))
-			_, err := admin.Exec(ctx, change)
+			_, err := Pool(t, AdminURL(t, conn)).Exec(ctx, change)
 			require.NoError(t, err)
 			require.ErrorIs(t, reset(ctx, URL(t), schemaOf(t, conn)), errChanged, "the reset sees the change")
 		})
