@@ -35,8 +35,11 @@ var spares struct {
 	admin    *pgxpool.Pool // the administrator's pool on the test database, opened on first use
 	off      bool          // the administrator is no superuser: no schema is reused
 	pristine *pristine     // nil until the first schema is migrated
-	free     []string      // schema names ready for a test
+	free     []spare       // ready for a test
 }
+
+// spare is a reset schema and the connection string Schema gave for it.
+type spare struct{ schema, url string }
 
 // pristine is what a freshly migrated schema holds: its fingerprint, the rows the
 // migrations wrote, per table, in COPY's text format, and the sizes the catalogue gives
@@ -75,17 +78,17 @@ func adminPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return spares.admin, nil
 }
 
-// takeSpare returns a reset schema, or "" when there is none.
-func takeSpare() string {
+// takeSpare returns a reset schema, if there is one.
+func takeSpare() (spare, bool) {
 	spares.mu.Lock()
 	defer spares.mu.Unlock()
 	n := len(spares.free)
 	if n == 0 {
-		return ""
+		return spare{}, false
 	}
-	schema := spares.free[n-1]
+	s := spares.free[n-1]
 	spares.free = spares.free[:n-1]
-	return schema
+	return s, true
 }
 
 // record keeps what the freshly migrated schema holds, the first time one is made.
@@ -137,10 +140,11 @@ func record(ctx context.Context, url, schema string) error {
 // errChanged says that a schema's catalogue is not a fresh schema's after the reset.
 var errChanged = errors.New("the schema differs from a freshly migrated one")
 
-// giveBack resets schema for a later test and keeps it, or drops it when its test failed
-// or it cannot be reset exactly (or enough are kept already). logf says why a schema
-// was not kept.
-func giveBack(ctx context.Context, url, schema string, failed bool, logf func(string, ...any)) error {
+// giveBack resets s for a later test and keeps it, or drops it when its test failed or
+// it cannot be reset exactly (or enough are kept already); url is the administrator's.
+// logf says why a schema was not kept.
+func giveBack(ctx context.Context, url string, s spare, failed bool, logf func(string, ...any)) error {
+	schema := s.schema
 	if failed {
 		logf("storetest: schema %s dropped: its test failed", schema)
 		return provision.DropSchema(ctx, url, schema)
@@ -152,7 +156,7 @@ func giveBack(ctx context.Context, url, schema string, failed bool, logf func(st
 	spares.mu.Lock()
 	defer spares.mu.Unlock()
 	if len(spares.free) < maxSpare {
-		spares.free = append(spares.free, schema)
+		spares.free = append(spares.free, s)
 		return nil
 	}
 	return provision.DropSchema(ctx, url, schema)
@@ -178,8 +182,8 @@ func reset(ctx context.Context, url, schema string) error {
 	// A session left connected (a killed process's, whose last statements may still be
 	// in its socket) could write after the reset, into the next test's schema. Schema's
 	// connection strings name the schema as their application_name.
-	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity
-		WHERE application_name = $1 AND pid <> pg_backend_pid()`, schema); err != nil {
+	const lingering = `FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) `+lingering, schema); err != nil {
 		return err
 	}
 	return inSchema(ctx, url, schema, func(tx pgx.Tx) error {
@@ -226,8 +230,7 @@ func reset(ctx context.Context, url, schema string) error {
 			}
 		}
 		var connected bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE application_name = $1 AND pid <> pg_backend_pid())`, schema).Scan(&connected); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 `+lingering+`)`, schema).Scan(&connected); err != nil {
 			return err
 		}
 		if connected {
@@ -265,8 +268,8 @@ func dropSpares(url string) error {
 	spares.mu.Lock()
 	defer spares.mu.Unlock()
 	var errs []error
-	for _, schema := range spares.free {
-		errs = append(errs, provision.DropSchema(context.Background(), url, schema))
+	for _, s := range spares.free {
+		errs = append(errs, provision.DropSchema(context.Background(), url, s.schema))
 	}
 	spares.free = nil
 	if spares.admin != nil {

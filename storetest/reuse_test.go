@@ -189,28 +189,30 @@ func TestALingeringSessionIsEnded(t *testing.T) {
 	require.Equal(t, first, second, "the schema was handed on")
 }
 
-// spare runs an empty test on a schema of Schema and takes the schema it gave back out of
+// kept runs an empty test on a schema of Schema and takes the schema it gave back out of
 // the spares, for a test to give back itself.
-func spare(t *testing.T) string {
+func kept(t *testing.T) spare {
 	t.Helper()
 	schema := use(t, "spare", func(*testing.T, string) {})
-	require.Equal(t, schema, takeSpare(), "the schema was kept")
-	return schema
+	s, ok := takeSpare()
+	require.True(t, ok)
+	require.Equal(t, schema, s.schema, "the schema was kept")
+	return s
 }
 
 func TestASchemaInUseIsDropped(t *testing.T) {
 	ctx := context.Background()
-	schema := spare(t)
+	s := kept(t)
 	conn, err := pgx.Connect(ctx, URL(t))
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `LOCK TABLE `+pgx.Identifier{schema, "operations"}.Sanitize()+` IN ACCESS SHARE MODE`)
+	_, err = tx.Exec(ctx, `LOCK TABLE `+pgx.Identifier{s.schema, "operations"}.Sanitize()+` IN ACCESS SHARE MODE`)
 	require.NoError(t, err)
 
 	done := make(chan error, 1)
-	go func() { done <- giveBack(ctx, URL(t), schema, false, t.Logf) }()
+	go func() { done <- giveBack(ctx, URL(t), s, false, t.Logf) }()
 	// The reset gives up at its lock timeout, and the drop then waits for the lock too.
 	admin := Pool(t, URL(t))
 	require.Eventually(t, func() bool {
@@ -221,7 +223,7 @@ func TestASchemaInUseIsDropped(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond)
 	require.NoError(t, tx.Rollback(ctx))
 	require.NoError(t, <-done)
-	require.False(t, exists(t, schema), "a reset that could not take its locks drops the schema")
+	require.False(t, exists(t, s.schema), "a reset that could not take its locks drops the schema")
 }
 
 // failing is a test that has failed, as its cleanups see it.

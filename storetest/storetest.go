@@ -90,9 +90,9 @@ func URL(t testing.TB) string {
 // cleanup the schema is reset for a later test, or dropped.
 func Schema(t testing.TB) string {
 	t.Helper()
-	if schema := takeSpare(); schema != "" {
-		cleanupSchema(t, schema, true)
-		return schemaURL(t, schema)
+	if s, ok := takeSpare(); ok {
+		cleanupSchema(t, s, true)
+		return s.url
 	}
 	url, schema := newSchema(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -129,35 +129,29 @@ func newSchema(t testing.TB, reuse bool) (url, schema string) {
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	schema = "test_" + hex.EncodeToString(suffix)
-	if _, err := provision.Schema(ctx, URL(t), AppRole, schema); err != nil {
-		t.Fatalf("storetest: %v", err)
+	url, err := provision.Schema(ctx, URL(t), AppRole, schema)
+	if err == nil {
+		// The schema as application_name too: a reset finds the sessions still connected.
+		url, err = provision.WithParams(url, map[string]string{"application_name": schema})
 	}
-	cleanupSchema(t, schema, reuse)
-	return schemaURL(t, schema), schema
-}
-
-// schemaURL is the broker's connection string for schema. It names the schema as its
-// application_name too, so that a reset finds the sessions still connected to it.
-func schemaURL(t testing.TB, schema string) string {
-	t.Helper()
-	url, err := provision.WithParams(URL(t), map[string]string{"search_path": schema, "role": AppRole, "application_name": schema})
 	if err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
-	return url
+	cleanupSchema(t, spare{schema, url}, reuse)
+	return url, schema
 }
 
 // cleanupSchema registers the schema's cleanup. Cleanups run last first, so it runs after
 // those the test registers once it has the schema (its pools, servers and processes).
-func cleanupSchema(t testing.TB, schema string, reuse bool) {
+func cleanupSchema(t testing.TB, s spare, reuse bool) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		var err error
 		if reuse {
-			err = giveBack(ctx, URL(t), schema, t.Failed(), t.Logf)
+			err = giveBack(ctx, URL(t), s, t.Failed(), t.Logf)
 		} else {
-			err = provision.DropSchema(ctx, URL(t), schema)
+			err = provision.DropSchema(ctx, URL(t), s.schema)
 		}
 		if err != nil {
 			t.Errorf("storetest: %v", err)
