@@ -61,7 +61,7 @@ echo '{"jobs":50,"seconds":0.01,"river":"v0.0.0-fake","workers":2000,"fetch_cool
 	app.Writer, app.ErrWriter = &out, &bytes.Buffer{}
 	require.NoError(t, app.Run(context.Background(), []string{"opbench", "compare-river", "--database-url", url,
 		"--ops", "50", "--rounds", "2", "--river-bench", fake}))
-	cost := `PostgreSQL CPU (\d+\.\d{3} ms|-), WAL \d+ B, \d\.\d{4} write transactions; client CPU \d+\.\d{3} ms`
+	cost := `PostgreSQL CPU (\d+\.\d{3} ms|-), WAL \d+ B, \d+\.\d{4} write transactions; client CPU \d+\.\d{3} ms`
 	require.Regexp(t, `(?m)^1 +River +\S+ +5000 +\d+ +\d+\.\d{3}  River `+cost+`; opbroker `+cost+`$`, out.String())
 	require.Regexp(t, `(?m)^2 +opbroker +\S+ +5000 +\d+ +\d+\.\d{3}  River `+cost+`; opbroker `+cost+`$`, out.String())
 	require.Regexp(t, `(?m)^median +5000 +\d+ +\d+\.\d{3}  River PostgreSQL CPU \d+\.\d{3} ms, WAL \d+ B, client CPU \d+\.\d{3} ms; `+
