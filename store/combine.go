@@ -15,8 +15,14 @@ import (
 // Calls are kept apart by key, each key with its own writers: the calls of one batch
 // share a tenant scope, so the statement runs under row-level security exactly as each
 // call alone would, and one tenant's batches never wait for another's.
+//
+// A key's statements run one at a time while they are quick, so that the calls arriving
+// meanwhile make large batches; a batch that is full, or that has waited stall for the
+// running statement (one waiting for a lock, say), takes another writer, up to writers
+// at once.
 type combiner[P, R any] struct {
 	max, writers int
+	stall        time.Duration
 
 	mu    sync.Mutex
 	lanes map[string]*lane[P, R]
@@ -25,9 +31,10 @@ type combiner[P, R any] struct {
 
 // lane is one key's batches.
 type lane[P, R any] struct {
-	open    *batch[P, R] // the batch still taking calls
-	writers chan struct{}
-	calls   int // calls in the lane; it is dropped when none are left
+	open  *batch[P, R]  // the batch still taking calls
+	first chan struct{} // the writer a batch takes when it is free
+	more  chan struct{} // the others, taken after stall
+	calls int           // calls in the lane; it is dropped when none are left
 }
 
 // batch is the calls one statement writes, and its answer.
@@ -35,6 +42,7 @@ type batch[P, R any] struct {
 	params []P
 	result R
 	err    error
+	full   chan struct{} // closed when it holds max calls
 	done   chan struct{}
 }
 
@@ -42,8 +50,8 @@ type batch[P, R any] struct {
 // single caller's cancellation stops it.
 const combineTimeout = 30 * time.Second
 
-func newCombiner[P, R any](max, writers int) *combiner[P, R] {
-	return &combiner[P, R]{max: max, writers: writers, lanes: map[string]*lane[P, R]{}}
+func newCombiner[P, R any](max, writers int, stall time.Duration) *combiner[P, R] {
+	return &combiner[P, R]{max: max, writers: writers, stall: stall, lanes: map[string]*lane[P, R]{}}
 }
 
 // do adds p to the batch open under key (opening one if there is none), waits until
@@ -55,20 +63,21 @@ func (c *combiner[P, R]) do(ctx context.Context, key string, p P, write func(con
 	c.mu.Lock()
 	l := c.lanes[key]
 	if l == nil {
-		l = &lane[P, R]{writers: make(chan struct{}, c.writers)}
+		l = &lane[P, R]{first: make(chan struct{}, 1), more: make(chan struct{}, c.writers-1)}
 		c.lanes[key] = l
 	}
 	l.calls++
 	b := l.open
 	first := b == nil
 	if first {
-		b = &batch[P, R]{params: make([]P, 0, c.last), done: make(chan struct{})}
+		b = &batch[P, R]{params: make([]P, 0, c.last), full: make(chan struct{}), done: make(chan struct{})}
 		l.open = b
 	}
 	i := len(b.params)
 	b.params = append(b.params, p)
 	if len(b.params) == c.max {
 		l.open = nil // full: no one else joins
+		close(b.full)
 	}
 	c.mu.Unlock()
 	defer c.leave(key, l)
@@ -94,7 +103,7 @@ func (c *combiner[P, R]) leave(key string, l *lane[P, R]) {
 }
 
 func (c *combiner[P, R]) write(ctx context.Context, l *lane[P, R], b *batch[P, R], write func(context.Context, []P) (R, error)) {
-	l.writers <- struct{}{} // meanwhile, others join
+	release := c.acquire(l, b) // meanwhile, others join
 	c.mu.Lock()
 	if l.open == b {
 		l.open = nil
@@ -104,6 +113,32 @@ func (c *combiner[P, R]) write(ctx context.Context, l *lane[P, R], b *batch[P, R
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), combineTimeout)
 	b.result, b.err = write(ctx, b.params)
 	cancel()
-	<-l.writers
+	release()
 	close(b.done)
+}
+
+// acquire takes one of l's writers for b and returns how to give it back: the first
+// writer when it is free, else the first writer to come free, or once b is full or has
+// waited stall any other.
+func (c *combiner[P, R]) acquire(l *lane[P, R], b *batch[P, R]) (release func()) {
+	fromFirst := func() { <-l.first }
+	select {
+	case l.first <- struct{}{}:
+		return fromFirst
+	default:
+	}
+	stalled := time.NewTimer(c.stall)
+	defer stalled.Stop()
+	select {
+	case l.first <- struct{}{}:
+		return fromFirst
+	case <-stalled.C:
+	case <-b.full:
+	}
+	select {
+	case l.first <- struct{}{}:
+		return fromFirst
+	case l.more <- struct{}{}:
+		return func() { <-l.more }
+	}
 }

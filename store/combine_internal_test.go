@@ -17,7 +17,7 @@ import (
 // stops the statement the others wait for.
 func TestCombinerJoinsCallsWhileAStatementRuns(t *testing.T) {
 	t.Parallel()
-	c := newCombiner[int, []int](3, 1)
+	c := newCombiner[int, []int](3, 1, 0)
 	release := make(chan struct{})
 	var mu sync.Mutex
 	var batches [][]int
@@ -80,4 +80,62 @@ func TestCombinerJoinsCallsWhileAStatementRuns(t *testing.T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	require.Empty(t, c.lanes, "idle lanes are dropped")
+}
+
+// TestCombinerTakesASecondWriterOnlyWhenItPays: while a key's statement runs, the next
+// batch waits for it, gathering calls, unless it is full or has waited stall (the running
+// statement is stuck, say on a lock); then it takes the second writer.
+func TestCombinerTakesASecondWriterOnlyWhenItPays(t *testing.T) {
+	t.Parallel()
+	// run starts a statement for call 0, then makes the calls in more at once; every
+	// statement runs until release is closed. started returns the batches started.
+	run := func(t *testing.T, stall time.Duration, more []int) (started func() [][]int, release chan struct{}, wait func()) {
+		c := newCombiner[int, []int](3, 2, stall)
+		release = make(chan struct{})
+		var mu sync.Mutex
+		var batches [][]int
+		write := func(_ context.Context, ps []int) ([]int, error) {
+			mu.Lock()
+			batches = append(batches, slices.Clone(ps))
+			mu.Unlock()
+			<-release
+			return make([]int, len(ps)), nil
+		}
+		started = func() [][]int { mu.Lock(); defer mu.Unlock(); return slices.Clone(batches) }
+		var wg sync.WaitGroup
+		wg.Go(func() { _, _, err := c.do(context.Background(), "k", 0, write); assert.NoError(t, err) })
+		require.Eventually(t, func() bool { return len(started()) == 1 }, 5*time.Second, time.Millisecond)
+		for _, p := range more {
+			wg.Go(func() { _, _, err := c.do(context.Background(), "k", p, write); assert.NoError(t, err) })
+		}
+		require.Eventually(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.lanes["k"].calls == 1+len(more) }, 5*time.Second, time.Millisecond)
+		return started, release, wg.Wait
+	}
+
+	t.Run("quick", func(t *testing.T) {
+		t.Parallel()
+		started, release, wait := run(t, time.Hour, []int{1, 2})
+		time.Sleep(100 * time.Millisecond)
+		require.Len(t, started(), 1, "a batch that is not full waits for the running statement")
+		close(release)
+		wait()
+		require.ElementsMatch(t, []int{1, 2}, started()[1], "the calls that waited, in one batch")
+	})
+	t.Run("full", func(t *testing.T) {
+		t.Parallel()
+		started, release, wait := run(t, time.Hour, []int{1, 2, 3})
+		require.Eventually(t, func() bool { return len(started()) == 2 }, 5*time.Second, time.Millisecond,
+			"a full batch does not wait")
+		require.ElementsMatch(t, []int{1, 2, 3}, started()[1])
+		close(release)
+		wait()
+	})
+	t.Run("stalled", func(t *testing.T) {
+		t.Parallel()
+		started, release, wait := run(t, 20*time.Millisecond, []int{1})
+		require.Eventually(t, func() bool { return len(started()) == 2 }, 5*time.Second, time.Millisecond,
+			"a batch that waited stall takes the second writer")
+		close(release)
+		wait()
+	})
 }

@@ -392,7 +392,8 @@ func (r recordedOutcomes) applied(p OutcomeParams) (Operation, bool) {
 	return *op, true
 }
 
-// At most maxOutcomeBatch outcomes per statement, and outcomeWriters statements at once.
+// At most maxOutcomeBatch outcomes per statement, and outcomeWriters statements at once,
+// each taken as soon as a batch is ready.
 const (
 	maxOutcomeBatch = 1000
 	outcomeWriters  = 2

@@ -26,8 +26,8 @@ type Store struct {
 // New returns a Store over pool. The schema must be migrated (Migrate).
 func New(pool *pgxpool.Pool) *Store {
 	return &Store{pool: pool, wake: newWakeups(workChannel), events: newWakeups(eventsChannel),
-		outcomes: newCombiner[OutcomeParams, recordedOutcomes](maxOutcomeBatch, outcomeWriters),
-		prepares: newCombiner[prepareCall, []prepared](maxPrepareBatch, prepareWriters)}
+		outcomes: newCombiner[OutcomeParams, recordedOutcomes](maxOutcomeBatch, outcomeWriters, 0),
+		prepares: newCombiner[prepareCall, []prepared](maxPrepareBatch, prepareWriters, prepareStall)}
 }
 
 // PrepareParams describes an intent to record.
@@ -143,10 +143,15 @@ func (q Scope) replay(ctx context.Context, existing Operation, p PrepareParams) 
 	return op, created, err
 }
 
-// At most maxPrepareBatch intents per statement, and prepareWriters statements at once.
+// At most maxPrepareBatch intents per statement, and prepareWriters statements at once:
+// the second only for a batch that is full or has waited prepareStall for the first
+// (combiner). One at a time, the batches are larger: fewer statements and commits per
+// intent (docs/benchmarks.md). The second writer is for a statement that waits, up to
+// combinedLockWait, on another transaction's lock.
 const (
 	maxPrepareBatch = 64
 	prepareWriters  = 2
+	prepareStall    = 10 * time.Millisecond
 )
 
 // prepareCall is one Prepare in a combined insert: the intent, its new operation's id,
