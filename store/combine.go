@@ -17,9 +17,9 @@ import (
 // call alone would, and one tenant's batches never wait for another's.
 //
 // A key's statements run one at a time while they are quick, so that the calls arriving
-// meanwhile make large batches; a batch that is full, or that has waited stall for the
-// running statement (one waiting for a lock, say), takes another writer, up to writers
-// at once.
+// meanwhile make large batches; a batch that is full, or that finds the statement on the
+// first writer running for stall (one waiting for a lock, say), takes another writer, up
+// to writers at once.
 type combiner[P, R any] struct {
 	max, writers int
 	stall        time.Duration
@@ -31,10 +31,11 @@ type combiner[P, R any] struct {
 
 // lane is one key's batches.
 type lane[P, R any] struct {
-	open  *batch[P, R]  // the batch still taking calls
-	first chan struct{} // the writer a batch takes when it is free
-	more  chan struct{} // the others, taken after stall
-	calls int           // calls in the lane; it is dropped when none are left
+	open       *batch[P, R]  // the batch still taking calls
+	first      chan struct{} // the writer a batch takes when it is free
+	firstSince time.Time     // when the first writer was last taken (under c.mu)
+	more       chan struct{} // the others, taken for a full batch or after stall
+	calls      int           // calls in the lane; it is dropped when none are left
 }
 
 // batch is the calls one statement writes, and its answer.
@@ -118,26 +119,40 @@ func (c *combiner[P, R]) write(ctx context.Context, l *lane[P, R], b *batch[P, R
 }
 
 // acquire takes one of l's writers for b and returns how to give it back: the first
-// writer when it is free, else the first writer to come free, or once b is full or has
-// waited stall any other.
+// writer when it is free; else the first writer to come free, or any other once b is
+// full or the statement on the first writer has run for stall.
 func (c *combiner[P, R]) acquire(l *lane[P, R], b *batch[P, R]) (release func()) {
-	fromFirst := func() { <-l.first }
+	// A batch that reads firstSince just before a waiting batch updates it may take a
+	// second writer early: that costs only batch size.
+	fromFirst := func() func() {
+		c.mu.Lock()
+		l.firstSince = time.Now()
+		c.mu.Unlock()
+		return func() { <-l.first }
+	}
+	c.mu.Lock()
 	select {
 	case l.first <- struct{}{}:
-		return fromFirst
+		l.firstSince = time.Now()
+		c.mu.Unlock()
+		return func() { <-l.first }
 	default:
 	}
-	stalled := time.NewTimer(c.stall)
-	defer stalled.Stop()
-	select {
-	case l.first <- struct{}{}:
-		return fromFirst
-	case <-stalled.C:
-	case <-b.full:
+	wait := c.stall - time.Since(l.firstSince)
+	c.mu.Unlock()
+	if wait > 0 {
+		stalled := time.NewTimer(wait)
+		defer stalled.Stop()
+		select {
+		case l.first <- struct{}{}:
+			return fromFirst()
+		case <-stalled.C:
+		case <-b.full:
+		}
 	}
 	select {
 	case l.first <- struct{}{}:
-		return fromFirst
+		return fromFirst()
 	case l.more <- struct{}{}:
 		return func() { <-l.more }
 	}

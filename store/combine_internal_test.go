@@ -83,59 +83,78 @@ func TestCombinerJoinsCallsWhileAStatementRuns(t *testing.T) {
 }
 
 // TestCombinerTakesASecondWriterOnlyWhenItPays: while a key's statement runs, the next
-// batch waits for it, gathering calls, unless it is full or has waited stall (the running
-// statement is stuck, say on a lock); then it takes the second writer.
+// batch waits for it, gathering calls, unless it is full or the running statement has
+// run for stall (it is stuck, say on a lock); then it takes the second writer.
 func TestCombinerTakesASecondWriterOnlyWhenItPays(t *testing.T) {
 	t.Parallel()
-	// run starts a statement for call 0, then makes the calls in more at once; every
-	// statement runs until release is closed. started returns the batches started.
-	run := func(t *testing.T, stall time.Duration, more []int) (started func() [][]int, release chan struct{}, wait func()) {
+	// run starts a statement for call 0, waits for it to have run for ran, then makes
+	// the calls in more at once; every statement runs until release is called (at the
+	// latest at cleanup). started returns the batches started.
+	run := func(t *testing.T, stall, ran time.Duration, more []int) (started func() [][]int, release, wait func()) {
 		c := newCombiner[int, []int](3, 2, stall)
-		release = make(chan struct{})
+		released := make(chan struct{})
+		release = sync.OnceFunc(func() { close(released) })
+		t.Cleanup(release)
 		var mu sync.Mutex
 		var batches [][]int
 		write := func(_ context.Context, ps []int) ([]int, error) {
 			mu.Lock()
 			batches = append(batches, slices.Clone(ps))
 			mu.Unlock()
-			<-release
+			<-released
 			return make([]int, len(ps)), nil
 		}
 		started = func() [][]int { mu.Lock(); defer mu.Unlock(); return slices.Clone(batches) }
 		var wg sync.WaitGroup
 		wg.Go(func() { _, _, err := c.do(context.Background(), "k", 0, write); assert.NoError(t, err) })
 		require.Eventually(t, func() bool { return len(started()) == 1 }, 5*time.Second, time.Millisecond)
+		time.Sleep(ran)
 		for _, p := range more {
 			wg.Go(func() { _, _, err := c.do(context.Background(), "k", p, write); assert.NoError(t, err) })
 		}
 		require.Eventually(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.lanes["k"].calls == 1+len(more) }, 5*time.Second, time.Millisecond)
-		return started, release, wg.Wait
+		wait = func() {
+			wg.Wait()
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			require.Empty(t, c.lanes, "idle lanes are dropped")
+		}
+		return started, release, wait
 	}
 
 	t.Run("quick", func(t *testing.T) {
 		t.Parallel()
-		started, release, wait := run(t, time.Hour, []int{1, 2})
+		started, release, wait := run(t, time.Hour, 0, []int{1, 2})
 		time.Sleep(100 * time.Millisecond)
 		require.Len(t, started(), 1, "a batch that is not full waits for the running statement")
-		close(release)
+		release()
 		wait()
 		require.ElementsMatch(t, []int{1, 2}, started()[1], "the calls that waited, in one batch")
 	})
 	t.Run("full", func(t *testing.T) {
 		t.Parallel()
-		started, release, wait := run(t, time.Hour, []int{1, 2, 3})
+		started, release, wait := run(t, time.Hour, 0, []int{1, 2, 3})
 		require.Eventually(t, func() bool { return len(started()) == 2 }, 5*time.Second, time.Millisecond,
 			"a full batch does not wait")
 		require.ElementsMatch(t, []int{1, 2, 3}, started()[1])
-		close(release)
+		release()
 		wait()
 	})
 	t.Run("stalled", func(t *testing.T) {
 		t.Parallel()
-		started, release, wait := run(t, 20*time.Millisecond, []int{1})
+		started, release, wait := run(t, 20*time.Millisecond, 0, []int{1})
 		require.Eventually(t, func() bool { return len(started()) == 2 }, 5*time.Second, time.Millisecond,
-			"a batch that waited stall takes the second writer")
-		close(release)
+			"a batch takes the second writer once the running statement has run for stall")
+		release()
+		wait()
+	})
+	t.Run("stalled before the batch came", func(t *testing.T) {
+		t.Parallel()
+		const stall = 2 * time.Second
+		started, release, wait := run(t, stall, stall+100*time.Millisecond, []int{1})
+		require.Eventually(t, func() bool { return len(started()) == 2 }, stall/2, time.Millisecond,
+			"a batch that finds the running statement stuck for stall does not wait another stall")
+		release()
 		wait()
 	})
 }

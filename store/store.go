@@ -144,8 +144,8 @@ func (q Scope) replay(ctx context.Context, existing Operation, p PrepareParams) 
 }
 
 // At most maxPrepareBatch intents per statement, and prepareWriters statements at once:
-// the second only for a batch that is full or has waited prepareStall for the first
-// (combiner). One at a time, the batches are larger: fewer statements and commits per
+// the second only for a batch that is full or that finds the statement on the first
+// running for prepareStall (combiner). One at a time, the batches are larger: fewer statements and commits per
 // intent (docs/benchmarks.md). The second writer is for a statement that waits, up to
 // combinedLockWait, on another transaction's lock.
 const (
