@@ -124,18 +124,19 @@ func (c *combiner[P, R]) write(ctx context.Context, l *lane[P, R], b *batch[P, R
 func (c *combiner[P, R]) acquire(l *lane[P, R], b *batch[P, R]) (release func()) {
 	// A batch that reads firstSince just before a waiting batch updates it may take a
 	// second writer early: that costs only batch size.
+	releaseFirst := func() { <-l.first }
 	fromFirst := func() func() {
 		c.mu.Lock()
 		l.firstSince = time.Now()
 		c.mu.Unlock()
-		return func() { <-l.first }
+		return releaseFirst
 	}
 	c.mu.Lock()
 	select {
 	case l.first <- struct{}{}:
 		l.firstSince = time.Now()
 		c.mu.Unlock()
-		return func() { <-l.first }
+		return releaseFirst
 	default:
 	}
 	wait := c.stall - time.Since(l.firstSince)

@@ -93,7 +93,8 @@ func takeSpare() (spare, bool) {
 
 // record keeps what the freshly migrated schema holds, the first time one is made.
 func record(ctx context.Context, url, schema string) error {
-	if _, err := adminPool(ctx, url); err != nil {
+	admin, err := adminPool(ctx, url)
+	if err != nil {
 		return err
 	}
 	spares.mu.Lock()
@@ -103,7 +104,7 @@ func record(ctx context.Context, url, schema string) error {
 		return nil
 	}
 	p := &pristine{rows: map[string][]byte{}}
-	err := inSchema(ctx, url, schema, func(tx pgx.Tx) error {
+	err = inSchema(ctx, admin, schema, func(tx pgx.Tx) error {
 		tables, err := tablesOf(ctx, tx, schema)
 		if err != nil {
 			return err
@@ -186,7 +187,7 @@ func reset(ctx context.Context, url, schema string) error {
 	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) `+lingering, schema); err != nil {
 		return err
 	}
-	return inSchema(ctx, url, schema, func(tx pgx.Tx) error {
+	return inSchema(ctx, admin, schema, func(tx pgx.Tx) error {
 		// session_replication_role = replica: the ledger's guards (no TRUNCATE of the keys
 		// on their own, history never deleted) do not fire for the reset.
 		for _, set := range []string{"SET LOCAL lock_timeout = '1s'", "SET LOCAL session_replication_role = replica"} {
@@ -247,13 +248,9 @@ func reset(ctx context.Context, url, schema string) error {
 	})
 }
 
-// inSchema runs fn in a transaction of the administrator's, with search_path set to
-// schema.
-func inSchema(ctx context.Context, url, schema string, fn func(pgx.Tx) error) error {
-	admin, err := adminPool(ctx, url)
-	if err != nil {
-		return err
-	}
+// inSchema runs fn in a transaction on admin, the administrator's pool, with search_path
+// set to schema.
+func inSchema(ctx context.Context, admin *pgxpool.Pool, schema string, fn func(pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL search_path = "+pgx.Identifier{schema}.Sanitize()); err != nil {
 			return err

@@ -121,10 +121,12 @@ func TestTheFingerprintSeesEachChange(t *testing.T) {
 	use(t, "changes", func(t *testing.T, conn string) {
 		ctx := context.Background()
 		schema := schemaOf(t, conn)
+		admin, err := adminPool(ctx, URL(t))
+		require.NoError(t, err)
 		fresh := func(change string) bool {
 			var same bool
 			errRollback := errors.New("rolled back")
-			err := inSchema(ctx, URL(t), schema, func(tx pgx.Tx) error {
+			err := inSchema(ctx, admin, schema, func(tx pgx.Tx) error {
 				if change != "" {
 					if _, err := tx.Exec(ctx, change); err != nil {
 						return err
