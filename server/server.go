@@ -39,6 +39,14 @@ import (
 // DefaultMaxPayloadBytes is the payload cap when none is configured.
 const DefaultMaxPayloadBytes = 256 << 10
 
+// streamWorkers is how many goroutines the gRPC server keeps to run calls on (its
+// experimental NumStreamWorkers option). Without them every call starts a goroutine
+// whose stack then grows as the handler runs, copied at each step (docs/benchmarks.md:
+// a few per cent of the process's CPU under PrepareOperation); a worker keeps its grown
+// stack from call to call. Calls beyond this many at once each get a goroutine of their
+// own, as without workers, so the number bounds only the reuse.
+const streamWorkers = 64
+
 // Options configure a server.
 type Options struct {
 	Store *store.Store
@@ -162,6 +170,7 @@ func New(opts Options) (*Server, error) {
 		// Room for the largest payload plus the request's other fields (labels, names).
 		grpc.MaxRecvMsgSize(opts.MaxPayloadBytes + 64<<10),
 		grpc.MaxConcurrentStreams(1000),
+		grpc.NumStreamWorkers(streamWorkers),
 	}
 	if opts.Credentials != nil {
 		serverOpts = append(serverOpts, grpc.Creds(opts.Credentials))
