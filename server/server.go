@@ -42,9 +42,13 @@ const DefaultMaxPayloadBytes = 256 << 10
 // streamWorkers is how many goroutines the gRPC server keeps to run calls on (its
 // experimental NumStreamWorkers option). Without them every call starts a goroutine
 // whose stack then grows as the handler runs, copied at each step (docs/benchmarks.md:
-// a few per cent of the process's CPU under PrepareOperation); a worker keeps its grown
-// stack from call to call. Calls beyond this many at once each get a goroutine of their
-// own, as without workers, so the number bounds only the reuse.
+// a few per cent of the process's CPU under PrepareOperation); a worker mostly keeps
+// its grown stack from call to call (a collection halves an idle worker's stack when it
+// uses under a quarter of it, and gRPC replaces each worker after 65,536 calls). A call
+// that finds no worker free gets a goroutine of its own, as without workers. A worker
+// is held for a stream's whole life, so on a replica with this many long-lived streams
+// open (watches) every call gets its own goroutine again: the gain is gone, nothing
+// worse.
 const streamWorkers = 64
 
 // Options configure a server.
@@ -175,6 +179,12 @@ func New(opts Options) (*Server, error) {
 	if opts.Credentials != nil {
 		serverOpts = append(serverOpts, grpc.Creds(opts.Credentials))
 	}
+	events, err := brokermetrics.NewEvents(opts.MeterProvider)
+	if err != nil {
+		return nil, err
+	}
+	// From here on nothing fails: the server starts its stream workers, which only Stop
+	// ends.
 	grpcServer := grpc.NewServer(serverOpts...)
 	register := func(desc *grpc.ServiceDesc, impl any) {
 		grpcServer.RegisterService(desc, impl)
@@ -191,10 +201,6 @@ func New(opts Options) (*Server, error) {
 		heartbeat:  opts.WatchHeartbeat,
 		closing:    closing,
 	})
-	events, err := brokermetrics.NewEvents(opts.MeterProvider)
-	if err != nil {
-		return nil, err
-	}
 	register(&opbrokerv1.AdminService_ServiceDesc, &adminService{store: opts.Store, targets: opts.Targets, log: log, events: events,
 		evidence: opts.Evidence})
 	register(&opbrokerv1.EvidenceService_ServiceDesc, &evidenceService{matcher: opts.Evidence, targets: opts.Targets, log: log})

@@ -193,6 +193,18 @@ func TestServeRefusesUnreplicatedCommitsWhenRequired(t *testing.T) {
 		requireFails(t, "--require-synchronous-replication: commits do not wait for a synchronous standby: synchronous_standby_names is empty")
 }
 
+// TestServeThatFailsToStartLeavesNothingRunning: serve, run in this process, failing
+// after the gRPC server was made (its address cannot be listened on), returns with
+// nothing of its own still running: TestMain's check for leaked goroutines would find
+// the server's stream workers.
+func TestServeThatFailsToStartLeavesNothingRunning(t *testing.T) {
+	t.Parallel()
+	url := storetest.Schema(t)
+	got := opbroker(t, serveArgs(url, targetsFile(t, simURL(t)), "--grpc-addr", "127.0.0.1:no-port")...)
+	require.Equal(t, 1, got.code, got.stderr)
+	require.Contains(t, got.stderr, "--grpc-addr")
+}
+
 // TestServeDrainsOnSIGTERM: every PrepareOperation acknowledged before or during the
 // shutdown is in the ledger; the process exits 0.
 func TestServeDrainsOnSIGTERM(t *testing.T) {

@@ -391,6 +391,9 @@ func (b *broker) run(ctx context.Context) error {
 }
 
 func (b *broker) close() {
+	if b.srv != nil {
+		b.srv.GRPC.Stop() // its stream workers, when start failed after server.New; else done already
+	}
 	if b.httpSrv != nil {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = b.httpSrv.Shutdown(shutdownCtx)
