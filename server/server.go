@@ -100,7 +100,9 @@ type Server struct {
 	once    sync.Once
 }
 
-// New builds the server. Health reports NOT_SERVING until SetServing is called.
+// New builds the server. Health reports NOT_SERVING until SetServing is called. The
+// server holds goroutines from New on (gRPC's stream workers), so Stop it even when it
+// never served.
 func New(opts Options) (*Server, error) {
 	if opts.MaxPayloadBytes == 0 {
 		opts.MaxPayloadBytes = DefaultMaxPayloadBytes
@@ -183,8 +185,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	// From here on nothing fails: the server starts its stream workers, which only Stop
-	// ends.
+	// Nothing fails from here on: the gRPC server starts its stream workers.
 	grpcServer := grpc.NewServer(serverOpts...)
 	register := func(desc *grpc.ServiceDesc, impl any) {
 		grpcServer.RegisterService(desc, impl)

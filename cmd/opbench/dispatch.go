@@ -203,59 +203,23 @@ func (r *dispatchRun) waitFor(ctx context.Context, state store.State, n int, lim
 	}
 }
 
-// burnDown prepares a backlog of n, then times the dispatcher's work through it: by the
-// broker's completion signal for the noop target (burnDownSignalled), by a count of the
-// SUCCEEDED operations every 100 ms for the simulated one (the count reads the whole
-// table, which PostgreSQL's cost then includes).
+// burnDown prepares a backlog of n, then times the dispatcher's work through it
+// (timedBurnDown).
 func (r *dispatchRun) burnDown(ctx context.Context, n int) (string, error) {
-	const limit = 10 * time.Minute
-	if r.noop != nil {
-		elapsed, spent, err := r.burnDownSignalled(ctx, n, limit)
-		if err != nil {
-			return "", err
-		}
-		return burnDownLine(n, elapsed, spent), nil
-	}
-	if err := r.backlog(ctx, n); err != nil {
-		return "", err
-	}
-	cost, err := measureCost(ctx, r.reader, os.Getpid())
+	elapsed, spent, err := r.timedBurnDown(ctx, n, 10*time.Minute)
 	if err != nil {
 		return "", err
 	}
-	start := time.Now()
-	if err := r.d.Start(ctx); err != nil {
-		return "", err
-	}
-	end, err := r.waitFor(ctx, store.StateSucceeded, n, limit)
-	if err != nil {
-		return "", err
-	}
-	spent, err := cost()
-	if err != nil {
-		return "", err
-	}
-	return burnDownLine(n, end.Sub(start), spent), nil
-}
-
-// burnDownLine is burnDown's result as printed.
-func burnDownLine(n int, elapsed time.Duration, spent workCost) string {
 	return fmt.Sprintf("%6.0f operations/s  (%d in %s); per operation: %s", float64(n)/elapsed.Seconds(), n,
-		elapsed.Round(time.Millisecond), spent.per(n))
+		elapsed.Round(time.Millisecond), spent.per(n)), nil
 }
 
-// burnDownSignalled prepares a backlog of n for the noop target, then times the
-// dispatcher's work through it by the broker's own completion signal rather than by
-// polling: the store's events wake-up, which fires after each commit that moved
-// operations. Until the noop sender has answered all n, outcomes are still to come and
-// a wake-up needs no look; after, each wake-up is checked with one count of the
-// operations not yet finished, and the burn-down ends at the wake-up of the commit
-// that left none. It returns the time from Dispatcher.Start to that wake-up, and what
-// PostgreSQL spent meanwhile.
-func (r *dispatchRun) burnDownSignalled(ctx context.Context, n int, limit time.Duration) (time.Duration, workCost, error) {
-	if r.noop == nil {
-		return 0, workCost{}, fmt.Errorf("burn-down by completion signal: needs the noop target")
-	}
+// timedBurnDown prepares a backlog of n, then times the dispatcher's work through it,
+// from Dispatcher.Start: for the noop target by the broker's own completion signal
+// (untilSignalled), for the simulated one by a count of the SUCCEEDED operations every
+// 100 ms (untilCounted; the count reads the whole table, which PostgreSQL's cost then
+// includes). It returns that time, and what PostgreSQL spent meanwhile.
+func (r *dispatchRun) timedBurnDown(ctx context.Context, n int, limit time.Duration) (time.Duration, workCost, error) {
 	if err := r.backlog(ctx, n); err != nil {
 		return 0, workCost{}, err
 	}
@@ -263,13 +227,33 @@ func (r *dispatchRun) burnDownSignalled(ctx context.Context, n int, limit time.D
 	if err != nil {
 		return 0, workCost{}, err
 	}
-	elapsed, err := r.untilSignalled(ctx, n, limit)
+	until := r.untilCounted
+	if r.noop != nil {
+		until = r.untilSignalled
+	}
+	elapsed, err := until(ctx, n, limit)
 	spent, costErr := cost()
 	return elapsed, spent, errors.Join(err, costErr)
 }
 
+// untilCounted starts the dispatcher and waits until a count finds n SUCCEEDED.
+func (r *dispatchRun) untilCounted(ctx context.Context, n int, limit time.Duration) (time.Duration, error) {
+	start := time.Now()
+	if err := r.d.Start(ctx); err != nil {
+		return 0, err
+	}
+	end, err := r.waitFor(ctx, store.StateSucceeded, n, limit)
+	if err != nil {
+		return 0, err
+	}
+	return end.Sub(start), nil
+}
+
 // untilSignalled starts the dispatcher and waits for the wake-up of the commit that
-// left none of n unfinished (burnDownSignalled).
+// left none of n unfinished: the store's events wake-up fires after each commit that
+// moved operations. Until the noop sender has answered all n, outcomes are still to come
+// and a wake-up needs no look; after, each wake-up is checked with one count of the
+// operations not yet finished.
 func (r *dispatchRun) untilSignalled(ctx context.Context, n int, limit time.Duration) (time.Duration, error) {
 	events, unsubscribe := r.st.SubscribeEvents() // after the backlog: its wake-ups are not the dispatcher's
 	defer unsubscribe()

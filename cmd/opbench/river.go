@@ -72,7 +72,7 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 				return err
 			}
 			defer run.close()
-			elapsed, cost, err := run.burnDownSignalled(ctx, n, limit)
+			elapsed, cost, err := run.timedBurnDown(ctx, n, limit)
 			opSecs, opCost = elapsed.Seconds(), cost
 			if where == "" {
 				where, settings = machine(ctx, run.pool), pgSettings(ctx, run.pool, cmd.String("database-url") == "")

@@ -197,7 +197,7 @@ func serveAPI(ctx context.Context, st *store.Store) (string, func(), error) {
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		srv.GRPC.Stop() // its stream workers
+		srv.Stop(0)
 		stopAll()
 		return "", nil, err
 	}

@@ -392,7 +392,7 @@ func (b *broker) run(ctx context.Context) error {
 
 func (b *broker) close() {
 	if b.srv != nil {
-		b.srv.GRPC.Stop() // its stream workers, when start failed after server.New; else done already
+		b.srv.Stop(0) // what New started, when start failed after it; after a run, stopped already
 	}
 	if b.httpSrv != nil {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
