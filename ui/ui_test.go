@@ -108,7 +108,7 @@ func get(t *testing.T, c *http.Client, u string) (int, string) {
 func TestSignInAndAdmission(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	acme := storetest.PrepareJSON(t, f.store, "acme", "demo.charge", "order-1", `{"amount":"secret-amount","card":"secret-pan"}`)
+	acme := storetest.PrepareJSON(t, f.store, "acme", "demo.charge", "order-1", `{"amount":"secret-amount","card":"secret-pan","secret-field":1}`)
 	globex := storetest.PrepareJSON(t, f.store, "globex", "demo.charge", "order-1", `{"amount":1}`)
 	acmePage := "/tenants/acme/operations/" + acme.ID.String()
 
@@ -186,7 +186,7 @@ func TestSignInAndAdmission(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	pages = append(pages, body)
 	remoteKey := storetest.RemoteKey(t, f.pool, acme.ID)
-	for _, secret := range []string{"secret-pan", "secret-amount", remoteKey, f.tokens["acme-support"], strings.TrimPrefix(f.tokens["acme-support"], "opb_")} {
+	for _, secret := range []string{"secret-pan", "secret-amount", "secret-field", remoteKey, f.tokens["acme-support"], strings.TrimPrefix(f.tokens["acme-support"], "opb_")} {
 		require.NotContains(t, strings.Join(pages, ""), secret)
 		require.NotContains(t, f.logs.String(), secret, "the log never holds a payload or a token")
 	}
