@@ -47,6 +47,31 @@ func (l *ledger) remoteKey(name string) string {
 	return key
 }
 
+// prepare sends PrepareOperation for intent through client and returns the operation's
+// name once the ledger records it, without waiting for the reply: a replica armed to kill
+// or stop itself in its dispatcher can send the operation, and so reach its crash point,
+// before it has written the reply. The call goes on in the background until the test
+// ends.
+func (l *ledger) prepare(client opbrokerv1.OperationServiceClient, intent string) string {
+	l.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	called := make(chan struct{})
+	go func() {
+		defer close(called)
+		_, _ = prepare(ctx, client, intent)
+	}()
+	l.t.Cleanup(func() {
+		cancel()
+		<-called
+	})
+	var name string
+	require.Eventually(l.t, func() bool {
+		return l.conn.QueryRow(context.Background(), `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id
+			FROM operations WHERE intent_ref = $1`, intent).Scan(&name) == nil
+	}, 30*time.Second, 10*time.Millisecond, "intent %s never recorded", intent)
+	return name
+}
+
 func (l *ledger) waitState(name, want string) {
 	l.t.Helper()
 	require.Eventually(l.t, func() bool { return l.state(name) == want }, 30*time.Second, 20*time.Millisecond,
@@ -69,9 +94,8 @@ func TestWorkerKilledAfterSendEndsUnknown(t *testing.T) {
 	victim := startEnv(t, []string{crashpoint.EnvVar + "=" + crashpoint.DispatchAfterReply + "=kill"},
 		serveArgs(url, targets, "--dispatch-lease", "2s")...)
 	client := opbrokerv1.NewOperationServiceClient(dial(t, victim.waitReady(t)))
-	resp, err := prepare(context.Background(), client, "order-killed")
-	require.NoError(t, err)
-	name := resp.GetOperation().GetName()
+	l := openLedger(t, url)
+	name := l.prepare(client, "order-killed")
 
 	select {
 	case err := <-victim.exited:
@@ -79,7 +103,6 @@ func TestWorkerKilledAfterSendEndsUnknown(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the crash point did not kill the worker")
 	}
-	l := openLedger(t, url)
 	require.Equal(t, "IN_FLIGHT", l.state(name), "killed between send and record")
 
 	// The survivor's sweeper makes it UNKNOWN when the lease expires (never PREPARED),
@@ -118,10 +141,8 @@ func TestPausedWorkerCannotRecordOverNewState(t *testing.T) {
 	paused := startEnv(t, []string{crashpoint.EnvVar + "=" + crashpoint.DispatchAfterSend + "=pause"},
 		serveArgs(url, targets, "--dispatch-lease", "2s", "--reconcile=false")...)
 	client := opbrokerv1.NewOperationServiceClient(dial(t, paused.waitReady(t)))
-	resp, err := prepare(context.Background(), client, "order-paused")
-	require.NoError(t, err)
-	name := resp.GetOperation().GetName()
 	l := openLedger(t, url)
+	name := l.prepare(client, "order-paused")
 	require.Eventually(t, func() bool { return sim.Snapshot().Keys[l.remoteKey(name)] != nil }, 30*time.Second, 10*time.Millisecond)
 
 	// Neither replica reconciles: a reconciler (a legitimate actor with a new fence) would
