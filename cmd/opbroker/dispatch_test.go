@@ -51,19 +51,15 @@ func (l *ledger) remoteKey(name string) string {
 // name once the ledger records it, without waiting for the reply: a replica armed to kill
 // or stop itself in its dispatcher can send the operation, and so reach its crash point,
 // before it has written the reply. The call goes on in the background until the test
-// ends.
+// ends (its context ends before its cleanups run).
 func (l *ledger) prepare(client opbrokerv1.OperationServiceClient, intent string) string {
 	l.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	called := make(chan struct{})
 	go func() {
 		defer close(called)
-		_, _ = prepare(ctx, client, intent)
+		_, _ = prepare(l.t.Context(), client, intent)
 	}()
-	l.t.Cleanup(func() {
-		cancel()
-		<-called
-	})
+	l.t.Cleanup(func() { <-called })
 	var name string
 	require.Eventually(l.t, func() bool {
 		return l.conn.QueryRow(context.Background(), `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id
