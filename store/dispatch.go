@@ -307,6 +307,11 @@ type OutcomeParams struct {
 }
 
 // outcomeColumns are outcomes as the columns of their statements' unnest.
+//
+// Ids go into statements as arrays of 16 bytes, here and wherever the package passes an
+// array of them: pgx writes a uuid.UUID (a driver.Valuer) through its text, and for each
+// element of an array it first tries the binary form, fails and formats the error: 20
+// allocations and 1.7 µs an id, against 0.08 µs for 16 bytes.
 type outcomeColumns struct {
 	tenants                                []string
 	ids                                    [][16]byte
@@ -520,7 +525,7 @@ type HeldLease struct {
 // holds, and the outcome must win.
 func (q Scope) ExtendLeases(ctx context.Context, held []HeldLease, lease time.Duration) (map[OperationKey]time.Duration, error) {
 	ctx = withLockTimeout(ctx, extendLockWait)
-	tenants, ids, fences := make([]string, len(held)), make([]uuid.UUID, len(held)), make([]int64, len(held))
+	tenants, ids, fences := make([]string, len(held)), make([][16]byte, len(held)), make([]int64, len(held))
 	for i, h := range held {
 		tenants[i], ids[i], fences[i] = h.TenantID, h.ID, h.Fence
 	}

@@ -74,7 +74,7 @@ func (q Scope) Events(ctx context.Context, tenantID string, id uuid.UUID, afterR
 // Revisions returns the current revision of each operation that exists, in one query.
 func (q Scope) Revisions(ctx context.Context, keys []OperationKey) (map[OperationKey]int64, error) {
 	tenants := make([]string, len(keys))
-	ids := make([]uuid.UUID, len(keys))
+	ids := make([][16]byte, len(keys))
 	for i, k := range keys {
 		tenants[i], ids[i] = k.TenantID, k.ID
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -290,14 +291,15 @@ var insertOperationsSQL = compileNamed(`
 // statements with common intents wait for each other in one order and never deadlock.
 func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[uuid.UUID]prepared, error) {
 	n := len(calls)
-	tenants, ids, types, intents := make([]string, n), make([]uuid.UUID, n), make([]string, n), make([]string, n)
+	tenants, ids, types, intents := make([]string, n), make([][16]byte, n), make([]string, n), make([]string, n)
 	contentTypes, payloads, digests := make([]string, n), make([][]byte, n), make([][]byte, n)
-	supersedes, labels, deadlines, actors := make([]uuid.NullUUID, n), make([]string, n), make([]*time.Time, n), make([]string, n)
+	supersedes, labels, deadlines, actors := make([]pgtype.UUID, n), make([]string, n), make([]*time.Time, n), make([]string, n)
 	notBefore, traceParents := make([]*time.Time, n), make([]*string, n)
 	for i, c := range calls {
 		tenants[i], ids[i], types[i], intents[i] = c.TenantID, c.id, c.OperationType, c.IntentRef
 		contentTypes[i], payloads[i], digests[i] = c.ContentType, c.Payload, c.PayloadSHA256
-		supersedes[i], deadlines[i], actors[i] = c.SupersedesID, c.DispatchDeadline, c.Actor
+		supersedes[i] = pgtype.UUID{Bytes: c.SupersedesID.UUID, Valid: c.SupersedesID.Valid}
+		deadlines[i], actors[i] = c.DispatchDeadline, c.Actor
 		notBefore[i], traceParents[i] = c.NotBefore, nullIfEmpty(c.TraceParent)
 		l := c.Labels
 		if l == nil {
