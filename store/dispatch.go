@@ -308,10 +308,10 @@ type OutcomeParams struct {
 
 // outcomeColumns are outcomes as the columns of their statements' unnest.
 //
-// Ids go into statements as arrays of 16 bytes, here and wherever the package passes an
-// array of them: pgx writes a uuid.UUID (a driver.Valuer) through its text, and for each
-// element of an array it first tries the binary form, fails and formats the error: 20
-// allocations and 1.7 µs an id, against 0.08 µs for 16 bytes.
+// Ids go into statements as 16-byte arrays (nullable ones as pgtype.UUID), here and
+// wherever the package passes many of them: pgx writes a uuid.UUID, a driver.Valuer,
+// alone or in an array, by trying the binary form of its Value (a string), failing,
+// formatting the error and reading the text back, twenty allocations an id.
 type outcomeColumns struct {
 	tenants                                []string
 	ids                                    [][16]byte
