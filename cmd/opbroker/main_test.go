@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -337,16 +339,31 @@ func TestDevRunsWithNothingGiven(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, resp.GetCreated())
 
-	// The demo target reports a charge whose answer it lost by webhook: the operation
-	// is resolved by that evidence, before a lookup could see the charge.
+	// The demo target reports by webhook a charge whose answer it lost. Dev's lookups
+	// see a charge at once and the webhook leaves 50 ms after it, so which of the two
+	// resolves the operation depends on the machine's load; either way it ends
+	// SUCCEEDED, and the webhook reaches dev's listener signed with dev's secret and is
+	// accepted.
 	lost, err := client.PrepareOperation(ctx, &opbrokerv1.PrepareOperationRequest{Tenant: "acme", OperationType: "demo.charge",
 		IntentRef: "order-lost", ContentType: "application/json", Payload: []byte(`{"amount":100,"sim":{"fault":"commit_then_reset"}}`)})
 	require.NoError(t, err)
+	var charge string
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		got, err := client.GetOperation(ctx, &opbrokerv1.GetOperationRequest{Name: lost.GetOperation().GetName()})
 		assert.NoError(c, err)
 		assert.Equal(c, opbrokerv1.Operation_STATE_SUCCEEDED, got.GetOperation().GetState())
-		assert.Equal(c, opbrokerv1.Operation_SOURCE_EVIDENCE, got.GetOperation().GetLastObservation().GetSource())
+		assert.Contains(c, []opbrokerv1.Operation_Source{opbrokerv1.Operation_SOURCE_EVIDENCE, opbrokerv1.Operation_SOURCE_LOOKUP},
+			got.GetOperation().GetLastObservation().GetSource())
+		charge = got.GetOperation().GetRemoteRef()
+	}, 10*time.Second, 20*time.Millisecond)
+	truthURL := regexp.MustCompile(`demo ground truth: +(http://\S+)`).FindStringSubmatch(p.Output())
+	require.NotNil(t, truthURL, p.Output())
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var truth simtarget.Truth
+		assert.NoError(c, json.Unmarshal([]byte(httpGet(c, truthURL[1])), &truth))
+		assert.True(c, slices.ContainsFunc(truth.Webhooks, func(w simtarget.WebhookTruth) bool {
+			return w.EffectID == charge && w.Genuine && w.Acknowledged
+		}), "the webhook about %s is accepted: %+v", charge, truth.Webhooks)
 	}, 10*time.Second, 20*time.Millisecond)
 
 	services := listServices(t, conn)
