@@ -33,17 +33,21 @@ func openLedger(t *testing.T, url string) *ledger {
 	return &ledger{t: t, conn: conn}
 }
 
+// operationName is the SQL of the operation's resource name, as the API gives it, for any
+// ledger row that has tenant_id and operation_id.
+const operationName = `'tenants/' || tenant_id || '/operations/' || operation_id`
+
 func (l *ledger) state(name string) string {
 	var state string
 	require.NoError(l.t, l.conn.QueryRow(context.Background(),
-		`SELECT state FROM operations WHERE 'tenants/' || tenant_id || '/operations/' || operation_id = $1`, name).Scan(&state))
+		`SELECT state FROM operations WHERE `+operationName+` = $1`, name).Scan(&state))
 	return state
 }
 
 func (l *ledger) remoteKey(name string) string {
 	var key string
 	require.NoError(l.t, l.conn.QueryRow(context.Background(),
-		`SELECT remote_key::text FROM operations WHERE 'tenants/' || tenant_id || '/operations/' || operation_id = $1`, name).Scan(&key))
+		`SELECT remote_key::text FROM operations WHERE `+operationName+` = $1`, name).Scan(&key))
 	return key
 }
 
@@ -62,8 +66,7 @@ func (l *ledger) prepare(client opbrokerv1.OperationServiceClient, intent string
 	l.t.Cleanup(func() { <-called })
 	var name string
 	require.Eventually(l.t, func() bool {
-		return l.conn.QueryRow(context.Background(), `SELECT 'tenants/' || tenant_id || '/operations/' || operation_id
-			FROM operations WHERE intent_ref = $1`, intent).Scan(&name) == nil
+		return l.conn.QueryRow(context.Background(), `SELECT `+operationName+` FROM operations WHERE intent_ref = $1`, intent).Scan(&name) == nil
 	}, 30*time.Second, 10*time.Millisecond, "intent %s never recorded", intent)
 	return name
 }
@@ -108,7 +111,7 @@ func TestWorkerKilledAfterSendEndsUnknown(t *testing.T) {
 	l.waitState(name, "SUCCEEDED")
 	var path []string
 	rows, err := l.conn.Query(context.Background(), `SELECT coalesce(from_state::text, '') || '>' || to_state FROM operation_events
-		WHERE 'tenants/' || tenant_id || '/operations/' || operation_id = $1 ORDER BY revision`, name)
+		WHERE `+operationName+` = $1 ORDER BY revision`, name)
 	require.NoError(t, err)
 	for rows.Next() {
 		var step string
@@ -156,12 +159,12 @@ func TestPausedWorkerCannotRecordOverNewState(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var finished bool
 		require.NoError(t, l.conn.QueryRow(context.Background(), `SELECT count(*) = 1 FROM stale_outcomes
-			WHERE 'tenants/' || tenant_id || '/operations/' || operation_id = $1`, name).Scan(&finished))
+			WHERE `+operationName+` = $1`, name).Scan(&finished))
 		return finished
 	}, 30*time.Second, 20*time.Millisecond, "the woken worker records its observation")
 	var outcome string
 	require.NoError(t, l.conn.QueryRow(context.Background(), `SELECT outcome FROM stale_outcomes
-		WHERE 'tenants/' || tenant_id || '/operations/' || operation_id = $1`, name).Scan(&outcome))
+		WHERE `+operationName+` = $1`, name).Scan(&outcome))
 	// What it saw depends on how long it slept (the reply; its own call timeout; or the
 	// call cut when its lease proved lost): it is kept, whatever it was.
 	require.Contains(t, []string{"VERIFIED_SUCCESS", "TIMEOUT", "CONNECTION_ERROR"}, outcome, "its observation is kept as evidence")
