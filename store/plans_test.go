@@ -185,6 +185,10 @@ var (
 	// for its arguments (an evidence settlement without a change) keeps its node.
 	bigTableScan    = regexp.MustCompile(`Seq Scan on (operations|operation_keys|operation_events) [^\n]*\(actual`)
 	removedByFilter = regexp.MustCompile(`Rows Removed by (?:Filter|Join Filter|Index Recheck): (\d+)`)
+	thousandRows    = regexp.MustCompile(`actual rows=\d{4,}[. ]`) // PostgreSQL 18 prints rows=1.00
+	// An operation found by its whole primary key.
+	byThePrimaryKey = regexp.MustCompile(`Index Scan using operations_pkey on operations [^\n]*\n\s*Index Cond: ` +
+		`\(\(tenant_id = [^)]*\) AND \(operation_id = `)
 )
 
 // Over a ledger of finished operations, analyzed when they were loaded (as autovacuum
@@ -266,8 +270,9 @@ func loadFinished(t *testing.T, admin *pgxpool.Pool, rows int) {
 }
 
 // workload runs every kind of statement the broker's hot paths run, for one target:
-// intents prepared together, claims, outcomes of each kind, lease extension, both
-// sweeps, the reconciler's claim, check and resolution, reads, the feed and the purge.
+// intents prepared together, an amendment, claims, outcomes of each kind, lease
+// extension, both sweeps, the reconciler's claim, check and resolution, reads, the feed
+// and the purge.
 func workload(t *testing.T, st *store.Store) {
 	ctx := context.Background()
 	all := st.AllTenants()
@@ -287,6 +292,10 @@ func workload(t *testing.T, st *store.Store) {
 	one, _, err := all.Prepare(ctx, prepareParams("work-0", "work-alone", `{"amount":2}`))
 	require.NoError(t, err)
 	_, err = all.Get(ctx, one.TenantID, one.ID)
+	require.NoError(t, err)
+	amended := prepareParams("work-0", "work-alone-amended", `{"amount":3}`) // cancels the first
+	amended.SupersedesID = uuid.NullUUID{UUID: one.ID, Valid: true}
+	_, _, err = all.Prepare(ctx, amended)
 	require.NoError(t, err)
 	for _, again := range []store.PrepareParams{ps[1], prepareParams("work-1", "loaded-2", `{}`)} {
 		_, created, err := all.Prepare(ctx, again) // answered from the intent key
@@ -488,27 +497,23 @@ func TestClaimsWalkTheTenantsByTheClaimIndex(t *testing.T) {
 
 // TestDispatchStaysOnTheKeysAsTheLedgerGrows: a connection keeps a statement's plan once
 // it finds a plan for any arguments (a generic plan) as good as those it made for each
-// call's. Made while the ledger was small, where reading a whole index costs least, such
-// a plan would step over every operation in flight for each outcome (by the lease index)
-// and over every claimed operation of a tenant for each claim, once the ledger has grown
-// (without an ANALYZE since, which would have the statement planned again). So outcomes
-// are planned for each call's arguments, and a claim's share is written so that only
-// the claim index serves it, whichever plan the connection keeps.
+// call's; the test has it keep that plan from the start (oneConnection). Made while the
+// ledger was small, where reading a whole index costs least, such a plan would step
+// over every operation in flight for each outcome (by the lease index) and over every
+// claimed operation of a tenant for each claim, once the ledger has grown (without an
+// ANALYZE since, which would have the statement planned again), and an amendment's
+// Prepare would read the whole ledger to find the operation it supersedes. So outcomes
+// are planned for each call's arguments, and a claim's share and an amendment's lookup
+// are written so that only an index serves them (the claim index, the primary key),
+// whichever plan the connection keeps.
 func TestDispatchStaysOnTheKeysAsTheLedgerGrows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := storetest.Schema(t)
-	admin := storetest.Pool(t, storetest.AdminURL(t, url))
-	_, err := admin.Exec(ctx, `ALTER TABLE operations SET (autovacuum_enabled = off)`)
-	require.NoError(t, err)
-	// One connection, so that its statements are the ones planned on the small ledger.
-	st, plans := explainingStore(t, url+"&pool_max_conns=1", "auto_explain.log_analyze", "on", "auto_explain.log_timing", "off")
-	all := st.AllTenants()
-	dispatch := func(n int) {
+	admin, all, plans := oneConnection(t)
+	dispatch := func(round string, n int) {
 		for i := range n {
-			intent := fmt.Sprintf("dispatch-%d-%d", n, i)
-			_, _, err := all.Prepare(ctx, prepareParams("work-0", intent, `{"amount":1}`))
-			require.NoError(t, err)
+			intent := fmt.Sprintf("dispatch-%s-%d", round, i)
+			prepareAndAmend(t, all, intent)
 			claimed, err := all.Claim(ctx, claimParams(1))
 			require.NoError(t, err)
 			require.Len(t, claimed, 1)
@@ -519,13 +524,14 @@ func TestDispatchStaysOnTheKeysAsTheLedgerGrows(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
-	dispatch(8) // past the five custom plans a cached plan starts with
+	dispatch("small", 8) // the plans are made and kept on this ledger
 	loadFinished(t, admin, ledgerRows(t))
 	plans.reset()
-	dispatch(2)
+	dispatch("grown", 2)
 	claims, outcomes := plans.containing(claimPlanMark), plans.containing("last_observation = u.observation")
 	require.Len(t, claims, 2)
 	require.Len(t, outcomes, 2)
+	requirePreparesOnTheKeys(t, plans, 4)
 	for _, p := range claims {
 		_, share := claimParts(p)
 		require.NotContains(t, share, "using operations_pkey", p)
@@ -534,5 +540,83 @@ func TestDispatchStaysOnTheKeysAsTheLedgerGrows(t *testing.T) {
 	for _, p := range outcomes {
 		require.NotRegexp(t, bigTableScan, p)
 		require.Contains(t, p, "using operations_pkey on operations o", p)
+	}
+}
+
+// TestPrepareStaysOnTheKeysAfterStatisticsOfASmallLedger: autovacuum takes statistics
+// of a new ledger once it has a few dozen rows, all on one page. A plan made from them
+// reads a page instead of looking up an operation by its key, and a connection that
+// keeps it (no ANALYZE since) would read the whole ledger in every Prepare once it has
+// grown: the cancellation of a superseded operation joined every operation, the
+// amendment's lookup scanned them all. Prepare runs without sequential scans, so only
+// the primary key serves its lookups.
+func TestPrepareStaysOnTheKeysAfterStatisticsOfASmallLedger(t *testing.T) {
+	t.Parallel()
+	admin, all, plans := oneConnection(t)
+	prepare := func(round string, n int) {
+		for i := range n {
+			prepareAndAmend(t, all, fmt.Sprintf("prepare-%s-%d", round, i))
+		}
+	}
+	prepare("first", 2)
+	_, err := admin.Exec(context.Background(), `ANALYZE operations`)
+	require.NoError(t, err)
+	prepare("small", 8) // the plans are made and kept on this ledger
+	loadFinished(t, admin, ledgerRows(t))
+	plans.reset()
+	prepare("grown", 2)
+	requirePreparesOnTheKeys(t, plans, 4)
+}
+
+// oneConnection returns a new schema's administrator pool and a store on it with one
+// connection, so that its statements are the ones planned on the small ledger, whose
+// plans are logged as executed; autovacuum never analyzes the ledger, the test does.
+// The connection keeps the plan it makes for any arguments from the start (PostgreSQL
+// would, after five, when it finds that plan as cheap as the ones made for each call),
+// except where a statement asks to be planned for its arguments: the worst it could keep.
+func oneConnection(t *testing.T) (*pgxpool.Pool, store.Scope, *planLog) {
+	t.Helper()
+	url := storetest.Schema(t)
+	admin := storetest.Pool(t, storetest.AdminURL(t, url))
+	// An ANALYZE of any table the statements read would have them planned again.
+	for _, table := range []string{"operations", "operation_keys", "operation_events"} {
+		_, err := admin.Exec(context.Background(), `ALTER TABLE `+table+` SET (autovacuum_enabled = off)`)
+		require.NoError(t, err)
+	}
+	st, plans := explainingStore(t, url+"&pool_max_conns=1", "auto_explain.log_analyze", "on", "auto_explain.log_timing", "off",
+		"plan_cache_mode", "force_generic_plan")
+	return admin, st.AllTenants(), plans
+}
+
+// prepareAndAmend prepares intent in the tenant work-0, then an amendment of it, which
+// cancels it.
+func prepareAndAmend(t *testing.T, all store.Scope, intent string) {
+	t.Helper()
+	ctx := context.Background()
+	first, _, err := all.Prepare(ctx, prepareParams("work-0", intent, `{"amount":1}`))
+	require.NoError(t, err)
+	amended := prepareParams("work-0", intent+"-amended", `{"amount":2}`)
+	amended.SupersedesID = uuid.NullUUID{UUID: first.ID, Valid: true}
+	_, _, err = all.Prepare(ctx, amended)
+	require.NoError(t, err)
+}
+
+// requirePreparesOnTheKeys checks the plans of n Prepare statements of one intent each:
+// no table of the ledger scanned, no step returning or discarding a thousand rows, and
+// the operation an amendment supersedes looked up by its whole primary key.
+func requirePreparesOnTheKeys(t *testing.T, plans *planLog, n int) {
+	t.Helper()
+	prepares := plans.containing("CTE sup")
+	require.Len(t, prepares, n)
+	for _, p := range prepares {
+		require.NotRegexp(t, bigTableScan, p)
+		require.NotRegexp(t, thousandRows, p)
+		for _, m := range removedByFilter.FindAllStringSubmatch(p, -1) {
+			n, _ := strconv.Atoi(m[1])
+			require.LessOrEqual(t, n, 1000, p)
+		}
+		_, sup, _ := strings.Cut(p, "CTE sup")
+		sup, _, _ = strings.Cut(sup, "CTE refused")
+		require.Regexp(t, byThePrimaryKey, sup, p)
 	}
 }

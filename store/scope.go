@@ -87,11 +87,13 @@ func withCustomPlan(ctx context.Context) context.Context {
 }
 
 // withIndexScans returns ctx whose statements scan a table sequentially only when no
-// index applies (PostgreSQL's enable_seqscan off, for the statement's transaction only). It is for the
-// statements that find rows of one state through the state's partial index without a
-// condition on its columns: under row-level security the planner cannot use the state
-// column's statistics (enum equality is not leakproof), takes every row for one of that
-// state, and at a million rows prefers a scan of the table to the partial index.
+// index applies (PostgreSQL's enable_seqscan off, for the statement's transaction only).
+// It is for the statements that find rows of one state through the state's partial
+// index without a condition on its columns: under row-level security the planner cannot
+// use the state column's statistics (enum equality is not leakproof), takes every row
+// for one of that state, and at a million rows prefers a scan of the table to the
+// partial index. And for the statements that read a table only by its keys, where a
+// plan made while the table was a page, and kept, would scan it once it has grown.
 func withIndexScans(ctx context.Context) context.Context {
 	return context.WithValue(ctx, indexScanKey{}, true)
 }
