@@ -20,12 +20,30 @@ func TestRowLevelSecurity(t *testing.T) {
 	st := store.New(app)
 	ctx := context.Background()
 	acme := storetest.PrepareJSON(t, st, "acme", "demo.charge", "a", `{}`)
-	storetest.PrepareJSON(t, st, "globex", "demo.charge", "g", `{}`)
+	globex := storetest.PrepareJSON(t, st, "globex", "demo.charge", "g", `{}`)
+	// A stale outcome and a matched event of each tenant, and an event matched to none,
+	// written by the administrator (past row-level security and the triggers).
+	admin := storetest.Pool(t, storetest.AdminURL(t, url))
+	require.NoError(t, pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica;
+			INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
+				VALUES ('acme', '`+acme.ID.String()+`', 1, 'test', 'UNKNOWN', '{}', true),
+					('globex', '`+globex.ID.String()+`', 1, 'test', 'UNKNOWN', '{}', true);
+			INSERT INTO inbound_evidence (target, event_id, source, event_type, meaning, reference, reference_kind,
+					body_purge_at, match_until, disposition, tenant_id, operation_id, decided_at)
+				VALUES ('demo', 'evt_a', 'WEBHOOK', 'charge', 'SUCCEEDED', 'a', 'remote_ref', now(), now(), 'OBSERVED',
+					'acme', '`+acme.ID.String()+`', now()),
+					('demo', 'evt_g', 'WEBHOOK', 'charge', 'SUCCEEDED', 'g', 'remote_ref', now(), now(), 'OBSERVED',
+					'globex', '`+globex.ID.String()+`', now()),
+					('demo', 'evt_none', 'WEBHOOK', 'charge', 'SUCCEEDED', 'n', 'remote_ref', now(), now(), 'PENDING',
+					NULL, NULL, NULL)`)
+		return err
+	}))
 
 	var n int
 	require.NoError(t, app.QueryRow(ctx, `SELECT count(*) FROM operations`).Scan(&n))
 	require.Zero(t, n, "without a tenant set, nothing")
-	for _, table := range []string{"operation_events", "operation_keys"} {
+	for _, table := range []string{"operation_events", "operation_keys", "stale_outcomes", "inbound_evidence"} {
 		require.NoError(t, app.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
 		require.Zero(t, n, table)
 	}
@@ -39,9 +57,14 @@ func TestRowLevelSecurity(t *testing.T) {
 		})
 	}
 	require.NoError(t, inTenant("acme", func(tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, `SELECT tenant_id FROM operations UNION ALL SELECT tenant_id FROM operation_keys`)
-		tenants, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.Equal(t, []string{"acme", "acme"}, tenants, "a query without a tenant predicate sees its tenant only")
+		rows, _ := tx.Query(ctx, `SELECT tenant_id FROM operations UNION ALL SELECT tenant_id FROM operation_keys
+			UNION ALL SELECT tenant_id FROM stale_outcomes UNION ALL SELECT tenant_id FROM inbound_evidence`)
+		tenants, err := pgx.CollectRows(rows, pgx.RowTo[*string])
+		for _, tenant := range tenants {
+			require.NotNil(t, tenant, "an event matched to no operation is the broker's alone")
+			require.Equal(t, "acme", *tenant, "a query without a tenant predicate sees its tenant only")
+		}
+		require.Len(t, tenants, 4)
 		return err
 	}))
 	storetest.PrepareJSON(t, st, "initech", "demo.charge", "i", `{}`)
