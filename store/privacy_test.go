@@ -152,7 +152,17 @@ func TestDeleteTenant(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	op := prepare(t, b, "acme", "a")
-	prepare(t, b, "globex", "g")
+	other := prepare(t, b, "globex", "g")
+	for _, o := range []store.Operation{op, other} { // a stale outcome and a target's event of each
+		_, err := b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
+			VALUES ($1, $2, 1, 'test', 'UNKNOWN', '{}', true)`, o.TenantID, o.ID)
+		require.NoError(t, err)
+		_, err = b.pool.Exec(b.ctx, `INSERT INTO inbound_evidence (target, event_id, source, event_type, meaning, reference,
+				reference_kind, body_purge_at, match_until, disposition, tenant_id, operation_id, decided_at)
+			VALUES ('demo', $1, 'WEBHOOK', 'charge', 'SUCCEEDED', 'r', 'remote_ref', now(), now(), 'OBSERVED', $1, $2, now())`,
+			o.TenantID, o.ID)
+		require.NoError(t, err)
+	}
 
 	_, err := b.all.DeleteTenant(b.ctx, "acme")
 	require.ErrorIs(t, err, store.ErrTenantHasOpenOperations)
@@ -162,7 +172,10 @@ func TestDeleteTenant(t *testing.T) {
 	n, err := b.all.DeleteTenant(b.ctx, "acme")
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
-	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events WHERE tenant_id = 'acme'`))
+	for _, table := range []string{"operation_events", "operation_keys", "stale_outcomes", "inbound_evidence"} {
+		require.Zero(t, b.count(t, `SELECT count(*) FROM `+table+` WHERE tenant_id = 'acme'`), table)
+		require.NotZero(t, b.count(t, `SELECT count(*) FROM `+table+` WHERE tenant_id = 'globex'`), table)
+	}
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE tenant_id = 'globex'`))
 
 	n, err = b.all.DeleteTenant(b.ctx, "acme")
