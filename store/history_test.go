@@ -101,12 +101,19 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 	require.True(t, isForeignKeyViolation(<-written), "an event of an operation deleted meanwhile")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1`, ids[1]))
 
-	// Truncating operations truncates the history.
+	// Truncating operations truncates the history, and the targets' events.
 	beta := b.prepareN(t, "beta", 1)
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
 		VALUES ('beta', $1, 1, 'test', 'TIMEOUT', '{}', true)`, beta[0])
 	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO inbound_evidence (target, event_id, source, event_type, meaning, reference,
+			reference_kind, body_purge_at, match_until, disposition, tenant_id, operation_id, decided_at)
+		VALUES ('demo', 'evt_beta', 'WEBHOOK', 'charge', 'SUCCEEDED', 'r', 'remote_ref', now(), now(), 'OBSERVED', 'beta', $1, now())`,
+		beta[0])
+	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `TRUNCATE operations CASCADE`)
 	require.NoError(t, err)
-	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events`)+b.count(t, `SELECT count(*) FROM stale_outcomes`))
+	for _, table := range []string{"operation_events", "stale_outcomes", "inbound_evidence"} {
+		require.Zero(t, b.count(t, `SELECT count(*) FROM `+table), table)
+	}
 }
