@@ -219,6 +219,8 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: second.ID, Fence: 1,
 		State: store.StateUnknown, Observation: store.Observation{Outcome: "TIMEOUT"}, Actor: "dispatcher:test"})
 	require.ErrorIs(t, err, store.ErrFenceLost)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1 AND fence_token = 1`, second.ID),
+		"one stale outcome per fence")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1 AND outcome = 'VERIFIED_SUCCESS'`, second.ID),
 		"the first stale outcome of a fence is the one kept")
 	_, err = b.pool.Exec(b.ctx, `UPDATE stale_outcomes SET outcome = 'rewritten' WHERE operation_id = $1`, second.ID)
