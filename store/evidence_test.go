@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/store"
@@ -96,4 +97,41 @@ func TestPostponedEvidenceWaitsItsTurn(t *testing.T) {
 		require.NoError(t, b.all.PostponeEvidence(b.ctx, key))
 	}
 	postpone(time.Minute, "never more than a minute")
+}
+
+// TestEvidenceSchemaRefusesIllegalRows: each CHECK of a target's events and of the
+// stale outcomes refuses a row that breaks it, whatever wrote it.
+func TestEvidenceSchemaRefusesIllegalRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
+	require.NoError(t, err)
+	evidence := func(column, value string) string {
+		row := map[string]string{"target": "'demo'", "event_id": "'evt_1'", "source": "'WEBHOOK'", "event_type": "'charge'",
+			"meaning": "'SUCCEEDED'", "reference": "'r'", "reference_kind": "'remote_ref'", "disposition": "'PENDING'",
+			"reason": "NULL", "tenant_id": "NULL", "operation_id": "NULL"}
+		row[column] = value
+		return `INSERT INTO inbound_evidence (target, event_id, source, event_type, meaning, reference, reference_kind,
+				body_purge_at, match_until, disposition, reason, tenant_id, operation_id)
+			VALUES (` + row["target"] + `, ` + row["event_id"] + `, ` + row["source"] + `, ` + row["event_type"] + `, ` +
+			row["meaning"] + `, ` + row["reference"] + `, ` + row["reference_kind"] + `, now(), now(), ` +
+			row["disposition"] + `, ` + row["reason"] + `, ` + row["tenant_id"] + `, ` + row["operation_id"] + `)`
+	}
+	for constraint, sql := range map[string]string{
+		"inbound_evidence_sizes":          evidence("event_id", "''"),
+		"inbound_evidence_source":         evidence("source", "'EMAIL'"),
+		"inbound_evidence_meaning":        evidence("meaning", "'MAYBE'"),
+		"inbound_evidence_reference_kind": evidence("reference_kind", "'name'"),
+		"inbound_evidence_disposition":    evidence("reason", "'UNMATCHED'"),
+		"inbound_evidence_operation":      evidence("tenant_id", "'acme'"),
+		"stale_outcomes_fence_positive": `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
+			VALUES ('acme', '` + op.ID.String() + `', 0, 'test', 'TIMEOUT', '{}', true)`,
+	} {
+		_, err := b.pool.Exec(b.ctx, sql)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, constraint)
+		require.Equal(t, constraint, pgErr.ConstraintName, pgErr.Message)
+	}
+	_, err = b.pool.Exec(b.ctx, evidence("event_id", "'evt_1'")) // the row the cases break
+	require.NoError(t, err)
 }
