@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
 )
 
 // move is a pair of states and whether operation_transitions allows it.
@@ -106,11 +108,7 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
 		VALUES ('beta', $1, 1, 'test', 'TIMEOUT', '{}', true)`, beta[0])
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO inbound_evidence (target, event_id, source, event_type, meaning, reference,
-			reference_kind, body_purge_at, match_until, disposition, tenant_id, operation_id, decided_at)
-		VALUES ('demo', 'evt_beta', 'WEBHOOK', 'charge', 'SUCCEEDED', 'r', 'remote_ref', now(), now(), 'OBSERVED', 'beta', $1, now())`,
-		beta[0])
-	require.NoError(t, err)
+	insertEvidence(t, b.pool, "evt_beta", &store.Operation{TenantID: "beta", ID: beta[0]})
 	_, err = b.pool.Exec(b.ctx, `TRUNCATE operations CASCADE`)
 	require.NoError(t, err)
 	for _, table := range []string{"operation_events", "stale_outcomes", "inbound_evidence"} {

@@ -22,23 +22,13 @@ func TestRowLevelSecurity(t *testing.T) {
 	acme := storetest.PrepareJSON(t, st, "acme", "demo.charge", "a", `{}`)
 	globex := storetest.PrepareJSON(t, st, "globex", "demo.charge", "g", `{}`)
 	// A stale outcome and a matched event of each tenant, and an event matched to none,
-	// written by the administrator (past row-level security and the triggers).
+	// written by the administrator (past row-level security).
 	admin := storetest.Pool(t, storetest.AdminURL(t, url))
-	require.NoError(t, pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica;
-			INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
-				VALUES ('acme', '`+acme.ID.String()+`', 1, 'test', 'UNKNOWN', '{}', true),
-					('globex', '`+globex.ID.String()+`', 1, 'test', 'UNKNOWN', '{}', true);
-			INSERT INTO inbound_evidence (target, event_id, source, event_type, meaning, reference, reference_kind,
-					body_purge_at, match_until, disposition, tenant_id, operation_id, decided_at)
-				VALUES ('demo', 'evt_a', 'WEBHOOK', 'charge', 'SUCCEEDED', 'a', 'remote_ref', now(), now(), 'OBSERVED',
-					'acme', '`+acme.ID.String()+`', now()),
-					('demo', 'evt_g', 'WEBHOOK', 'charge', 'SUCCEEDED', 'g', 'remote_ref', now(), now(), 'OBSERVED',
-					'globex', '`+globex.ID.String()+`', now()),
-					('demo', 'evt_none', 'WEBHOOK', 'charge', 'SUCCEEDED', 'n', 'remote_ref', now(), now(), 'PENDING',
-					NULL, NULL, NULL)`)
-		return err
-	}))
+	for _, op := range []store.Operation{acme, globex} {
+		insertStaleOutcome(t, admin, op)
+		insertEvidence(t, admin, "evt_"+op.TenantID, &op)
+	}
+	insertEvidence(t, admin, "evt_none", nil)
 
 	var n int
 	require.NoError(t, app.QueryRow(ctx, `SELECT count(*) FROM operations`).Scan(&n))

@@ -154,14 +154,8 @@ func TestDeleteTenant(t *testing.T) {
 	op := prepare(t, b, "acme", "a")
 	other := prepare(t, b, "globex", "g")
 	for _, o := range []store.Operation{op, other} { // a stale outcome and a target's event of each
-		_, err := b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
-			VALUES ($1, $2, 1, 'test', 'UNKNOWN', '{}', true)`, o.TenantID, o.ID)
-		require.NoError(t, err)
-		_, err = b.pool.Exec(b.ctx, `INSERT INTO inbound_evidence (target, event_id, source, event_type, meaning, reference,
-				reference_kind, body_purge_at, match_until, disposition, tenant_id, operation_id, decided_at)
-			VALUES ('demo', $1, 'WEBHOOK', 'charge', 'SUCCEEDED', 'r', 'remote_ref', now(), now(), 'OBSERVED', $1, $2, now())`,
-			o.TenantID, o.ID)
-		require.NoError(t, err)
+		insertStaleOutcome(t, b.pool, o)
+		insertEvidence(t, b.pool, "evt_"+o.TenantID, &o)
 	}
 
 	_, err := b.all.DeleteTenant(b.ctx, "acme")

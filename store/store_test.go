@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -68,6 +69,35 @@ func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	var n int
 	require.NoError(t, b.pool.QueryRow(b.ctx, sql, args...).Scan(&n))
 	return n
+}
+
+// execer is a pool or a transaction.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// insertStaleOutcome writes, as db's role, a stale outcome of op under fence 1.
+func insertStaleOutcome(t *testing.T, db execer, op store.Operation) {
+	t.Helper()
+	_, err := db.Exec(context.Background(), `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor,
+			outcome, observation, sent)
+		VALUES ($1, $2, 1, 'test', 'UNKNOWN', '{}', true)`, op.TenantID, op.ID)
+	require.NoError(t, err)
+}
+
+// insertEvidence writes, as db's role, a target's event eventID matched to op
+// (OBSERVED), or to no operation (PENDING) when op is nil.
+func insertEvidence(t *testing.T, db execer, eventID string, op *store.Operation) {
+	t.Helper()
+	disposition, tenant, id, decided := "PENDING", any(nil), any(nil), any(nil)
+	if op != nil {
+		disposition, tenant, id, decided = "OBSERVED", op.TenantID, op.ID, time.Now()
+	}
+	_, err := db.Exec(context.Background(), `INSERT INTO inbound_evidence (target, event_id, source, event_type, meaning,
+			reference, reference_kind, body_purge_at, match_until, disposition, tenant_id, operation_id, decided_at)
+		VALUES ('demo', $1, 'WEBHOOK', 'charge', 'SUCCEEDED', 'r', 'remote_ref', now(), now(), $2, $3, $4, $5)`,
+		eventID, disposition, tenant, id, decided)
+	require.NoError(t, err)
 }
 
 func TestPrepareCreatesWithCreationEvent(t *testing.T) {
