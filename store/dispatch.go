@@ -100,11 +100,8 @@ func rotate[C any](p FairClaim, claim func(FairClaim) ([]C, error)) ([]C, error)
 // tenants after $1 (a rotating cursor), oldest first by order, locked and skipping rows
 // other claimers hold. Its arguments are constants of this package, never input.
 //
-// picked carries each row's ctid: the statement that updates what it picked finds the
-// rows by it (pickedRows), with a TID scan whatever the statistics say. A row another
-// transaction updated after the statement began is locked in its new version, which
-// the statement's snapshot cannot see: the update skips it (it stays as it is, and the
-// next claim or sweep takes it), never updates another row.
+// picked carries each row's ctid and revision, for the statement that updates what it
+// picked (pickedRows).
 func fairPick(state, due, order string, types int) string {
 	// The walk over the tenants orders by the tenant and next, the column after the
 	// tenant in the state's partial index: only that index gives the order, so the walk
@@ -123,7 +120,7 @@ func fairPick(state, due, order string, types int) string {
 	// A tenant's share, oldest first, of the types typeCond admits, ordered by orderBy.
 	share := func(typeCond, orderBy string) string {
 		return `
-				SELECT ctid, tenant_id, operation_id, ` + order + ` AS sort FROM operations
+				SELECT ctid, tenant_id, operation_id, revision, ` + order + ` AS sort FROM operations
 				WHERE tenant_id = t.tenant_id AND state = '` + state + `' AND ` + typeCond + `
 				  AND ` + due + `
 				ORDER BY ` + orderBy + `
@@ -159,7 +156,7 @@ func fairPick(state, due, order string, types int) string {
 				branches[i] = fmt.Sprintf("SELECT * FROM (%s) b%d", oneType(i+1), i+1)
 			}
 			perTenant = `
-				SELECT x.ctid, x.tenant_id, x.operation_id FROM (` + strings.Join(branches, " UNION ALL ") + `) x
+				SELECT x.ctid, x.tenant_id, x.operation_id, x.revision FROM (` + strings.Join(branches, " UNION ALL ") + `) x
 				ORDER BY x.sort
 				LIMIT $4`
 		}
@@ -176,31 +173,54 @@ func fairPick(state, due, order string, types int) string {
 				ORDER BY tenant_id, ` + next + ` LIMIT 1) next
 			 WHERE t.n < $2)
 		), picked AS (
-			SELECT p.ctid, p.tenant_id, p.operation_id FROM tenants t, LATERAL (` + perTenant + `) p
+			SELECT p.ctid, p.tenant_id, p.operation_id, p.revision FROM tenants t, LATERAL (` + perTenant + `) p
 			LIMIT $5`
 }
 
-// pickedRows is the condition of an update of the rows in the CTE named rows, which
-// carries their ctid (fairPick); rows is a constant of this package, never input.
+// pickedRows is the FROM and WHERE of an update of operations o that finds the rows a
+// CTE named rows picked and locked (fairPick, a sweep's): each by its ctid, with a TID
+// scan, and only in the version picked, at the revision it had. A row another
+// transaction updated after the statement began is locked in its new version, which
+// the statement's snapshot cannot see: the update skips it (it stays as it is, and the
+// next claim or sweep takes it), never updates another row. The update needs no
+// condition on the state: every change of state takes the revision up (the schema
+// refuses any other), and the pick read the state at that revision. Such a condition
+// would let a partial index of the state win the plan from statistics of a small
+// ledger (the planner thinks it a page, and filters every row of it by the ctids).
+// rows is a constant of this package, never input.
 func pickedRows(rows string) string {
-	return `o.ctid = ANY (ARRAY (SELECT ctid FROM ` + rows + `))`
+	return `FROM ` + rows + ` p WHERE o.ctid = p.ctid AND o.revision = p.revision`
 }
 
-// keyedRows is the condition that a row of table, under alias, is one of the rows that
-// keys (a from-item that names its rows k) names, where match relates a row r of table
-// to a key k. Each key is looked up on its own (the LIMIT keeps the planner from making
-// the lookups a join, which statistics taken earlier could have it plan as a scan of
-// the whole table), and the rows found are read by ctid, with a TID scan. A row another
-// transaction changed after the statement's snapshot is skipped: its latest version has
-// another ctid. So it serves only statements for which such a row is one they must not
-// change anyway (a lease extension: the operation moved on, as long as no two
-// extensions of one lease run at once, which one lease keeper per dispatcher ensures),
-// never the outcome's move of the operation, which a lease extension may have touched.
-// The arguments are constants of this package.
-func keyedRows(alias, table, keys, match string) string {
-	return alias + `.ctid = ANY (ARRAY (SELECT r.ctid FROM ` + keys + ` CROSS JOIN LATERAL (
-		SELECT ctid FROM ` + table + ` r WHERE ` + match + ` LIMIT 1) r))`
+// keyedRows is a from-item of the ctids of the rows of table that keys (a from-item
+// that names its rows k) names, where match relates a row r of table to a key k, with
+// the keys' columns beside them: a statement joins table to it by ctid, with a TID
+// scan. Each key is looked up on its own (the LIMIT keeps the planner from making the
+// lookups a join, which statistics taken earlier could have it plan as a scan of the
+// whole table). Its statements run withIndexScans: planned from statistics of a
+// one-page table, each lookup was a sequential scan, and the statement must not name
+// another condition that an index could serve (the key's columns, a state with a
+// partial index): the planner then read that index whole and filtered it by the ctids.
+//
+// A row another transaction changed after the statement's snapshot is skipped: its
+// latest version has another ctid. So it serves only statements for which such a row
+// is one they must not change anyway (a lease extension: the operation moved on, as
+// long as no two extensions of one lease run at once, which one lease keeper per
+// dispatcher ensures), never the outcome's move of the operation, which a lease
+// extension may have touched. The arguments are constants of this package.
+func keyedRows(table, keys, match string) string {
+	return `(SELECT r.ctid, k.* FROM ` + keys + ` CROSS JOIN LATERAL (
+		SELECT ctid FROM ` + table + ` r WHERE ` + match + ` LIMIT 1) r)`
 }
+
+// inFlight is the condition that the operation o is IN_FLIGHT, for a statement that
+// finds it by its ctid: a range of one value, not an equality, so that it does not imply
+// the predicate of the lease index (the operations in flight), which the planner would
+// otherwise read whole and filter by the ctids when statistics make that index look a
+// page. (The outcomes, which find operations by their keys, keep the equality: with
+// the statistics of a ledger at work, reading the lease index beats one lookup per
+// outcome by the primary key, by a quarter of PostgreSQL's CPU in a burn-down.)
+const inFlight = `o.state >= 'IN_FLIGHT' AND o.state <= 'IN_FLIGHT'`
 
 // operationKey matches a row r to a key k.
 const operationKey = `r.tenant_id = k.tenant_id AND r.operation_id = k.operation_id`
@@ -260,7 +280,7 @@ func (q Scope) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 }
 
 func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) {
-	rows := q.query(ctx, fairPick("PREPARED",
+	rows := q.query(withIndexScans(ctx), fairPick("PREPARED",
 		"(dispatch_deadline IS NULL OR dispatch_deadline > now()) AND (next_check_at IS NULL OR next_check_at <= now())", "operation_id",
 		len(p.OperationTypes))+`
 		), claimed AS (
@@ -269,7 +289,7 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 				attempt_count = o.attempt_count + 1, lease_owner = $6, lease_expires_at = now() + $7::interval,
 				first_sent_at = coalesce(o.first_sent_at, now()), next_check_at = NULL, updated_at = now(),
 				key_window_end = coalesce(o.key_window_end, now() + $8::interval), key_scope = coalesce(o.key_scope, $9)
-			WHERE `+pickedRows("picked")+` AND o.state = 'PREPARED'
+			`+pickedRows("picked")+`
 			RETURNING o.*
 		), ev AS (`+eventsFrom("claimed", "'PREPARED'", "'dispatcher:' || $6", "NULL", "NULL")+`)
 		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
@@ -529,10 +549,10 @@ func (q Scope) ExtendLeases(ctx context.Context, held []HeldLease, lease time.Du
 	for i, h := range held {
 		tenants[i], ids[i], fences[i] = h.TenantID, h.ID, h.Fence
 	}
-	rows := q.query(ctx, `WITH h AS (SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h (tenant_id, operation_id, fence))
+	rows := q.query(withIndexScans(ctx), `WITH h AS (SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h (tenant_id, operation_id, fence))
 		UPDATE operations o SET lease_expires_at = now() + $4::interval
-		FROM h
-		WHERE `+keyedRows("o", "operations", "h AS k", operationKey)+` AND o.tenant_id = h.tenant_id AND o.operation_id = h.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = h.fence
+		FROM `+keyedRows("operations", "h AS k", operationKey)+` f
+		WHERE o.ctid = f.ctid AND `+inFlight+` AND o.fence_token = f.fence
 		RETURNING o.tenant_id, o.operation_id, `+micros("o.lease_expires_at - now()"), tenants, ids, fences, lease)
 	left := make(map[OperationKey]time.Duration, len(held))
 	var k OperationKey
@@ -618,9 +638,9 @@ type sweep struct {
 }
 
 func (q Scope) sweep(ctx context.Context, p SweepParams, w sweep) (Swept, error) {
-	rows := q.query(ctx, `
+	rows := q.query(withIndexScans(ctx), `
 		WITH due AS (
-			SELECT ctid, tenant_id, operation_id FROM operations
+			SELECT ctid, tenant_id, operation_id, revision FROM operations
 			WHERE `+w.due+`
 			ORDER BY `+w.order+`
 			LIMIT $2
@@ -630,7 +650,7 @@ func (q Scope) sweep(ctx context.Context, p SweepParams, w sweep) (Swept, error)
 				lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
 				next_check_at = CASE WHEN $3::operation_state = 'UNKNOWN' THEN now() END,
 				last_observation = jsonb_build_object('observed_at', now(), 'source', $5::text, 'outcome', $6::text, 'summary', $7::text)
-			WHERE `+pickedRows("due")+` AND o.state = $4
+			`+pickedRows("due")+`
 			RETURNING o.*
 		), ev AS (`+eventsFrom("upd", "$4", "$8", "$6", "last_observation")+`)
 		SELECT operation_type, count(*) FROM upd GROUP BY operation_type`,

@@ -53,7 +53,7 @@ func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClai
 		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at", 0)+`
 		), claimed AS (
 			UPDATE operations o SET fence_token = o.fence_token + 1, lease_owner = $6, lease_expires_at = now() + $7::interval
-			WHERE `+pickedRows("picked")+` AND o.state = 'UNKNOWN'
+			`+pickedRows("picked")+`
 			RETURNING o.*
 		)
 		SELECT `+claimedColumns+`,
