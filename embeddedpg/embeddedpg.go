@@ -82,6 +82,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	srv, err := start(dataDir, cfg)
+	// A free port is free only until the server binds it: another process (the embedded
+	// server of another package's tests, started at the same moment) may take it first.
+	for try := 1; err != nil && cfg.Port == 0 && portTaken(err) && try < portTries; try++ {
+		srv, err = start(dataDir, cfg)
+	}
 	if err != nil {
 		lock.Close()
 		return nil, err
@@ -240,7 +245,20 @@ func startKeepingLogs(ep *embeddedpostgres.EmbeddedPostgres, tmpDir string) erro
 	return ep.Start()
 }
 
-func freePort() (uint32, error) {
+// portTaken reports whether err is a start's that found its port taken: before the
+// start (the library's check) or when the server bound it.
+func portTaken(err error) bool {
+	return strings.Contains(err.Error(), "already listening on port") ||
+		strings.Contains(err.Error(), "Address already in use")
+}
+
+// portTries is how many ports Start tries when it picks them and the server finds one
+// taken.
+const portTries = 5
+
+// freePort returns a port of 127.0.0.1 that no one listened on a moment ago; a variable
+// for tests.
+var freePort = func() (uint32, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

@@ -2,6 +2,7 @@ package embeddedpg
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,12 +55,7 @@ func TestCrashRestartKeepsCommittedData(t *testing.T) {
 	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
-	dataDir, err := os.MkdirTemp("", "embeddedpg-crash-")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dataDir) })
-	require.NoError(t, os.Chmod(dataDir, 0o755)) // the server may run as another user
-	srv, err := Start(context.Background(), Config{DataDir: dataDir})
-	require.NoError(t, err)
+	srv := startInTempDir(t)
 	defer srv.Stop()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, srv.URL())
@@ -75,4 +71,44 @@ func TestCrashRestartKeepsCommittedData(t *testing.T) {
 	var v int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT v FROM kept`).Scan(&v))
 	require.Equal(t, 42, v)
+}
+
+// TestStartTriesAnotherPortWhenOneIsTaken: the port Start picks may be taken before the
+// server binds it (by another package's test server, started at the same moment); it
+// then starts on another.
+func TestStartTriesAnotherPortWhenOneIsTaken(t *testing.T) {
+	if InstalledBinaries() == "" {
+		t.Skip("no installed PostgreSQL binaries")
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	pick := freePort
+	t.Cleanup(func() { freePort = pick })
+	picked := 0
+	freePort = func() (uint32, error) {
+		picked++
+		if picked == 1 {
+			return uint32(taken.Addr().(*net.TCPAddr).Port), nil
+		}
+		return pick()
+	}
+	srv := startInTempDir(t)
+	defer srv.Stop()
+	require.Equal(t, 2, picked)
+	conn, err := pgx.Connect(context.Background(), srv.URL())
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(context.Background()))
+}
+
+// startInTempDir starts a server on a new data folder, removed after the test.
+func startInTempDir(t *testing.T) *Server {
+	t.Helper()
+	dataDir, err := os.MkdirTemp("", "embeddedpg-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dataDir) })
+	require.NoError(t, os.Chmod(dataDir, 0o755)) // the server may run as another user
+	srv, err := Start(context.Background(), Config{DataDir: dataDir})
+	require.NoError(t, err)
+	return srv
 }
