@@ -197,10 +197,10 @@ func pickedRows(rows string) string {
 // the keys' columns beside them: a statement joins table to it by ctid, with a TID
 // scan. Each key is looked up on its own (the LIMIT keeps the planner from making the
 // lookups a join, which statistics taken earlier could have it plan as a scan of the
-// whole table). Its statements run withIndexScans: planned from statistics of a
-// one-page table, each lookup was a sequential scan, and the statement must not name
-// another condition that an index could serve (the key's columns, a state with a
-// partial index): the planner then read that index whole and filtered it by the ctids.
+// whole table). Without sequential scans (setScope) each lookup reads the key; the
+// statement must not name another condition that an index could serve (the key's
+// columns, a state with a partial index): the planner then read that index whole and
+// filtered it by the ctids.
 //
 // A row another transaction changed after the statement's snapshot is skipped: its
 // latest version has another ctid. So it serves only statements for which such a row
@@ -280,7 +280,7 @@ func (q Scope) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 }
 
 func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) {
-	rows := q.query(withIndexScans(ctx), fairPick("PREPARED",
+	rows := q.query(ctx, fairPick("PREPARED",
 		"(dispatch_deadline IS NULL OR dispatch_deadline > now()) AND (next_check_at IS NULL OR next_check_at <= now())", "operation_id",
 		len(p.OperationTypes))+`
 		), claimed AS (
@@ -549,7 +549,7 @@ func (q Scope) ExtendLeases(ctx context.Context, held []HeldLease, lease time.Du
 	for i, h := range held {
 		tenants[i], ids[i], fences[i] = h.TenantID, h.ID, h.Fence
 	}
-	rows := q.query(withIndexScans(ctx), `WITH h AS (SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h (tenant_id, operation_id, fence))
+	rows := q.query(ctx, `WITH h AS (SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h (tenant_id, operation_id, fence))
 		UPDATE operations o SET lease_expires_at = now() + $4::interval
 		FROM `+keyedRows("operations", "h AS k", operationKey)+` f
 		WHERE o.ctid = f.ctid AND `+inFlight+` AND o.fence_token = f.fence
@@ -638,7 +638,7 @@ type sweep struct {
 }
 
 func (q Scope) sweep(ctx context.Context, p SweepParams, w sweep) (Swept, error) {
-	rows := q.query(withIndexScans(ctx), `
+	rows := q.query(ctx, `
 		WITH due AS (
 			SELECT ctid, tenant_id, operation_id, revision FROM operations
 			WHERE `+w.due+`

@@ -50,7 +50,7 @@ func (q Scope) Escalations(ctx context.Context, p EscalationsParams) ([]Escalate
 	if p.After != nil {
 		after = *p.After
 	}
-	rows := q.query(withIndexScans(ctx), `SELECT `+operationColumns+`, `+micros(`now() - (escalation->>'escalated_at')::timestamptz`)+`,
+	rows := q.query(ctx, `SELECT `+operationColumns+`, `+micros(`now() - (escalation->>'escalated_at')::timestamptz`)+`,
 			(escalation->>'escalated_at')::timestamptz
 		FROM operations
 		WHERE state = 'ESCALATED' AND ($1 = '' OR tenant_id = $1) AND ($2::text[] IS NULL OR operation_type = ANY ($2))

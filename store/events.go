@@ -78,7 +78,7 @@ func (q Scope) Revisions(ctx context.Context, keys []OperationKey) (map[Operatio
 	for i, k := range keys {
 		tenants[i], ids[i] = k.TenantID, k.ID
 	}
-	rows := q.query(withIndexScans(ctx), `SELECT o.tenant_id, o.operation_id, o.revision
+	rows := q.query(ctx, `SELECT o.tenant_id, o.operation_id, o.revision
 		FROM `+keyedRows("operations", "unnest($1::text[], $2::uuid[]) AS k (tenant_id, operation_id)", operationKey)+` f
 		JOIN operations o ON o.ctid = f.ctid`,
 		tenants, ids)

@@ -49,7 +49,7 @@ func (q Scope) ClaimUnknown(ctx context.Context, p FairClaim) ([]UnknownClaim, e
 func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClaim, error) {
 	// An attempt is an event into IN_FLIGHT; its outcome, the event out of IN_FLIGHT
 	// under its fence or a stale worker's record (lastSendEnded).
-	rows := q.query(ctx, fairPick("UNKNOWN",
+	rows := q.query(withCustomPlan(ctx), fairPick("UNKNOWN",
 		"next_check_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at < now())", "next_check_at", 0)+`
 		), claimed AS (
 			UPDATE operations o SET fence_token = o.fence_token + 1, lease_owner = $6, lease_expires_at = now() + $7::interval

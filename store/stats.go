@@ -50,12 +50,6 @@ func (q Scope) OpenStats(ctx context.Context, p OpenStatsParams) ([]OpenGroup, e
 	}
 	var groups []OpenGroup
 	err := q.inTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		// The statement is cheap but its estimate may not be: just-in-time compilation
-		// would cost more than it saves, and a scan of the table would be chosen over
-		// the partial index of ESCALATED operations (see withIndexScans).
-		if _, err := tx.Exec(ctx, `SELECT set_config('jit', 'off', true), `+noSeqScan); err != nil {
-			return err
-		}
 		rows, _ := tx.Query(ctx, openStats, pgx.NamedArgs{"now": now})
 		var err error
 		groups, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (OpenGroup, error) {

@@ -230,8 +230,8 @@ func (s *Store) scopeOfCalls(calls []prepareCall) Scope {
 // the operations the intents supersede, in one order, and reads their current state,
 // each looked up on its own: a subquery that locks is never merged into a join, and a
 // semi-join here was planned, from a small ledger, as a hash join over every operation.
-// The statement runs without sequential scans (withIndexScans): from statistics of a
-// one-page ledger, the cancellation below joined every operation. The plans kept from
+// Without sequential scans (setScope): from statistics of a one-page ledger, the
+// cancellation below joined every operation. The plans kept from
 // a small ledger are checked on a grown one in plans_test.go. An
 // amendment of one that may still cause or have caused its effect is refused; one of a
 // PREPARED operation cancels it in this statement, so that it is never sent; one of a
@@ -317,7 +317,7 @@ func (q Scope) insertOperations(ctx context.Context, calls []prepareCall) (map[u
 		}
 		labels[i] = string(js)
 	}
-	rows := q.query(withIndexScans(ctx), insertOperationsSQL.sql, insertOperationsSQL.args(pgx.NamedArgs{
+	rows := q.query(ctx, insertOperationsSQL.sql, insertOperationsSQL.args(pgx.NamedArgs{
 		"tenant_ids": tenants, "operation_ids": ids, "operation_types": types, "intent_refs": intents,
 		"content_types": contentTypes, "payloads": payloads, "payload_sha256s": digests, "supersedes_ids": supersedes,
 		"labels": labels, "dispatch_deadlines": deadlines, "actors": actors, "not_befores": notBefore,
