@@ -50,11 +50,13 @@ type Config struct {
 }
 
 // serverParameters are the settings the server always runs with: loopback only, no Unix
-// socket (its directory may not be writable), room for many test connections.
+// socket (its directory may not be writable), room for many test connections, and its
+// messages untranslated (Start reads one: a port taken).
 var serverParameters = map[string]string{
 	"listen_addresses":        "127.0.0.1",
 	"unix_socket_directories": "",
 	"max_connections":         "200",
+	"lc_messages":             "C",
 }
 
 // Server is a running embedded PostgreSQL.

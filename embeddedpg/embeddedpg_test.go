@@ -2,6 +2,7 @@ package embeddedpg
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -99,6 +100,18 @@ func TestStartTriesAnotherPortWhenOneIsTaken(t *testing.T) {
 	conn, err := pgx.Connect(context.Background(), srv.URL())
 	require.NoError(t, err)
 	require.NoError(t, conn.Close(context.Background()))
+}
+
+// TestPortTaken: both ways a start finds its port taken are told from other failures:
+// the library's check before the start, and the server's bind.
+func TestPortTaken(t *testing.T) {
+	for msg, taken := range map[string]bool{
+		"process already listening on port 41379": true,
+		`could not start postgres using pg_ctl start: LOG:  could not bind IPv4 address "127.0.0.1": Address already in use`: true,
+		"could not start postgres using pg_ctl start: FATAL:  data directory has invalid permissions":                        false,
+	} {
+		require.Equal(t, taken, portTaken(errors.New(msg)), msg)
+	}
 }
 
 // startInTempDir starts a server on a new data folder, removed after the test.
