@@ -202,9 +202,10 @@ func pickedRows(rows string) string {
 // columns, a state with a partial index): the planner then read that index whole and
 // filtered it by the ctids.
 //
-// A row another transaction changed after the statement's snapshot is skipped: its
-// latest version has another ctid. So it serves only statements for which such a row
-// is one they must not change anyway (a lease extension: the operation moved on, as
+// A row another transaction changed after the statement's snapshot may be skipped (its
+// latest version has another ctid), or changed if the statement's other conditions,
+// rechecked on that version, still hold. So it serves only statements for which such a
+// row is one they need not change (a lease extension: the operation moved on, as
 // long as no two extensions of one lease run at once, which one lease keeper per
 // dispatcher ensures), never the outcome's move of the operation, which a lease
 // extension may have touched. The arguments are constants of this package.
@@ -280,7 +281,7 @@ func (q Scope) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 }
 
 func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) {
-	rows := q.query(ctx, fairPick("PREPARED",
+	rows := q.query(withIndexOrder(ctx), fairPick("PREPARED",
 		"(dispatch_deadline IS NULL OR dispatch_deadline > now()) AND (next_check_at IS NULL OR next_check_at <= now())", "operation_id",
 		len(p.OperationTypes))+`
 		), claimed AS (
@@ -602,7 +603,7 @@ const OutcomeLeaseExpired = "LEASE_EXPIRED"
 // each type.
 func (q Scope) SweepExpiredLeases(ctx context.Context, p SweepParams) (Swept, error) {
 	return q.sweep(ctx, p, sweep{
-		due:     "state = 'IN_FLIGHT' AND lease_expires_at < coalesce($1, now())",
+		due:     "lease_expires_at < coalesce($1, now())",
 		order:   "lease_expires_at",
 		from:    StateInFlight,
 		to:      StateUnknown,
@@ -618,7 +619,7 @@ func (q Scope) SweepExpiredLeases(ctx context.Context, p SweepParams) (Swept, er
 // returns how many of each type.
 func (q Scope) ExpireDeadlines(ctx context.Context, p SweepParams) (Swept, error) {
 	return q.sweep(ctx, p, sweep{
-		due:     "state = 'PREPARED' AND dispatch_deadline IS NOT NULL AND dispatch_deadline <= coalesce($1, now())",
+		due:     "dispatch_deadline IS NOT NULL AND dispatch_deadline <= coalesce($1, now())",
 		order:   "dispatch_deadline",
 		from:    StatePrepared,
 		to:      StateFailedTerminal,
@@ -629,8 +630,10 @@ func (q Scope) ExpireDeadlines(ctx context.Context, p SweepParams) (Swept, error
 	})
 }
 
-// sweep describes a transition the broker makes on its own for every operation that is
-// due: its SQL fragments are constants of this package, never input.
+// sweep describes a transition the broker makes on its own for every operation in state
+// from that is due: its SQL fragments are constants of this package, never input. The
+// state is written into the statement as a constant, so that the planner can use its
+// partial index.
 type sweep struct {
 	due, order                      string
 	from, to                        State
@@ -641,7 +644,7 @@ func (q Scope) sweep(ctx context.Context, p SweepParams, w sweep) (Swept, error)
 	rows := q.query(ctx, `
 		WITH due AS (
 			SELECT ctid, tenant_id, operation_id, revision FROM operations
-			WHERE `+w.due+`
+			WHERE state = '`+string(w.from)+`' AND `+w.due+`
 			ORDER BY `+w.order+`
 			LIMIT $2
 			FOR UPDATE SKIP LOCKED

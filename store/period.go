@@ -63,6 +63,12 @@ func (q Scope) PeriodStats(ctx context.Context, p PeriodParams) ([]PeriodRow, er
 	const target = `coalesce((SELECT t.target FROM unnest(@types::text[], @targets::text[]) AS t (operation_type, target)
 		WHERE t.operation_type = o.operation_type), '')`
 	err := q.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		// These read a period's events and operations whole: with sequential scans
+		// discouraged (setScope), the planner read the primary keys whole instead, in
+		// the order of the keys.
+		if _, err := tx.Exec(ctx, serverScans); err != nil {
+			return err
+		}
 		var tenant, tgt, day string
 		var n int64
 		var median, worst float64

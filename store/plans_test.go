@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,6 +228,13 @@ func TestPlansStayOnTheKeys(t *testing.T) {
 	st, plans := explainingStore(t, url, "auto_explain.log_analyze", "on", "auto_explain.log_timing", "off")
 	workload(t, st)
 
+	// A period's statistics read it whole, by a scan of the table, not by every entry of
+	// a key.
+	periods := plans.containing("o.created_at >= $")
+	require.NotEmpty(t, periods)
+	for _, p := range periods {
+		require.Contains(t, p, "Seq Scan on operations o", p)
+	}
 	var violations []string
 	for _, p := range plans.matching("") {
 		query, _, _ := strings.Cut(p, "\n")
@@ -563,7 +571,7 @@ func TestDispatchStaysOnTheKeysAfterStatisticsOfASmallLedger(t *testing.T) {
 // each prepared and amended (which cancels it), the amendment claimed, its lease
 // extended, its revision read and its outcome recorded, SUCCEEDED or, for every other
 // one, UNKNOWN, which the reconciler claims, checks, claims again and resolves; and
-// both sweeps run.
+// each sweep moves one operation (sweepOne).
 func dispatchRound(t *testing.T, all store.Scope, round string, n int) {
 	t.Helper()
 	ctx := context.Background()
@@ -592,12 +600,33 @@ func dispatchRound(t *testing.T, all store.Scope, round string, n int) {
 		if outcome.State == store.StateUnknown {
 			reconcile(t, all)
 		}
-		sweep := store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10}
-		_, err = all.SweepExpiredLeases(ctx, sweep)
-		require.NoError(t, err)
-		_, err = all.ExpireDeadlines(ctx, sweep)
-		require.NoError(t, err)
+		sweepOne(t, all, intent)
 	}
+}
+
+// sweepOne makes one operation due for each sweep, in the tenant work-0, and runs them:
+// intent's late one passes its dispatch deadline, its lost one is claimed and its lease
+// expires.
+func sweepOne(t *testing.T, all store.Scope, intent string) {
+	t.Helper()
+	ctx := context.Background()
+	late := prepareParams("work-0", intent+"-late", `{"amount":4}`)
+	deadline := time.Now().Add(time.Minute)
+	late.DispatchDeadline = &deadline
+	_, _, err := all.Prepare(ctx, late)
+	require.NoError(t, err)
+	sweep := store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10}
+	swept, err := all.ExpireDeadlines(ctx, sweep)
+	require.NoError(t, err)
+	require.Equal(t, store.Swept{"demo.charge": 1}, swept)
+	_, _, err = all.Prepare(ctx, prepareParams("work-0", intent+"-lost", `{"amount":5}`))
+	require.NoError(t, err)
+	claimed, err := all.Claim(ctx, claimParams(1))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	swept, err = all.SweepExpiredLeases(ctx, sweep)
+	require.NoError(t, err)
+	require.Equal(t, store.Swept{"demo.charge": 1}, swept)
 }
 
 // reconcile claims the UNKNOWN operation of dispatchRound, records a check of it and
@@ -628,10 +657,11 @@ func reconcile(t *testing.T, all store.Scope) {
 // each: no statement scans a table of the ledger, or returns or discards a thousand
 // rows at a step; an amendment finds what it supersedes by the whole primary key; a
 // claim reads the claim index for its share and changes what it picked by a TID scan,
-// as the lease extension changes, and the read of revisions reads, what they find.
+// as the sweeps and the reconciler's claim change what they picked, the lease extension
+// changes, and the read of revisions reads, what they find.
 func requireDispatchOnTheKeys(t *testing.T, plans *planLog, n int) {
 	t.Helper()
-	requirePreparesOnTheKeys(t, plans, 2*n)
+	requirePreparesOnTheKeys(t, plans, 4*n) // the round's two and sweepOne's two
 	for _, p := range plans.matching("") {
 		require.False(t, leftTheKeys(p), p)
 		require.NotRegexp(t, thousandRows, p)
@@ -640,8 +670,12 @@ func requireDispatchOnTheKeys(t *testing.T, plans *planLog, n int) {
 	claims := plans.containing(claimPlanMark)
 	extensions := plans.containing("SET lease_expires_at = now() + $4::interval")
 	revisions := plans.containing("SELECT o.tenant_id, o.operation_id, o.revision")
-	require.Len(t, claims, n)
+	sweeps := plans.containing("WITH due AS")
+	unknown := plans.containing("SET fence_token = o.fence_token + 1, lease_owner = $6")
+	require.Len(t, claims, 2*n) // the round's and sweepOne's
 	require.Len(t, extensions, n)
+	require.Len(t, sweeps, 2*n)
+	require.Len(t, unknown, 2*(n/2))
 	for _, p := range claims {
 		_, share := claimParts(p)
 		require.NotContains(t, share, "using operations_pkey", p)
@@ -649,7 +683,7 @@ func requireDispatchOnTheKeys(t *testing.T, plans *planLog, n int) {
 		requireChangedByTIDs(t, p)
 	}
 	require.Len(t, revisions, n)
-	for _, p := range append(extensions, revisions...) {
+	for _, p := range slices.Concat(extensions, revisions, sweeps, unknown) {
 		requireChangedByTIDs(t, p)
 	}
 }

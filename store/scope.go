@@ -64,8 +64,8 @@ var ErrNoScope = errors.New("a scope that names no single tenant (use Store.Tena
 // its statements scan a table sequentially only where no index applies (PostgreSQL's
 // enable_seqscan off), never compiled just in time (jit off).
 //
-// Every statement of the package reads by a key or by an index of what it wants, and
-// a connection keeps a statement's plan until the table is analyzed again. Made from
+// Every statement of the package but a period's statistics (serverScans) reads by a
+// key or by an index of what it wants, and a connection keeps a statement's plan until the table is analyzed again. Made from
 // statistics of a one-page ledger (autovacuum's first ANALYZE of a new one), a plan
 // reads that page rather than an index, and once the ledger has grown it reads the
 // whole ledger: a claim scanned it three times, an update of one operation by its key
@@ -76,15 +76,21 @@ var ErrNoScope = errors.New("a scope that names no single tenant (use Store.Tena
 //
 // A scan that runs anyway (no index applies, or a part of the plan that a false
 // condition never runs) still counts the penalty of ten billion that enable_seqscan
-// off adds to its cost, and a plan that costly is compiled just in time: a settlement
-// of a target's event took 0.4 to 3 seconds compiling 41 functions. No statement here
-// reads enough rows for compilation to pay.
+// off adds to its cost (up to PostgreSQL 17), and a plan that costly is compiled just
+// in time: a settlement of a target's event took 0.4 to 3 seconds compiling 41
+// functions. No statement that runs with this setting reads enough rows for
+// compilation to pay.
 const setScope = `SELECT set_config('opbroker.tenant', $1, true), set_config('enable_seqscan', 'off', true),
 	set_config('jit', 'off', true)`
+
+// serverScans gives a transaction that reads tables whole by design (a period's
+// statistics) the server's own settings back, after setScope.
+const serverScans = `SELECT set_config(name, reset_val, true) FROM pg_settings WHERE name IN ('enable_seqscan', 'jit')`
 
 type (
 	lockTimeoutKey struct{}
 	customPlanKey  struct{}
+	indexOrderKey  struct{}
 )
 
 // withLockTimeout returns ctx whose statements give up waiting for a lock after d
@@ -99,6 +105,16 @@ func withLockTimeout(ctx context.Context, d time.Duration) context.Context {
 // where one planning is shared by hundreds of rows.
 func withCustomPlan(ctx context.Context) context.Context {
 	return context.WithValue(ctx, customPlanKey{}, true)
+}
+
+// withIndexOrder returns ctx whose statements sort only where no index gives the order
+// (PostgreSQL's enable_sort off, for the statement's transaction only). It is for a
+// fair claim (fairPick), whose walk over the tenants and whose shares are ordered so
+// that only the claim index serves them: from statistics of a one-page ledger, the
+// planner could otherwise read the primary key for a range of tenants and sort what it
+// found, every operation of those tenants once the ledger has grown.
+func withIndexOrder(ctx context.Context) context.Context {
+	return context.WithValue(ctx, indexOrderKey{}, true)
 }
 
 // namedSQL is a statement written with named arguments (@tenant_ids, not $1), rewritten
@@ -156,6 +172,9 @@ func (q Scope) query(ctx context.Context, sql string, args ...any) pgx.Rows {
 	}
 	if ctx.Value(customPlanKey{}) != nil {
 		set += `, set_config('plan_cache_mode', 'force_custom_plan', true)`
+	}
+	if ctx.Value(indexOrderKey{}) != nil {
+		set += `, set_config('enable_sort', 'off', true)`
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(set, setArgs...)
