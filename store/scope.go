@@ -65,11 +65,11 @@ var ErrNoScope = errors.New("a scope that names no single tenant (use Store.Tena
 // enable_seqscan off), never compiled just in time (jit off).
 //
 // Every statement of the package but a period's statistics (serverScans) reads by a
-// key or by an index of what it wants, and a connection keeps a statement's plan until the table is analyzed again. Made from
-// statistics of a one-page ledger (autovacuum's first ANALYZE of a new one), a plan
-// reads that page rather than an index, and once the ledger has grown it reads the
-// whole ledger: a claim scanned it three times, an update of one operation by its key
-// once. And under row-level security the planner cannot use the state column's
+// key or by an index of what it wants, and a connection keeps a statement's plan until
+// the table is analyzed again. Made from statistics of a one-page ledger (autovacuum's
+// first ANALYZE of a new one), a plan reads that page rather than an index, and once
+// the ledger has grown it reads the whole ledger: a claim scanned it three times, an
+// update of one operation by its key once. And under row-level security the planner cannot use the state column's
 // statistics (enum equality is not leakproof): a statement that finds the rows of one
 // state through its partial index takes every row for one of that state, and at a
 // million rows prefers a scan of the table to that index.

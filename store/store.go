@@ -231,12 +231,12 @@ func (s *Store) scopeOfCalls(calls []prepareCall) Scope {
 // each looked up on its own: a subquery that locks is never merged into a join, and a
 // semi-join here was planned, from a small ledger, as a hash join over every operation.
 // Without sequential scans (setScope): from statistics of a one-page ledger, the
-// cancellation below joined every operation. The plans kept from
-// a small ledger are checked on a grown one in plans_test.go. An
-// amendment of one that may still cause or have caused its effect is refused; one of a
-// PREPARED operation cancels it in this statement, so that it is never sent; one of a
-// terminal operation is recorded as it is. An amendment's creation event says what it
-// found (reason SUPERSEDES_<state>), the cancellation's reason is SUPERSEDED.
+// cancellation below joined every operation. The plans kept from a small ledger are
+// checked on a grown one in plans_test.go. An amendment of one that may still cause or
+// have caused its effect is refused; one of a PREPARED operation cancels it in this
+// statement, so that it is never sent; one of a terminal operation is recorded as it
+// is. An amendment's creation event says what it found (reason SUPERSEDES_<state>),
+// the cancellation's reason is SUPERSEDED.
 var insertOperationsSQL = compileNamed(`
 		WITH u AS (
 			SELECT * FROM unnest(@tenant_ids::text[], @operation_ids::uuid[], @operation_types::text[], @intent_refs::text[],
