@@ -674,6 +674,7 @@ func requireDispatchOnTheKeys(t *testing.T, plans *planLog, n int) {
 	unknown := plans.containing("SET fence_token = o.fence_token + 1, lease_owner = $6")
 	require.Len(t, claims, 2*n) // the round's and sweepOne's
 	require.Len(t, extensions, n)
+	require.Len(t, revisions, n)
 	require.Len(t, sweeps, 2*n)
 	require.Len(t, unknown, 2*(n/2))
 	for _, p := range claims {
@@ -682,7 +683,6 @@ func requireDispatchOnTheKeys(t *testing.T, plans *planLog, n int) {
 		require.Contains(t, share, "using operations_claim_idx", p)
 		requireChangedByTIDs(t, p)
 	}
-	require.Len(t, revisions, n)
 	for _, p := range slices.Concat(extensions, revisions, sweeps, unknown) {
 		requireChangedByTIDs(t, p)
 	}
