@@ -106,32 +106,27 @@ func TestEvidenceSchemaRefusesIllegalRows(t *testing.T) {
 	b := setup(t)
 	op, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "order-1", `{}`))
 	require.NoError(t, err)
-	evidence := func(column, value string) string {
-		row := map[string]string{"target": "'demo'", "event_id": "'evt_1'", "source": "'WEBHOOK'", "event_type": "'charge'",
-			"meaning": "'SUCCEEDED'", "reference": "'r'", "reference_kind": "'remote_ref'", "disposition": "'PENDING'",
-			"reason": "NULL", "tenant_id": "NULL", "operation_id": "NULL"}
+	evidence := func(column string, value any) map[string]any {
+		row := evidenceRow("evt_1")
 		row[column] = value
-		return `INSERT INTO inbound_evidence (target, event_id, source, event_type, meaning, reference, reference_kind,
-				body_purge_at, match_until, disposition, reason, tenant_id, operation_id)
-			VALUES (` + row["target"] + `, ` + row["event_id"] + `, ` + row["source"] + `, ` + row["event_type"] + `, ` +
-			row["meaning"] + `, ` + row["reference"] + `, ` + row["reference_kind"] + `, now(), now(), ` +
-			row["disposition"] + `, ` + row["reason"] + `, ` + row["tenant_id"] + `, ` + row["operation_id"] + `)`
+		return row
 	}
-	for constraint, sql := range map[string]string{
-		"inbound_evidence_sizes":          evidence("event_id", "''"),
-		"inbound_evidence_source":         evidence("source", "'EMAIL'"),
-		"inbound_evidence_meaning":        evidence("meaning", "'MAYBE'"),
-		"inbound_evidence_reference_kind": evidence("reference_kind", "'name'"),
-		"inbound_evidence_disposition":    evidence("reason", "'UNMATCHED'"),
-		"inbound_evidence_operation":      evidence("tenant_id", "'acme'"),
-		"stale_outcomes_fence_positive": `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
-			VALUES ('acme', '` + op.ID.String() + `', 0, 'test', 'TIMEOUT', '{}', true)`,
+	for constraint, c := range map[string]struct {
+		table string
+		row   map[string]any
+	}{
+		"inbound_evidence_sizes":          {"inbound_evidence", evidence("event_id", "")},
+		"inbound_evidence_source":         {"inbound_evidence", evidence("source", "EMAIL")},
+		"inbound_evidence_meaning":        {"inbound_evidence", evidence("meaning", "MAYBE")},
+		"inbound_evidence_reference_kind": {"inbound_evidence", evidence("reference_kind", "name")},
+		"inbound_evidence_disposition":    {"inbound_evidence", evidence("reason", "UNMATCHED")},
+		"inbound_evidence_operation":      {"inbound_evidence", evidence("tenant_id", "acme")},
+		"stale_outcomes_fence_positive":   {"stale_outcomes", staleOutcomeRow(op, 0)},
 	} {
-		_, err := b.pool.Exec(b.ctx, sql)
+		err := insertRow(b.pool, c.table, c.row)
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr, constraint)
 		require.Equal(t, constraint, pgErr.ConstraintName, pgErr.Message)
 	}
-	_, err = b.pool.Exec(b.ctx, evidence("event_id", "'evt_1'")) // the row the cases break
-	require.NoError(t, err)
+	require.NoError(t, insertRow(b.pool, "inbound_evidence", evidenceRow("evt_1"))) // the row the cases break
 }

@@ -104,11 +104,9 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1`, ids[1]))
 
 	// Truncating operations truncates the history, and the targets' events.
-	beta := b.prepareN(t, "beta", 1)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
-		VALUES ('beta', $1, 1, 'test', 'TIMEOUT', '{}', true)`, beta[0])
-	require.NoError(t, err)
-	insertEvidence(t, b.pool, "evt_beta", &store.Operation{TenantID: "beta", ID: beta[0]})
+	beta := store.Operation{TenantID: "beta", ID: b.prepareN(t, "beta", 1)[0]}
+	insertStaleOutcome(t, b.pool, beta, 1)
+	insertEvidence(t, b.pool, "evt_beta", &beta)
 	_, err = b.pool.Exec(b.ctx, `TRUNCATE operations CASCADE`)
 	require.NoError(t, err)
 	for _, table := range []string{"operation_events", "stale_outcomes", "inbound_evidence"} {

@@ -25,7 +25,7 @@ func TestRowLevelSecurity(t *testing.T) {
 	// written by the administrator (past row-level security).
 	admin := storetest.Pool(t, storetest.AdminURL(t, url))
 	for _, op := range []store.Operation{acme, globex} {
-		insertStaleOutcome(t, admin, op)
+		insertStaleOutcome(t, admin, op, 1)
 		insertEvidence(t, admin, "evt_"+op.TenantID, &op)
 	}
 	insertEvidence(t, admin, "evt_none", nil)

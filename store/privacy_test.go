@@ -154,7 +154,7 @@ func TestDeleteTenant(t *testing.T) {
 	op := prepare(t, b, "acme", "a")
 	other := prepare(t, b, "globex", "g")
 	for _, o := range []store.Operation{op, other} { // a stale outcome and a target's event of each
-		insertStaleOutcome(t, b.pool, o)
+		insertStaleOutcome(t, b.pool, o, 1)
 		insertEvidence(t, b.pool, "evt_"+o.TenantID, &o)
 	}
 

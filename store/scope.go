@@ -108,11 +108,12 @@ func withCustomPlan(ctx context.Context) context.Context {
 }
 
 // withIndexOrder returns ctx whose statements sort only where no index gives the order
-// (PostgreSQL's enable_sort off, for the statement's transaction only). It is for a
-// fair claim (fairPick), whose walk over the tenants and whose shares are ordered so
-// that only the claim index serves them: from statistics of a one-page ledger, the
-// planner could otherwise read the primary key for a range of tenants and sort what it
-// found, every operation of those tenants once the ledger has grown.
+// (PostgreSQL's enable_sort off, for the statement's transaction only). It is for the
+// dispatcher's claim (fairPick), whose walk over the tenants and whose shares are
+// ordered so that only the claim index serves them: from statistics of a one-page
+// ledger, the planner could otherwise read the primary key for a range of tenants and
+// sort what it found, every operation of those tenants once the ledger has grown. (The
+// reconciler's claim is planned for each call instead, for its reads of the events.)
 func withIndexOrder(ctx context.Context) context.Context {
 	return context.WithValue(ctx, indexOrderKey{}, true)
 }

@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -76,28 +78,48 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// insertStaleOutcome writes, as db's role, a stale outcome of op under fence 1.
-func insertStaleOutcome(t *testing.T, db execer, op store.Operation) {
+// insertRow writes row (its columns and their values) into table, as db's role.
+func insertRow(db execer, table string, row map[string]any) error {
+	columns := slices.Sorted(maps.Keys(row))
+	args := make([]any, len(columns))
+	params := make([]string, len(columns))
+	for i, c := range columns {
+		args[i], params[i] = row[c], fmt.Sprintf("$%d", i+1)
+	}
+	_, err := db.Exec(context.Background(), `INSERT INTO `+table+` (`+strings.Join(columns, ", ")+`)
+		VALUES (`+strings.Join(params, ", ")+`)`, args...)
+	return err
+}
+
+// staleOutcomeRow is a stale outcome of op under fence, as stale_outcomes' columns.
+func staleOutcomeRow(op store.Operation, fence int64) map[string]any {
+	return map[string]any{"tenant_id": op.TenantID, "operation_id": op.ID, "fence_token": fence, "actor": "test",
+		"outcome": "UNKNOWN", "observation": "{}", "sent": true}
+}
+
+// insertStaleOutcome writes, as db's role, a stale outcome of op under fence.
+func insertStaleOutcome(t *testing.T, db execer, op store.Operation, fence int64) {
 	t.Helper()
-	_, err := db.Exec(context.Background(), `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor,
-			outcome, observation, sent)
-		VALUES ($1, $2, 1, 'test', 'UNKNOWN', '{}', true)`, op.TenantID, op.ID)
-	require.NoError(t, err)
+	require.NoError(t, insertRow(db, "stale_outcomes", staleOutcomeRow(op, fence)))
+}
+
+// evidenceRow is a target's event eventID matched to no operation (PENDING), as
+// inbound_evidence's columns.
+func evidenceRow(eventID string) map[string]any {
+	return map[string]any{"target": "demo", "event_id": eventID, "source": "WEBHOOK", "event_type": "charge",
+		"meaning": "SUCCEEDED", "reference": "r", "reference_kind": "remote_ref", "body_purge_at": time.Now(),
+		"match_until": time.Now(), "disposition": "PENDING"}
 }
 
 // insertEvidence writes, as db's role, a target's event eventID matched to op
 // (OBSERVED), or to no operation (PENDING) when op is nil.
 func insertEvidence(t *testing.T, db execer, eventID string, op *store.Operation) {
 	t.Helper()
-	disposition, tenant, id, decided := "PENDING", any(nil), any(nil), any(nil)
+	row := evidenceRow(eventID)
 	if op != nil {
-		disposition, tenant, id, decided = "OBSERVED", op.TenantID, op.ID, time.Now()
+		row["disposition"], row["tenant_id"], row["operation_id"], row["decided_at"] = "OBSERVED", op.TenantID, op.ID, time.Now()
 	}
-	_, err := db.Exec(context.Background(), `INSERT INTO inbound_evidence (target, event_id, source, event_type, meaning,
-			reference, reference_kind, body_purge_at, match_until, disposition, tenant_id, operation_id, decided_at)
-		VALUES ('demo', $1, 'WEBHOOK', 'charge', 'SUCCEEDED', 'r', 'remote_ref', now(), now(), $2, $3, $4, $5)`,
-		eventID, disposition, tenant, id, decided)
-	require.NoError(t, err)
+	require.NoError(t, insertRow(db, "inbound_evidence", row))
 }
 
 func TestPrepareCreatesWithCreationEvent(t *testing.T) {
