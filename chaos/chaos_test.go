@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	}
 	broker = filepath.Join(dir, "opbroker")
 	// With its crash points, which the release build does not have.
-	if out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-o", broker, "../cmd/opbroker").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-ldflags=-s -w", "-o", broker, "../cmd/opbroker").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building opbroker: %v\n%s", err, out)
 		os.Exit(1)
 	}

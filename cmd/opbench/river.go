@@ -253,7 +253,7 @@ func riverProgram(ctx context.Context, path string, errOut io.Writer) (string, f
 		return "", nil, err
 	}
 	bin := filepath.Join(dir, "river")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	build := exec.CommandContext(ctx, "go", "build", "-ldflags=-s -w", "-o", bin, ".")
 	build.Dir = filepath.Join("bench", "river")
 	build.Stdout, build.Stderr = errOut, errOut
 	if err := build.Run(); err != nil {

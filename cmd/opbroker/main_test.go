@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "opbroker")
-	if out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-o", binary, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-ldflags=-s -w", "-o", binary, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building opbroker: %v\n%s", err, out)
 		os.Exit(1)
 	}

@@ -17,7 +17,7 @@ func TestRequireCrashPoints(t *testing.T) {
 	dir := t.TempDir()
 	build := func(name string, args ...string) string {
 		path := filepath.Join(dir, name)
-		out, err := exec.Command("go", append(append([]string{"build", "-o", path}, args...), "../simtarget")...).CombinedOutput()
+		out, err := exec.Command("go", append(append([]string{"build", "-ldflags=-s -w", "-o", path}, args...), "../simtarget")...).CombinedOutput()
 		require.NoError(t, err, string(out))
 		return path
 	}
