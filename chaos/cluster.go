@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +25,7 @@ import (
 	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/embeddedpg"
 	"github.com/opbroker/opbroker/formation"
+	"github.com/opbroker/opbroker/loopback"
 	"github.com/opbroker/opbroker/provision"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
@@ -131,7 +131,13 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 		base = c.ha.URL()
 	}
 	if base == "" {
-		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: filepath.Join(c.dir, "pg")}); err != nil {
+		// On a port that stays free while the server is down between a crash and its
+		// restart (loopback says why).
+		ports, err := loopback.Ports(1)
+		if err != nil {
+			return c, err
+		}
+		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: filepath.Join(c.dir, "pg"), Port: uint32(ports[0])}); err != nil {
 			return c, err
 		}
 		base = c.pg.URL()
@@ -149,7 +155,7 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 	if c.admin, err = pgxpool.New(ctx, c.adminURL); err != nil {
 		return c, err
 	}
-	if c.webhookAddrs, err = freeAddrs(cfg.Replicas); err != nil {
+	if c.webhookAddrs, err = loopback.Addrs(cfg.Replicas); err != nil {
 		return c, err
 	}
 	if err := c.startTargets(); err != nil {
@@ -257,20 +263,6 @@ func (c *cluster) startTargets() error {
 // evidenceMatchFor is how long the charge target's events are matched again before one
 // whose reference names no operation is quarantined.
 const evidenceMatchFor = 5 * time.Second
-
-// freeAddrs returns n loopback addresses whose ports were free a moment ago.
-func freeAddrs(n int) ([]string, error) {
-	var addrs []string
-	for range n {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		addrs = append(addrs, lis.Addr().String())
-		lis.Close()
-	}
-	return addrs, nil
-}
 
 // newSecret returns a random credential, recorded under name for the leak check before
 // anyone is given it.

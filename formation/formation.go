@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -29,6 +28,7 @@ import (
 	"time"
 
 	"github.com/opbroker/opbroker/embeddedpg"
+	"github.com/opbroker/opbroker/loopback"
 )
 
 // EnvTest is the environment variable that, set to 1, makes the tests that start a
@@ -112,7 +112,7 @@ func Start(ctx context.Context, cfg Config) (*Formation, error) {
 		gid, _ := strconv.Atoi(u.Gid)
 		f.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
-	ports, err := freePorts(2 + 2*cfg.Nodes)
+	ports, err := loopback.Ports(2 + 2*cfg.Nodes)
 	if err != nil {
 		return nil, err
 	}
@@ -519,23 +519,4 @@ func (f *Formation) Close() {
 		_ = syscall.Kill(-f.etcd.Process.Pid, syscall.SIGKILL)
 		_ = f.etcd.Wait()
 	}
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
