@@ -131,13 +131,7 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 		base = c.ha.URL()
 	}
 	if base == "" {
-		// On a port that stays free while the server is down between a crash and its
-		// restart (loopback says why).
-		ports, err := loopback.Ports(1)
-		if err != nil {
-			return c, err
-		}
-		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: filepath.Join(c.dir, "pg"), Port: uint32(ports[0])}); err != nil {
+		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: filepath.Join(c.dir, "pg"), Restarted: true}); err != nil {
 			return c, err
 		}
 		base = c.pg.URL()

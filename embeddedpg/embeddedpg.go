@@ -33,6 +33,8 @@ import (
 	"syscall"
 
 	embeddedpostgres "github.com/fergusstrange/embedded-postgres"
+
+	"github.com/opbroker/opbroker/loopback"
 )
 
 // Config says where and how to run the server.
@@ -42,6 +44,10 @@ type Config struct {
 	DataDir string
 	// Port to listen on at 127.0.0.1; 0 picks a free one.
 	Port uint32
+	// Restarted says that CrashRestart will start the server again on its port: a port
+	// Start picks is then one below the kernel's range of ephemeral ports (package
+	// loopback), which no loopback connection can take while the server is down.
+	Restarted bool
 	// BinDir is a directory containing bin/pg_ctl, bin/initdb and bin/postgres; empty
 	// means look for installed binaries, then download.
 	BinDir string
@@ -101,7 +107,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 	port := cfg.Port
 	if port == 0 {
 		var err error
-		if port, err = freePort(); err != nil {
+		if port, err = freePort(cfg.Restarted); err != nil {
 			return nil, fmt.Errorf("embeddedpg: %w", err)
 		}
 	}
@@ -164,7 +170,8 @@ func start(dataDir string, cfg Config) (*Server, error) {
 
 // CrashRestart stops the server as a crash would (immediate mode: no checkpoint, every
 // session cut; the next start recovers from the write-ahead log) and starts it again on
-// the same port. It returns once the server accepts connections. For fault injection.
+// the same port, which Config.Restarted keeps free meanwhile. It returns once the server
+// accepts connections. For fault injection.
 func (s *Server) CrashRestart() error {
 	pgCtl := filepath.Join(s.tools, "bin", "pg_ctl")
 	if out, err := exec.Command(pgCtl, "stop", "-D", s.pgData, "-m", "immediate", "-w").CombinedOutput(); err != nil {
@@ -258,9 +265,17 @@ func portTaken(err error) bool {
 // taken.
 const portTries = 5
 
-// freePort returns a port of 127.0.0.1 that no one listened on a moment ago; a variable
-// for tests.
-var freePort = func() (uint32, error) {
+// freePort returns a port of 127.0.0.1 that no one listened on a moment ago, below the
+// ephemeral range for a server that is restarted (Config.Restarted); a variable for
+// tests.
+var freePort = func(restarted bool) (uint32, error) {
+	if restarted {
+		ports, err := loopback.Ports(1)
+		if err != nil {
+			return 0, err
+		}
+		return uint32(ports[0]), nil
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/loopback"
 )
 
 // TestStartRefusesClusterOfAnotherVersion: the library would wipe a data folder whose
@@ -56,8 +58,11 @@ func TestCrashRestartKeepsCommittedData(t *testing.T) {
 	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
-	srv := startInTempDir(t)
+	srv := startInTempDir(t, Config{Restarted: true})
 	defer srv.Stop()
+	if end, ok := loopback.Range(); ok {
+		require.Less(t, int(srv.port), end, "a port no connection can take while the server is down")
+	}
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, srv.URL())
 	require.NoError(t, err)
@@ -87,14 +92,14 @@ func TestStartTriesAnotherPortWhenOneIsTaken(t *testing.T) {
 	pick := freePort
 	t.Cleanup(func() { freePort = pick })
 	picked := 0
-	freePort = func() (uint32, error) {
+	freePort = func(restarted bool) (uint32, error) {
 		picked++
 		if picked == 1 {
 			return uint32(taken.Addr().(*net.TCPAddr).Port), nil
 		}
-		return pick()
+		return pick(restarted)
 	}
-	srv := startInTempDir(t)
+	srv := startInTempDir(t, Config{})
 	defer srv.Stop()
 	require.Equal(t, 2, picked)
 	conn, err := pgx.Connect(context.Background(), srv.URL())
@@ -114,14 +119,15 @@ func TestPortTaken(t *testing.T) {
 	}
 }
 
-// startInTempDir starts a server on a new data folder, removed after the test.
-func startInTempDir(t *testing.T) *Server {
+// startInTempDir starts a server of cfg on a new data folder, removed after the test.
+func startInTempDir(t *testing.T, cfg Config) *Server {
 	t.Helper()
 	dataDir, err := os.MkdirTemp("", "embeddedpg-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dataDir) })
 	require.NoError(t, os.Chmod(dataDir, 0o755)) // the server may run as another user
-	srv, err := Start(context.Background(), Config{DataDir: dataDir})
+	cfg.DataDir = dataDir
+	srv, err := Start(context.Background(), cfg)
 	require.NoError(t, err)
 	return srv
 }

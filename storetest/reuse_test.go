@@ -64,6 +64,10 @@ func TestAResetSchemaIsAFreshOne(t *testing.T) {
 		_, err := admin.Exec(ctx, `DELETE FROM operation_transitions WHERE to_state = 'CANCELLED';
 			ANALYZE operations, operation_events, operation_keys, operation_transitions`)
 		require.NoError(t, err)
+		var stats int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_statistic
+			WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = current_schema()::regnamespace)`).Scan(&stats))
+		require.Positive(t, stats, "statistics for the reset to clear")
 	})
 	second := use(t, "reads", func(t *testing.T, conn string) {
 		admin := Pool(t, AdminURL(t, conn))
