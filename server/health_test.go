@@ -135,7 +135,9 @@ func TestHealthCountsFromTheFirstFailure(t *testing.T) {
 func TestHealthRequiresSynchronousReplication(t *testing.T) {
 	t.Parallel()
 	clock := clocktest.New(0)
-	b := setupHealth(t, server.DatabaseHealthConfig{Interval: 200 * time.Millisecond, DownAfter: time.Hour, Now: clock.Now,
+	// The interval is the check's timeout: room for a loaded machine, where a new session
+	// can take a good part of 200 ms (nothing here waits for it to pass).
+	b := setupHealth(t, server.DatabaseHealthConfig{Interval: 10 * time.Second, DownAfter: time.Hour, Now: clock.Now,
 		RequireSynchronousReplication: true})
 	b.requireStatus(t, healthpb.HealthCheckResponse_SERVING)
 	err := b.health.Check(t.Context())
