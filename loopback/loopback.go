@@ -61,9 +61,9 @@ func Ports(n int) ([]int, error) {
 	for taken := 0; len(held) < n; {
 		lis, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", next()))
 		if err != nil {
-			// A port in use: pick another, a thousand times at most.
-			if taken++; errors.Is(err, syscall.EADDRINUSE) && taken < 1000 {
-				continue
+			taken++
+			if errors.Is(err, syscall.EADDRINUSE) && taken < 1000 {
+				continue // in use: another, a thousand times at most
 			}
 			return nil, fmt.Errorf("loopback: %w", err)
 		}
