@@ -217,13 +217,11 @@ func leftTheKeys(p string) bool {
 // whole.
 func TestPlansStayOnTheKeys(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	url := storetest.Schema(t)
 	admin := storetest.Pool(t, storetest.AdminURL(t, url))
 	rows := ledgerRows(t)
 	loadFinished(t, admin, rows)
-	_, err := admin.Exec(ctx, `ANALYZE operations; ANALYZE operation_keys; ANALYZE operation_events`)
-	require.NoError(t, err)
+	analyzeLedger(t, admin)
 
 	st, plans := explainingStore(t, url, "auto_explain.log_analyze", "on", "auto_explain.log_timing", "off")
 	workload(t, st)
@@ -250,6 +248,13 @@ func TestPlansStayOnTheKeys(t *testing.T) {
 		}
 	}
 	require.Empty(t, violations, "statements that left the keys, or were compiled, over %d operations", rows)
+}
+
+// analyzeLedger takes statistics of the ledger's tables, as admin, as autovacuum would.
+func analyzeLedger(t *testing.T, admin *pgxpool.Pool) {
+	t.Helper()
+	_, err := admin.Exec(context.Background(), `ANALYZE operations; ANALYZE operation_keys; ANALYZE operation_events`)
+	require.NoError(t, err)
 }
 
 // loadFinished loads rows finished operations, as admin: one operation, its keys and
@@ -557,8 +562,7 @@ func TestDispatchStaysOnTheKeysAfterStatisticsOfASmallLedger(t *testing.T) {
 	t.Parallel()
 	admin, all, plans := oneConnection(t)
 	dispatchRound(t, all, "first", 2)
-	_, err := admin.Exec(context.Background(), `ANALYZE operations; ANALYZE operation_keys; ANALYZE operation_events`)
-	require.NoError(t, err)
+	analyzeLedger(t, admin)
 	dispatchRound(t, all, "small", 8) // the plans are made and kept on this ledger
 	loadFinished(t, admin, ledgerRows(t))
 	plans.reset()

@@ -69,10 +69,11 @@ var ErrNoScope = errors.New("a scope that names no single tenant (use Store.Tena
 // the table is analyzed again. Made from statistics of a one-page ledger (autovacuum's
 // first ANALYZE of a new one), a plan reads that page rather than an index, and once
 // the ledger has grown it reads the whole ledger: a claim scanned it three times, an
-// update of one operation by its key once. And under row-level security the planner cannot use the state column's
-// statistics (enum equality is not leakproof): a statement that finds the rows of one
-// state through its partial index takes every row for one of that state, and at a
-// million rows prefers a scan of the table to that index.
+// update of one operation by its key once. And under row-level security the planner
+// cannot use the state column's statistics (enum equality is not leakproof): a
+// statement that finds the rows of one state through its partial index takes every row
+// for one of that state, and at a million rows prefers a scan of the table to that
+// index.
 //
 // A scan that runs anyway (no index applies, or a part of the plan that a false
 // condition never runs) still counts the penalty of ten billion that enable_seqscan

@@ -46,6 +46,10 @@ func use(t *testing.T, name string, body func(t *testing.T, conn string)) string
 	return schema
 }
 
+// schemaStatistics counts the statistics of the current schema's tables.
+const schemaStatistics = `(SELECT count(*) FROM pg_statistic
+	WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = current_schema()::regnamespace))`
+
 // These tests do not run in parallel: each expects the schema the previous one left.
 
 func TestAResetSchemaIsAFreshOne(t *testing.T) {
@@ -65,8 +69,7 @@ func TestAResetSchemaIsAFreshOne(t *testing.T) {
 			ANALYZE operations, operation_events, operation_keys, operation_transitions`)
 		require.NoError(t, err)
 		var stats int
-		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_statistic
-			WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = current_schema()::regnamespace)`).Scan(&stats))
+		require.NoError(t, admin.QueryRow(ctx, `SELECT `+schemaStatistics).Scan(&stats))
 		require.Positive(t, stats, "statistics for the reset to clear")
 	})
 	second := use(t, "reads", func(t *testing.T, conn string) {
@@ -74,7 +77,7 @@ func TestAResetSchemaIsAFreshOne(t *testing.T) {
 		var operations, events, keys, stats, have int
 		require.NoError(t, admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM operations), (SELECT count(*) FROM operation_events),
 			(SELECT count(*) FROM operation_keys), (SELECT count(*) FROM operation_transitions),
-			(SELECT count(*) FROM pg_statistic WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = current_schema()::regnamespace))`).
+			`+schemaStatistics).
 			Scan(&operations, &events, &keys, &have, &stats))
 		require.Zero(t, operations+events+keys, "the last test's rows are gone")
 		require.Equal(t, transitions, have, "the migrations' rows are back")
