@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,6 +27,14 @@ import (
 // second, or whose fingerprint differs (the test changed the schema, not only its rows)
 // is dropped as before. The reset needs a superuser: with any other administrator, every
 // schema is new and dropped.
+//
+// A schema's sessions are handed on with it. A new session costs PostgreSQL tens of
+// milliseconds of CPU on a small machine, and builds again the catalogue entries and
+// plans an old one has; a run of every package opened about a thousand. So the pools a
+// test opens with Pool on its schema's two connection strings are not closed at its end
+// but kept with the schema: each idle session is put back as it began (resetSession),
+// and the reset then ends every other session connected to the schema. A pool with a
+// session still in use, or none idle (a test closed it), is closed as before.
 
 // maxSpare is how many reset schemas one test binary keeps for its next tests.
 const maxSpare = 8
@@ -32,14 +42,206 @@ const maxSpare = 8
 // spares holds the reset schemas of this test binary and what a fresh one looks like.
 var spares struct {
 	mu       sync.Mutex
-	admin    *pgxpool.Pool // the administrator's pool on the test database, opened on first use
-	off      bool          // the administrator is no superuser: no schema is reused
-	pristine *pristine     // nil until the first schema is migrated
-	free     []spare       // ready for a test
+	admin    *pgxpool.Pool     // the administrator's pool on the test database, opened on first use
+	off      bool              // the administrator is no superuser: no schema is reused
+	pristine *pristine         // nil until the first schema is migrated
+	free     []spare           // ready for a test
+	lent     map[string]*pools // the pools of the schemas tests hold, by connection string
 }
 
-// spare is a reset schema and the connection string Schema gave for it.
-type spare struct{ schema, url string }
+// spare is a reset schema, the connection string Schema gave for it, and the pools tests
+// opened on it.
+type spare struct {
+	schema, url string
+	pools       *pools
+}
+
+// pools are the pools that tests opened with Pool on a schema's connection strings,
+// Schema's and AdminURL's of it (urls): those kept for the next test's Pool, by
+// connection string, and those the test that holds the schema has handed back.
+type pools struct {
+	urls   [2]string
+	mu     sync.Mutex
+	idle   map[string][]keptPool
+	handed []handed
+}
+
+// keptPool is a kept pool and how many sessions it has.
+type keptPool struct {
+	pool     *pgxpool.Pool
+	sessions int64
+}
+
+// handed is a pool a test handed back, and the connection string it was opened on.
+type handed struct {
+	url  string
+	pool *pgxpool.Pool
+}
+
+// keptSessions counts the sessions of every kept pool of this test binary;
+// sessionBudget bounds it (adminPool sets it).
+var keptSessions, sessionBudget atomic.Int64
+
+// keep counts n more kept sessions if the budget allows it.
+func keep(n int64) bool {
+	for {
+		kept := keptSessions.Load()
+		if kept+n > sessionBudget.Load() {
+			return false
+		}
+		if keptSessions.CompareAndSwap(kept, kept+n) {
+			return true
+		}
+	}
+}
+
+// lend makes p's pools available to Pool while a test holds their schema.
+func lend(p *pools) {
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	if spares.lent == nil {
+		spares.lent = map[string]*pools{}
+	}
+	for _, url := range p.urls {
+		spares.lent[url] = p
+	}
+}
+
+// lentFor returns the pools lent for url, or nil.
+func lentFor(url string) *pools {
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	return spares.lent[url]
+}
+
+// takeBack ends the loan of p's pools.
+func takeBack(p *pools) {
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	for _, url := range p.urls {
+		delete(spares.lent, url)
+	}
+}
+
+// take returns a kept pool on url, or nil if there is none (or p is nil).
+func (p *pools) take(url string) *pgxpool.Pool {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.idle[url])
+	if n == 0 {
+		return nil
+	}
+	k := p.idle[url][n-1]
+	p.idle[url] = p.idle[url][:n-1]
+	keptSessions.Add(-k.sessions)
+	return k.pool
+}
+
+// handBack takes a pool on url back from a finished test; settle decides whether it is
+// kept.
+func (p *pools) handBack(url string, pool *pgxpool.Pool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.handed = append(p.handed, handed{url, pool})
+}
+
+// resetSession puts an idle session back as it began, as DISCARD ALL does, except that
+// it keeps the statements pgx prepared (and caches by name): no cursor, role, setting,
+// LISTEN, advisory lock, temporary table or sequence value of the last test remains.
+// It also has the session flush its activity counters when the statement ends, so that
+// the reset, which clears the schema's, comes after them. What it leaves: statements
+// prepared with SQL's PREPARE, placeholder settings a test created (empty, no longer
+// missing) and the plan cache's record of custom plans, as a session of the broker's
+// pool keeps them from one request to the next; no test relies on their absence.
+const resetSession = `CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *;
+	SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; SELECT pg_stat_force_next_flush()`
+
+// settle puts the sessions of the pools handed back as they began, and returns the
+// process IDs of the sessions of every pool it keeps, which the reset leaves connected.
+// It closes a pool with a session in use, none idle or one that could not be put back,
+// and those past the budget of kept sessions.
+func (p *pools) settle(ctx context.Context) []uint32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.idle == nil {
+		p.idle = map[string][]keptPool{}
+	}
+	for _, h := range p.handed {
+		if eachIdle(ctx, h.pool, putBack) {
+			p.idle[h.url] = append(p.idle[h.url], keptPool{pool: h.pool})
+		} else {
+			h.pool.Close()
+		}
+	}
+	p.handed = nil
+	pids := []uint32{}
+	for url, kept := range p.idle {
+		p.idle[url] = nil
+		for _, k := range kept {
+			keptSessions.Add(-k.sessions)
+			var these []uint32
+			ok := eachIdle(ctx, k.pool, func(_ context.Context, c *pgxpool.Conn) error {
+				these = append(these, c.Conn().PgConn().PID())
+				return nil
+			})
+			if !ok || !keep(int64(len(these))) {
+				k.pool.Close()
+				continue
+			}
+			p.idle[url] = append(p.idle[url], keptPool{k.pool, int64(len(these))})
+			pids = append(pids, these...)
+		}
+	}
+	return pids
+}
+
+// eachIdle calls fn on each of pool's sessions, which must all be idle, and reports
+// whether there was one, none was in use and fn succeeded on every one.
+func eachIdle(ctx context.Context, pool *pgxpool.Pool, fn func(context.Context, *pgxpool.Conn) error) bool {
+	conns := pool.AcquireAllIdle(ctx)
+	ok := len(conns) > 0 && int(pool.Stat().TotalConns()) == len(conns)
+	for _, c := range conns {
+		if ok {
+			ok = fn(ctx, c) == nil
+		}
+		c.Release()
+	}
+	return ok
+}
+
+// putBack puts a session back as it began (resetSession), and drops the notifications
+// pgx received for it and still holds.
+func putBack(ctx context.Context, c *pgxpool.Conn) error {
+	if _, err := c.Exec(ctx, resetSession); err != nil {
+		return err
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel() // the buffered notifications come first, then the context ends the wait
+	for {
+		if n, _ := c.Conn().WaitForNotification(done); n == nil {
+			return nil
+		}
+	}
+}
+
+// close closes every pool p holds.
+func (p *pools) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, h := range p.handed {
+		h.pool.Close()
+	}
+	for _, kept := range p.idle {
+		for _, k := range kept {
+			keptSessions.Add(-k.sessions)
+			k.pool.Close()
+		}
+	}
+	p.handed, p.idle = nil, nil
+}
 
 // pristine is what a freshly migrated schema holds: its fingerprint, the rows the
 // migrations wrote, per table, in COPY's text format, and the sizes the catalogue gives
@@ -73,6 +275,14 @@ func adminPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 			pool.Close()
 			return nil, err
 		}
+		var connections int64
+		if err := pool.QueryRow(ctx, `SELECT current_setting('max_connections')::int`).Scan(&connections); err != nil {
+			pool.Close()
+			return nil, err
+		}
+		// go test runs a test binary per CPU at once: together their kept sessions take a
+		// quarter of the server's connections at most.
+		sessionBudget.Store(connections / int64(4*runtime.GOMAXPROCS(0)))
 		spares.admin, spares.off = pool, !super
 	}
 	return spares.admin, nil
@@ -146,27 +356,43 @@ var errChanged = errors.New("the schema differs from a freshly migrated one")
 // logf says why a schema was not kept.
 func giveBack(ctx context.Context, url string, s spare, failed bool, logf func(string, ...any)) error {
 	schema := s.schema
+	takeBack(s.pools)
 	if failed {
 		logf("storetest: schema %s dropped: its test failed", schema)
-		return provision.DropSchema(ctx, url, schema)
+		return drop(ctx, url, s)
 	}
-	if err := reset(ctx, url, schema); err != nil {
+	if err := reset(ctx, url, schema, s.pools.settle(ctx)); err != nil {
 		logf("storetest: schema %s dropped: %v", schema, err)
-		return provision.DropSchema(ctx, url, schema)
+		return drop(ctx, url, s)
 	}
+	if putAside(s) {
+		return nil
+	}
+	return drop(ctx, url, s)
+}
+
+// putAside keeps s for a later test, unless enough are kept already.
+func putAside(s spare) bool {
 	spares.mu.Lock()
 	defer spares.mu.Unlock()
 	if len(spares.free) < maxSpare {
 		spares.free = append(spares.free, s)
-		return nil
+		return true
 	}
-	return provision.DropSchema(ctx, url, schema)
+	return false
 }
 
-// reset ends the sessions still connected to schema, empties it and restores the
-// migrations' rows, the catalogue's sizes and the activity counters, in one transaction
-// committed only if the schema then fingerprints as a fresh one.
-func reset(ctx context.Context, url, schema string) error {
+// drop closes the pools kept for s and drops its schema.
+func drop(ctx context.Context, url string, s spare) error {
+	s.pools.close()
+	return provision.DropSchema(ctx, url, s.schema)
+}
+
+// reset ends the sessions still connected to schema but those of kept (settle's),
+// empties it and restores the migrations' rows, the catalogue's sizes and the activity
+// counters, in one transaction committed only if the schema then fingerprints as a
+// fresh one.
+func reset(ctx context.Context, url, schema string, kept []uint32) error {
 	admin, err := adminPool(ctx, url)
 	if err != nil {
 		return err
@@ -183,8 +409,8 @@ func reset(ctx context.Context, url, schema string) error {
 	// A session left connected (a killed process's, whose last statements may still be
 	// in its socket) could write after the reset, into the next test's schema. Schema's
 	// connection strings name the schema as their application_name.
-	const lingering = `FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`
-	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) `+lingering, schema); err != nil {
+	const lingering = `FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid() AND pid <> ALL(coalesce($2::int4[], '{}'))`
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) `+lingering, schema, kept); err != nil {
 		return err
 	}
 	return inSchema(ctx, admin, schema, func(tx pgx.Tx) error {
@@ -231,7 +457,7 @@ func reset(ctx context.Context, url, schema string) error {
 			}
 		}
 		var connected bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 `+lingering+`)`, schema).Scan(&connected); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 `+lingering+`)`, schema, kept).Scan(&connected); err != nil {
 			return err
 		}
 		if connected {
@@ -259,21 +485,43 @@ func inSchema(ctx context.Context, admin *pgxpool.Pool, schema string, fn func(p
 	})
 }
 
-// dropSpares drops the schemas kept at the end of the test binary and closes the
+// finish drops the schemas kept at the end of the test binary, vacuums the system
+// catalogues if the database outlives the binary (shared), and closes the
 // administrator's pool.
-func dropSpares(url string) error {
+func finish(url string, shared bool) error {
 	spares.mu.Lock()
 	defer spares.mu.Unlock()
+	ctx := context.Background()
 	var errs []error
 	for _, s := range spares.free {
-		errs = append(errs, provision.DropSchema(context.Background(), url, s.schema))
+		errs = append(errs, drop(ctx, url, s))
 	}
 	spares.free = nil
 	if spares.admin != nil {
+		if shared && !spares.off {
+			errs = append(errs, vacuumCatalogue(ctx, spares.admin))
+		}
 		spares.admin.Close()
 		spares.admin = nil
 	}
 	return errors.Join(errs...)
+}
+
+// vacuumCatalogue vacuums the system catalogues that hold dead rows, skipping any that
+// another session has locked. Creating, resetting and dropping schemas leaves dead rows
+// in them (about 20,000 in pg_class alone in a run of every package), which catalogue
+// reads then step over. A server whose autovacuum is off keeps them all: each run left
+// the next about 5% slower, and a day of runs made one take twice as long
+// (docs/testing.md).
+func vacuumCatalogue(ctx context.Context, admin *pgxpool.Pool) error {
+	rows, _ := admin.Query(ctx, `SELECT format('%I.%I', schemaname, relname) FROM pg_stat_sys_tables
+		WHERE schemaname = 'pg_catalog' AND n_dead_tup > 0 ORDER BY relname`)
+	catalogues, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(catalogues) == 0 {
+		return err
+	}
+	_, err = admin.Exec(ctx, "VACUUM (SKIP_LOCKED) "+strings.Join(catalogues, ", "))
+	return err
 }
 
 // tablesOf lists the names of schema's tables.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/store"
@@ -169,7 +170,7 @@ func TestAChangedSchemaIsDropped(t *testing.T) {
 			ctx := context.Background()
 			_, err := Pool(t, AdminURL(t, conn)).Exec(ctx, change)
 			require.NoError(t, err)
-			require.ErrorIs(t, reset(ctx, URL(t), schemaOf(t, conn)), errChanged, "the reset sees the change")
+			require.ErrorIs(t, reset(ctx, URL(t), schemaOf(t, conn), nil), errChanged, "the reset sees the change")
 		})
 		require.False(t, exists(t, changed), "%s: the schema is dropped", change)
 		if strings.HasPrefix(change, "CREATE PUBLICATION") {
@@ -180,32 +181,30 @@ func TestAChangedSchemaIsDropped(t *testing.T) {
 }
 
 // A session left connected (a killed process's) is ended before the reset, so that
-// nothing it still sends lands in the next test's schema.
+// nothing it still sends lands in the next test's schema: whether or not the schema
+// keeps sessions of its own.
 func TestALingeringSessionIsEnded(t *testing.T) {
 	ctx := context.Background()
-	var lingering *pgx.Conn
-	first := use(t, "leaves a session", func(t *testing.T, conn string) {
-		var err error
-		lingering, err = pgx.Connect(ctx, AdminURL(t, conn))
+	for _, keeps := range []bool{false, true} {
+		s := kept(t, func(t *testing.T, conn string) { require.NoError(t, Pool(t, conn).Ping(ctx)) })
+		if !keeps {
+			s.pools.close()
+		}
+		lingering, err := pgx.Connect(ctx, AdminURL(t, s.url))
 		require.NoError(t, err)
-	})
-	defer lingering.Close(ctx)
-	_, err := lingering.Exec(ctx, `INSERT INTO operation_transitions VALUES ('PREPARED', 'SUCCEEDED', 'late')`)
-	require.Error(t, err, "the session was ended")
-	second := use(t, "next", func(t *testing.T, conn string) {
-		var late int
-		require.NoError(t, Pool(t, AdminURL(t, conn)).QueryRow(ctx,
-			`SELECT count(*) FROM operation_transitions WHERE who = 'late'`).Scan(&late))
-		require.Zero(t, late)
-	})
-	require.Equal(t, first, second, "the schema was handed on")
+		defer lingering.Close(ctx)
+		require.NoError(t, giveBack(ctx, URL(t), s, false, t.Logf))
+		_, err = lingering.Exec(ctx, `INSERT INTO operation_transitions VALUES ('PREPARED', 'SUCCEEDED', 'late')`)
+		require.Error(t, err, "keeps sessions %v: the session was ended", keeps)
+		require.True(t, exists(t, s.schema), "keeps sessions %v: the schema was kept", keeps)
+	}
 }
 
-// kept runs an empty test on a schema of Schema and takes the schema it gave back out of
-// the spares, for a test to give back itself.
-func kept(t *testing.T) spare {
+// kept runs body as a test on a schema of Schema and takes the schema it gave back out
+// of the spares, for a test to give back itself.
+func kept(t *testing.T, body func(t *testing.T, conn string)) spare {
 	t.Helper()
-	schema := use(t, "spare", func(*testing.T, string) {})
+	schema := use(t, "spare", body)
 	s, ok := takeSpare()
 	require.True(t, ok)
 	require.Equal(t, schema, s.schema, "the schema was kept")
@@ -214,7 +213,7 @@ func kept(t *testing.T) spare {
 
 func TestASchemaInUseIsDropped(t *testing.T) {
 	ctx := context.Background()
-	s := kept(t)
+	s := kept(t, func(*testing.T, string) {})
 	conn, err := pgx.Connect(ctx, URL(t))
 	require.NoError(t, err)
 	defer conn.Close(ctx)
@@ -262,4 +261,151 @@ func TestSchemasHandedOnInParallel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A session is handed on with its schema as it began: nothing the last test set in it
+// remains, and what it counted in the schema's activity counters was cleared with them.
+func TestASessionIsHandedOnAsItBegan(t *testing.T) {
+	ctx := context.Background()
+	var pid uint32
+	// A spare first: its one pool on the connection string is the migration's.
+	use(t, "spare", func(*testing.T, string) {})
+	first := use(t, "dirties its session", func(t *testing.T, conn string) {
+		c, err := Pool(t, conn).Acquire(ctx)
+		require.NoError(t, err)
+		defer c.Release()
+		pid = c.Conn().PgConn().PID()
+		// The delete's count stays in the session: it flushed them a moment ago, and
+		// flushes again only a second later.
+		_, err = c.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
+		require.NoError(t, err)
+		_, err = c.Exec(ctx, `INSERT INTO operation_transitions VALUES ('PREPARED', 'SUCCEEDED', 'counted');
+			DELETE FROM operation_transitions WHERE who = 'counted'`)
+		require.NoError(t, err)
+		_, err = c.Exec(ctx, `SET ROLE NONE; SET statement_timeout = '1min'; LISTEN scratch; NOTIFY scratch;
+			SELECT pg_advisory_lock(42); CREATE TEMPORARY TABLE scratch (i int);
+			BEGIN; DECLARE scratch CURSOR WITH HOLD FOR SELECT 1; COMMIT`)
+		require.NoError(t, err)
+	})
+	second := use(t, "takes it over", func(t *testing.T, conn string) {
+		var c *pgxpool.Conn
+		for _, idle := range Pool(t, conn).AcquireAllIdle(ctx) {
+			if idle.Conn().PgConn().PID() == pid {
+				c = idle
+			} else {
+				idle.Release()
+			}
+		}
+		require.NotNil(t, c, "the session was handed on")
+		defer c.Release()
+		var role, timeout string
+		var channels, locks, cursors int
+		var temporary bool
+		require.NoError(t, c.QueryRow(ctx, `SELECT current_user, current_setting('statement_timeout'),
+			(SELECT count(*) FROM pg_listening_channels()),
+			(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
+			(SELECT count(*) FROM pg_cursors WHERE name = 'scratch'), to_regclass('pg_temp.scratch') IS NOT NULL`).
+			Scan(&role, &timeout, &channels, &locks, &cursors, &temporary))
+		require.Equal(t, AppRole, role, "the role the connection string gives")
+		require.Equal(t, "0", timeout)
+		require.Zero(t, channels, "no LISTEN")
+		require.Zero(t, locks, "no advisory lock")
+		require.Zero(t, cursors)
+		require.False(t, temporary, "no temporary table")
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		n, _ := c.Conn().WaitForNotification(done)
+		require.Nil(t, n, "no notification the last test's LISTEN received")
+		// Whatever the session still holds of its counts arrives now.
+		_, err := c.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
+		require.NoError(t, err)
+		var deleted int64
+		require.NoError(t, c.QueryRow(ctx, `SELECT n_tup_del FROM pg_stat_user_tables
+			WHERE relid = 'operation_transitions'::regclass`).Scan(&deleted))
+		require.Zero(t, deleted, "the last test's delete was counted before the reset cleared the counters")
+	})
+	require.Equal(t, first, second, "the schema was handed on")
+}
+
+// A pool its test closed is not handed on: the next test gets a pool that works.
+func TestAClosedPoolIsNotHandedOn(t *testing.T) {
+	ctx := context.Background()
+	var closed *pgxpool.Pool
+	// A spare first: its one pool on the connection string is the migration's.
+	use(t, "spare", func(*testing.T, string) {})
+	first := use(t, "closes its pool", func(t *testing.T, conn string) {
+		closed = Pool(t, conn)
+		require.NoError(t, closed.Ping(ctx))
+		closed.Close()
+	})
+	second := use(t, "opens one", func(t *testing.T, conn string) {
+		pool := Pool(t, conn)
+		require.NotSame(t, closed, pool)
+		require.NoError(t, pool.Ping(ctx))
+	})
+	require.Equal(t, first, second, "the schema was handed on")
+}
+
+// A pool with a session still in use when its test ends is closed once the session is
+// released, though another is idle.
+func TestAPoolInUseIsNotKept(t *testing.T) {
+	ctx := context.Background()
+	s := kept(t, func(*testing.T, string) {})
+	s.pools.close() // no other kept pool
+	pool, err := pgxpool.New(ctx, s.url)
+	require.NoError(t, err)
+	c, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	idle, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	idle.Release() // one session idle, one in use
+	s.pools.handBack(s.url, pool)
+	released := make(chan struct{})
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		close(released)
+		c.Release()
+	}()
+	require.Empty(t, s.pools.settle(ctx), "no session is kept")
+	select {
+	case <-released:
+	default:
+		t.Fatal("settle did not wait for the session in use")
+	}
+	require.Empty(t, s.pools.idle[s.url], "the pool is not kept")
+	require.NoError(t, giveBack(ctx, URL(t), s, false, t.Logf))
+}
+
+// The pools a schema keeps that its last test did not use keep their sessions through
+// the reset too.
+func TestAnUnusedPoolKeepsItsSessions(t *testing.T) {
+	ctx := context.Background()
+	s := kept(t, func(t *testing.T, conn string) { require.NoError(t, Pool(t, conn).Ping(ctx)) })
+	var pids []uint32
+	for _, k := range s.pools.idle[s.url] {
+		for _, c := range k.pool.AcquireAllIdle(ctx) {
+			pids = append(pids, c.Conn().PgConn().PID())
+			c.Release()
+		}
+	}
+	require.NotEmpty(t, pids, "the spare keeps a pool with a session")
+	require.NoError(t, giveBack(ctx, URL(t), s, false, t.Logf))
+	var connected int
+	require.NoError(t, Pool(t, URL(t)).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`,
+		pids).Scan(&connected))
+	require.Equal(t, len(pids), connected, "no kept session was ended")
+}
+
+// No pool is kept past the budget of kept sessions: its sessions are ended.
+func TestKeptSessionsStayWithinTheBudget(t *testing.T) {
+	ctx := context.Background()
+	s := kept(t, func(t *testing.T, conn string) { require.NoError(t, Pool(t, conn).Ping(ctx)) })
+	require.NotEmpty(t, s.pools.idle[s.url])
+	budget := sessionBudget.Load()
+	sessionBudget.Store(0)
+	defer sessionBudget.Store(budget)
+	s.pools.handBack(s.url, s.pools.take(s.url)) // as a test that used it
+	require.Empty(t, s.pools.settle(ctx), "no session is kept")
+	require.Empty(t, s.pools.idle[s.url], "the pool is closed")
+	require.NoError(t, giveBack(ctx, URL(t), s, false, t.Logf))
 }

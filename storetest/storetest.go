@@ -41,7 +41,8 @@ func Main(m *testing.M) {
 // returns the exit code.
 func Run(m *testing.M) int {
 	baseURL = os.Getenv(EnvDatabaseURL)
-	if baseURL == "" {
+	shared := baseURL != ""
+	if !shared {
 		dir, err := os.MkdirTemp("", "opbroker-test-pg-")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "storetest:", err)
@@ -62,7 +63,7 @@ func Run(m *testing.M) int {
 		baseURL = srv.URL()
 	}
 	code := m.Run()
-	if err := dropSpares(baseURL); err != nil {
+	if err := finish(baseURL, shared); err != nil {
 		fmt.Fprintln(os.Stderr, "storetest:", err)
 		code = 1
 	}
@@ -94,16 +95,16 @@ func Schema(t testing.TB) string {
 		cleanupSchema(t, s, true)
 		return s.url
 	}
-	url, schema := newSchema(t, true)
+	s := newSchema(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := store.Migrate(ctx, Pool(t, url)); err != nil {
+	if err := store.Migrate(ctx, Pool(t, s.url)); err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
-	if err := record(ctx, URL(t), schema); err != nil {
+	if err := record(ctx, URL(t), s.schema); err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
-	return url
+	return s.url
 }
 
 // AppRole is the ordinary role the broker's connections use in tests: row-level
@@ -115,20 +116,19 @@ const AppRole = "opbroker_app"
 // AppRole, which owns the schema.
 func EmptySchema(t testing.TB) string {
 	t.Helper()
-	url, _ := newSchema(t, false)
-	return url
+	return newSchema(t, false).url
 }
 
-// newSchema creates a schema owned by AppRole and returns its connection string and
-// name; at cleanup it is dropped, or given back for reuse if reuse is set.
-func newSchema(t testing.TB, reuse bool) (url, schema string) {
+// newSchema creates a schema owned by AppRole; at cleanup it is dropped, or given back
+// for reuse if reuse is set.
+func newSchema(t testing.TB, reuse bool) spare {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
-	schema = "test_" + hex.EncodeToString(suffix)
+	schema := "test_" + hex.EncodeToString(suffix)
 	url, err := provision.Schema(ctx, URL(t), AppRole, schema)
 	if err == nil {
 		// The schema as application_name too: a reset finds the sessions still connected.
@@ -137,13 +137,25 @@ func newSchema(t testing.TB, reuse bool) (url, schema string) {
 	if err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
-	cleanupSchema(t, spare{schema, url}, reuse)
-	return url, schema
+	s := spare{schema: schema, url: url}
+	if reuse {
+		admin, err := adminURL(url)
+		if err != nil {
+			t.Fatalf("storetest: %v", err)
+		}
+		s.pools = &pools{urls: [2]string{url, admin}}
+	}
+	cleanupSchema(t, s, reuse)
+	return s
 }
 
-// cleanupSchema registers the schema's cleanup. Cleanups run last first, so it runs after
-// those the test registers once it has the schema (its pools, servers and processes).
+// cleanupSchema registers the schema's cleanup, and lends the schema's pools to the test
+// if it is to be reused. Cleanups run last first, so it runs after those the test
+// registers once it has the schema (its pools, servers and processes).
 func cleanupSchema(t testing.TB, s spare, reuse bool) {
+	if reuse {
+		lend(s.pools)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -164,24 +176,43 @@ func cleanupSchema(t testing.TB, s spare, reuse bool) {
 // does not bind it).
 func AdminURL(t testing.TB, url string) string {
 	t.Helper()
-	u, err := neturl.Parse(url)
+	admin, err := adminURL(url)
 	if err != nil {
 		t.Fatalf("storetest: %v", err)
+	}
+	return admin
+}
+
+// adminURL is AdminURL's work.
+func adminURL(url string) (string, error) {
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return "", err
 	}
 	q := u.Query()
 	q.Del("role")
 	u.RawQuery = q.Encode()
-	return u.String()
+	return u.String(), nil
 }
 
-// Pool opens a pool on url, closed at cleanup.
+// Pool opens a pool on url, closed at cleanup. On a connection string of Schema, or
+// AdminURL's of one, the pool is instead kept with the schema for a later test, and may
+// be one an earlier test opened on it, its sessions put back as they began (reuse.go).
 func Pool(t testing.TB, url string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatalf("storetest: %v", err)
+	lent := lentFor(url)
+	pool := lent.take(url)
+	if pool == nil {
+		var err error
+		if pool, err = pgxpool.New(context.Background(), url); err != nil {
+			t.Fatalf("storetest: %v", err)
+		}
 	}
-	t.Cleanup(pool.Close)
+	if lent == nil {
+		t.Cleanup(pool.Close)
+	} else {
+		t.Cleanup(func() { lent.handBack(url, pool) })
+	}
 	return pool
 }
 
