@@ -28,13 +28,14 @@ import (
 // is dropped as before. The reset needs a superuser: with any other administrator, every
 // schema is new and dropped.
 //
-// A schema's sessions are handed on with it. A new session costs PostgreSQL tens of
-// milliseconds of CPU on a small machine, and builds again the catalogue entries and
+// A schema's sessions are handed on with it. A new session costs PostgreSQL 17 ms of
+// CPU on a small machine (docs/testing.md), and builds again the catalogue entries and
 // plans an old one has; a run of every package opened about a thousand. So the pools a
 // test opens with Pool on its schema's two connection strings are not closed at its end
 // but kept with the schema: each idle session is put back as it began (resetSession),
 // and the reset then ends every other session connected to the schema. A pool with a
-// session still in use, or none idle (a test closed it), is closed as before.
+// session still in use, none idle (a test closed it), or one that could not be put back
+// is closed as before, and so are pools past the budget of kept sessions.
 
 // maxSpare is how many reset schemas one test binary keeps for its next tests.
 const maxSpare = 8
@@ -114,8 +115,8 @@ func lentFor(url string) *pools {
 	return spares.lent[url]
 }
 
-// takeBack ends the loan of p's pools.
-func takeBack(p *pools) {
+// unlend ends the loan of p's pools.
+func unlend(p *pools) {
 	spares.mu.Lock()
 	defer spares.mu.Unlock()
 	for _, url := range p.urls {
@@ -123,7 +124,8 @@ func takeBack(p *pools) {
 	}
 }
 
-// take returns a kept pool on url, or nil if there is none (or p is nil).
+// take returns a kept pool on url, or nil if there is none or p is nil (the one method
+// of pools that takes a nil p: Pool calls it for any connection string).
 func (p *pools) take(url string) *pgxpool.Pool {
 	if p == nil {
 		return nil
@@ -177,7 +179,7 @@ func (p *pools) settle(ctx context.Context) []uint32 {
 		}
 	}
 	p.handed = nil
-	pids := []uint32{}
+	var pids []uint32
 	for url, kept := range p.idle {
 		p.idle[url] = nil
 		for _, k := range kept {
@@ -187,7 +189,8 @@ func (p *pools) settle(ctx context.Context) []uint32 {
 				these = append(these, c.Conn().PgConn().PID())
 				return nil
 			})
-			if !ok || !keep(int64(len(these))) {
+			n := int64(len(these))
+			if !ok || !makeRoom(n) {
 				k.pool.Close()
 				continue
 			}
@@ -196,6 +199,44 @@ func (p *pools) settle(ctx context.Context) []uint32 {
 		}
 	}
 	return pids
+}
+
+// makeRoom counts n more kept sessions, closing the pools of the spares kept longest
+// while the budget has no room for them (the schema in use comes first); it reports
+// false if there is still none.
+func makeRoom(n int64) bool {
+	for !keep(n) {
+		if !evictOldest() {
+			return false
+		}
+	}
+	return true
+}
+
+// evictOldest closes the kept pools of the spare kept longest that has any, and
+// reports whether there was one.
+func evictOldest() bool {
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	for _, s := range spares.free {
+		if s.pools.keeps() {
+			s.pools.close()
+			return true
+		}
+	}
+	return false
+}
+
+// keeps reports whether p keeps a pool.
+func (p *pools) keeps() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, kept := range p.idle {
+		if len(kept) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // eachIdle calls fn on each of pool's sessions, which must all be idle, and reports
@@ -356,12 +397,13 @@ var errChanged = errors.New("the schema differs from a freshly migrated one")
 // logf says why a schema was not kept.
 func giveBack(ctx context.Context, url string, s spare, failed bool, logf func(string, ...any)) error {
 	schema := s.schema
-	takeBack(s.pools)
+	unlend(s.pools)
 	if failed {
 		logf("storetest: schema %s dropped: its test failed", schema)
 		return drop(ctx, url, s)
 	}
-	if err := reset(ctx, url, schema, s.pools.settle(ctx)); err != nil {
+	kept := s.pools.settle(ctx)
+	if err := reset(ctx, url, schema, kept); err != nil {
 		logf("storetest: schema %s dropped: %v", schema, err)
 		return drop(ctx, url, s)
 	}
@@ -409,6 +451,7 @@ func reset(ctx context.Context, url, schema string, kept []uint32) error {
 	// A session left connected (a killed process's, whose last statements may still be
 	// in its socket) could write after the reset, into the next test's schema. Schema's
 	// connection strings name the schema as their application_name.
+	// coalesce: pgx sends a nil kept as NULL, and pid <> ALL(NULL) is never true.
 	const lingering = `FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid() AND pid <> ALL(coalesce($2::int4[], '{}'))`
 	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) `+lingering, schema, kept); err != nil {
 		return err

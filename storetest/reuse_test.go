@@ -409,3 +409,23 @@ func TestKeptSessionsStayWithinTheBudget(t *testing.T) {
 	require.Empty(t, s.pools.idle[s.url], "the pool is closed")
 	require.NoError(t, giveBack(ctx, URL(t), s, false, t.Logf))
 }
+
+// A budget full of the sessions of spares kept longer makes room for the schema in use:
+// the oldest spare's pools are closed rather than the ones a test just used.
+func TestTheOldestSparesSessionsMakeRoom(t *testing.T) {
+	ctx := context.Background()
+	opens := func(t *testing.T, conn string) { require.NoError(t, Pool(t, conn).Ping(ctx)) }
+	s := kept(t, opens)
+	older := kept(t, opens)
+	require.True(t, older.pools.keeps())
+	require.True(t, putAside(older))
+	pool := s.pools.take(s.url)
+	require.NotNil(t, pool)
+	budget := sessionBudget.Load()
+	sessionBudget.Store(keptSessions.Load()) // full
+	defer sessionBudget.Store(budget)
+	s.pools.handBack(s.url, pool)
+	require.NotEmpty(t, s.pools.settle(ctx), "the schema in use keeps its sessions")
+	require.LessOrEqual(t, keptSessions.Load(), sessionBudget.Load())
+	require.NoError(t, giveBack(ctx, URL(t), s, false, t.Logf))
+}
