@@ -194,7 +194,7 @@ func (p *pools) settle(ctx context.Context) []uint32 {
 				k.pool.Close()
 				continue
 			}
-			p.idle[url] = append(p.idle[url], keptPool{k.pool, int64(len(these))})
+			p.idle[url] = append(p.idle[url], keptPool{k.pool, n})
 			pids = append(pids, these...)
 		}
 	}
