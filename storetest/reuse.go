@@ -171,12 +171,10 @@ func (p *pools) settle(ctx context.Context) []uint32 {
 	if p.idle == nil {
 		p.idle = map[string][]keptPool{}
 	}
+	used := map[*pgxpool.Pool]bool{}
 	for _, h := range p.handed {
-		if eachIdle(ctx, h.pool, putBack) {
-			p.idle[h.url] = append(p.idle[h.url], keptPool{pool: h.pool})
-		} else {
-			h.pool.Close()
-		}
+		p.idle[h.url] = append(p.idle[h.url], keptPool{pool: h.pool})
+		used[h.pool] = true
 	}
 	p.handed = nil
 	var pids []uint32
@@ -185,7 +183,12 @@ func (p *pools) settle(ctx context.Context) []uint32 {
 		for _, k := range kept {
 			keptSessions.Add(-k.sessions)
 			var these []uint32
-			ok := eachIdle(ctx, k.pool, func(_ context.Context, c *pgxpool.Conn) error {
+			ok := eachIdle(ctx, k.pool, func(c *pgxpool.Conn) error {
+				if used[k.pool] {
+					if err := putBack(ctx, c); err != nil {
+						return err
+					}
+				}
 				these = append(these, c.Conn().PgConn().PID())
 				return nil
 			})
@@ -241,12 +244,12 @@ func (p *pools) keeps() bool {
 
 // eachIdle calls fn on each of pool's sessions, which must all be idle, and reports
 // whether there was one, none was in use and fn succeeded on every one.
-func eachIdle(ctx context.Context, pool *pgxpool.Pool, fn func(context.Context, *pgxpool.Conn) error) bool {
+func eachIdle(ctx context.Context, pool *pgxpool.Pool, fn func(*pgxpool.Conn) error) bool {
 	conns := pool.AcquireAllIdle(ctx)
 	ok := len(conns) > 0 && int(pool.Stat().TotalConns()) == len(conns)
 	for _, c := range conns {
 		if ok {
-			ok = fn(ctx, c) == nil
+			ok = fn(c) == nil
 		}
 		c.Release()
 	}

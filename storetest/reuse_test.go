@@ -186,7 +186,7 @@ func TestAChangedSchemaIsDropped(t *testing.T) {
 func TestALingeringSessionIsEnded(t *testing.T) {
 	ctx := context.Background()
 	for _, keeps := range []bool{false, true} {
-		s := kept(t, func(t *testing.T, conn string) { require.NoError(t, Pool(t, conn).Ping(ctx)) })
+		s := kept(t, opensAPool)
 		if !keeps {
 			s.pools.close()
 		}
@@ -199,6 +199,14 @@ func TestALingeringSessionIsEnded(t *testing.T) {
 		require.True(t, exists(t, s.schema), "keeps sessions %v: the schema was kept", keeps)
 	}
 }
+
+// opensAPool is a test body that opens a pool on its schema and uses a session of it.
+func opensAPool(t *testing.T, conn string) {
+	require.NoError(t, Pool(t, conn).Ping(context.Background()))
+}
+
+// doesNothing is a test body that leaves its schema as it got it.
+func doesNothing(*testing.T, string) {}
 
 // kept runs body as a test on a schema of Schema and takes the schema it gave back out
 // of the spares, for a test to give back itself.
@@ -213,7 +221,7 @@ func kept(t *testing.T, body func(t *testing.T, conn string)) spare {
 
 func TestASchemaInUseIsDropped(t *testing.T) {
 	ctx := context.Background()
-	s := kept(t, func(*testing.T, string) {})
+	s := kept(t, doesNothing)
 	conn, err := pgx.Connect(ctx, URL(t))
 	require.NoError(t, err)
 	defer conn.Close(ctx)
@@ -269,7 +277,7 @@ func TestASessionIsHandedOnAsItBegan(t *testing.T) {
 	ctx := context.Background()
 	var pid uint32
 	// A spare first: its one pool on the connection string is the migration's.
-	use(t, "spare", func(*testing.T, string) {})
+	use(t, "spare", doesNothing)
 	first := use(t, "dirties its session", func(t *testing.T, conn string) {
 		c, err := Pool(t, conn).Acquire(ctx)
 		require.NoError(t, err)
@@ -332,7 +340,7 @@ func TestAClosedPoolIsNotHandedOn(t *testing.T) {
 	ctx := context.Background()
 	var closed *pgxpool.Pool
 	// A spare first: its one pool on the connection string is the migration's.
-	use(t, "spare", func(*testing.T, string) {})
+	use(t, "spare", doesNothing)
 	first := use(t, "closes its pool", func(t *testing.T, conn string) {
 		closed = Pool(t, conn)
 		require.NoError(t, closed.Ping(ctx))
@@ -350,7 +358,7 @@ func TestAClosedPoolIsNotHandedOn(t *testing.T) {
 // released, though another is idle.
 func TestAPoolInUseIsNotKept(t *testing.T) {
 	ctx := context.Background()
-	s := kept(t, func(*testing.T, string) {})
+	s := kept(t, doesNothing)
 	s.pools.close() // no other kept pool
 	pool, err := pgxpool.New(ctx, s.url)
 	require.NoError(t, err)
@@ -380,7 +388,7 @@ func TestAPoolInUseIsNotKept(t *testing.T) {
 // the reset too.
 func TestAnUnusedPoolKeepsItsSessions(t *testing.T) {
 	ctx := context.Background()
-	s := kept(t, func(t *testing.T, conn string) { require.NoError(t, Pool(t, conn).Ping(ctx)) })
+	s := kept(t, opensAPool)
 	var pids []uint32
 	for _, k := range s.pools.idle[s.url] {
 		for _, c := range k.pool.AcquireAllIdle(ctx) {
@@ -399,7 +407,7 @@ func TestAnUnusedPoolKeepsItsSessions(t *testing.T) {
 // No pool is kept past the budget of kept sessions: its sessions are ended.
 func TestKeptSessionsStayWithinTheBudget(t *testing.T) {
 	ctx := context.Background()
-	s := kept(t, func(t *testing.T, conn string) { require.NoError(t, Pool(t, conn).Ping(ctx)) })
+	s := kept(t, opensAPool)
 	require.NotEmpty(t, s.pools.idle[s.url])
 	budget := sessionBudget.Load()
 	sessionBudget.Store(0)
@@ -414,9 +422,8 @@ func TestKeptSessionsStayWithinTheBudget(t *testing.T) {
 // the oldest spare's pools are closed rather than the ones a test just used.
 func TestTheOldestSparesSessionsMakeRoom(t *testing.T) {
 	ctx := context.Background()
-	opens := func(t *testing.T, conn string) { require.NoError(t, Pool(t, conn).Ping(ctx)) }
-	s := kept(t, opens)
-	older := kept(t, opens)
+	s := kept(t, opensAPool)
+	older := kept(t, opensAPool)
 	require.True(t, older.pools.keeps())
 	require.True(t, putAside(older))
 	pool := s.pools.take(s.url)
