@@ -131,7 +131,7 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 		base = c.ha.URL()
 	}
 	if base == "" {
-		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: filepath.Join(c.dir, "pg"), Restarted: true}); err != nil {
+		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: filepath.Join(c.dir, "pg"), Restarted: true, Template: true}); err != nil {
 			return c, err
 		}
 		base = c.pg.URL()

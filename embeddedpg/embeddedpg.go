@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"net"
 	"os"
@@ -51,6 +52,11 @@ type Config struct {
 	// BinDir is a directory containing bin/pg_ctl, bin/initdb and bin/postgres; empty
 	// means look for installed binaries, then download.
 	BinDir string
+	// Template makes a new cluster a copy of one kept in the temporary directory, which
+	// initdb makes once per user, binaries and locale (template.go): for the tests and
+	// the chaos run, which start many servers. Such clusters share a system identifier.
+	// Without installed binaries, or when the template cannot be used, initdb runs.
+	Template bool
 	// Logger receives PostgreSQL's start-up output; nil discards it.
 	Logger io.Writer
 }
@@ -128,11 +134,14 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		RuntimePath(runtimeDir).
 		DataPath(pgData).
 		Logger(logger).
-		StartParameters(serverParameters)
+		StartParameters(serverParameters).
+		Username(superuser).
+		Password(password)
 
+	var major int
 	if binDir != "" {
-		major, err := majorVersion(binDir)
-		if err != nil {
+		var err error
+		if major, err = majorVersion(binDir); err != nil {
 			return nil, err
 		}
 		if err := checkDataVersion(pgData, major); err != nil {
@@ -142,11 +151,16 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		tools = binDir
 	}
 
+	var runAs *owner // the account the server runs as, when it is not ours
 	if os.Geteuid() == 0 {
 		if binDir == "" {
 			return nil, errors.New("embeddedpg: running as root needs installed PostgreSQL server binaries (e.g. the Debian package postgresql); none were found")
 		}
-		wrappers, err := dropPrivileges(dataDir, binDir)
+		var err error
+		if runAs, err = serverOwner(); err != nil {
+			return nil, err
+		}
+		wrappers, err := dropPrivileges(dataDir, binDir, runAs)
 		if err != nil {
 			return nil, err
 		}
@@ -154,6 +168,11 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		tools = wrappers
 	}
 	stopOrphan(tools, pgData)
+	if _, err := os.Stat(filepath.Join(pgData, "PG_VERSION")); cfg.Template && binDir != "" && errors.Is(err, fs.ErrNotExist) {
+		if err := seed(pgData, binDir, filepath.Join(tools, "bin", "initdb"), major, runAs); err != nil {
+			fmt.Fprintf(logger, "embeddedpg: the template cluster was not used, initdb runs: %v\n", err)
+		}
+	}
 
 	ep := embeddedpostgres.NewDatabase(epCfg)
 	if err := startKeepingLogs(ep, filepath.Join(dataDir, "tmp")); err != nil {
@@ -161,7 +180,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 	}
 	return &Server{
 		ep:     ep,
-		url:    fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+		url:    fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/postgres?sslmode=disable", superuser, password, port),
 		tools:  tools,
 		pgData: pgData,
 		port:   port,

@@ -3,9 +3,11 @@ package embeddedpg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -58,7 +60,7 @@ func TestCrashRestartKeepsCommittedData(t *testing.T) {
 	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
-	srv := startInTempDir(t, Config{Restarted: true})
+	srv := startInTempDir(t, Config{Restarted: true, Template: true})
 	defer srv.Stop()
 	if end, ok := loopback.Range(); ok {
 		require.Less(t, int(srv.port), end, "a port no connection can take while the server is down")
@@ -99,7 +101,7 @@ func TestStartTriesAnotherPortWhenOneIsTaken(t *testing.T) {
 		}
 		return pick(restarted)
 	}
-	srv := startInTempDir(t, Config{})
+	srv := startInTempDir(t, Config{Template: true})
 	defer srv.Stop()
 	require.Equal(t, 2, picked)
 	conn, err := pgx.Connect(context.Background(), srv.URL())
@@ -130,4 +132,70 @@ func startInTempDir(t *testing.T, cfg Config) *Server {
 	srv, err := Start(context.Background(), cfg)
 	require.NoError(t, err)
 	return srv
+}
+
+// TestNewClustersAreCopiesOfTheTemplate: with Template, initdb runs once and every new
+// cluster is a copy of what it made (initdb draws a cluster's system identifier; the
+// copies share it), which the server can write to: as root, the copy is the server
+// user's.
+func TestNewClustersAreCopiesOfTheTemplate(t *testing.T) {
+	if InstalledBinaries() == "" {
+		t.Skip("no installed PostgreSQL binaries")
+	}
+	tmp := openTempDir(t)
+	t.Setenv("TMPDIR", tmp)
+	systemID := func(cfg Config) int64 {
+		srv := startInTempDir(t, cfg)
+		defer srv.Stop()
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, srv.URL())
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, `CREATE TABLE written (v int); INSERT INTO written VALUES (1); CHECKPOINT`)
+		require.NoError(t, err)
+		var id int64
+		require.NoError(t, conn.QueryRow(ctx, `SELECT system_identifier FROM pg_control_system()`).Scan(&id))
+		return id
+	}
+	first, second := systemID(Config{Template: true}), systemID(Config{Template: true})
+	require.Equal(t, first, second, "both clusters are copies of one template")
+	templates, err := filepath.Glob(filepath.Join(tmp, "opbroker-pg-templates-*", "*", "PG_VERSION"))
+	require.NoError(t, err)
+	require.Len(t, templates, 1)
+	require.NotEqual(t, first, systemID(Config{}), "without the template, initdb makes the cluster")
+}
+
+// TestATemplateFolderOthersCanWriteIsNotUsed: another user could plant a cluster in a
+// template folder that is not ours alone; the server then starts on a cluster of its
+// own initdb.
+func TestATemplateFolderOthersCanWriteIsNotUsed(t *testing.T) {
+	if InstalledBinaries() == "" {
+		t.Skip("no installed PostgreSQL binaries")
+	}
+	tmp := openTempDir(t)
+	t.Setenv("TMPDIR", tmp)
+	folder := filepath.Join(tmp, fmt.Sprintf("opbroker-pg-templates-%d", os.Geteuid()))
+	require.NoError(t, os.Mkdir(folder, 0o777))
+	require.NoError(t, os.Chmod(folder, 0o777))
+	var log strings.Builder
+	srv := startInTempDir(t, Config{Template: true, Logger: &log})
+	defer srv.Stop()
+	require.Contains(t, log.String(), "the template cluster was not used, initdb runs: "+folder+" is not a folder of this user's alone")
+	entries, err := os.ReadDir(folder)
+	require.NoError(t, err)
+	require.Empty(t, entries)
+	conn, err := pgx.Connect(context.Background(), srv.URL())
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(context.Background()))
+}
+
+// openTempDir returns a new folder in the temporary directory that every user can
+// search, as the server's user must when we are root.
+func openTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "embeddedpg-tmp-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	return dir
 }

@@ -17,19 +17,14 @@ var serverUsers = []string{"postgres", "nobody"}
 // unprivileged user, hands that user the cluster's folder, and returns the directory to
 // use as the library's binaries path. The wrappers stay owned by root, so the server's
 // user cannot change what root executes.
-func dropPrivileges(dataDir, binDir string) (string, error) {
+func dropPrivileges(dataDir, binDir string, server *owner) (string, error) {
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
 		return "", errors.New("embeddedpg: running as root needs setpriv(1) (util-linux) to start PostgreSQL as an unprivileged user")
 	}
-	u, err := ServerUser()
-	if err != nil {
-		return "", err
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	uid, gid := server.uid, server.gid
 	if err := reachable(dataDir); err != nil {
-		return "", fmt.Errorf("embeddedpg: PostgreSQL runs as %s, which cannot reach %s: %w; choose a data folder outside private directories (e.g. under /var/tmp)", u.Username, dataDir, err)
+		return "", fmt.Errorf("embeddedpg: PostgreSQL runs as %s, which cannot reach %s: %w; choose a data folder outside private directories (e.g. under /var/tmp)", server.name, dataDir, err)
 	}
 
 	pgDir := filepath.Join(dataDir, "pg")
@@ -58,6 +53,23 @@ func dropPrivileges(dataDir, binDir string) (string, error) {
 		}
 	}
 	return wrappers, nil
+}
+
+// serverOwner returns ServerUser as the owner of the server's files.
+func serverOwner() (*owner, error) {
+	u, err := ServerUser()
+	if err != nil {
+		return nil, err
+	}
+	uid, err := strconv.Atoi(u.Uid)
+	if err != nil {
+		return nil, fmt.Errorf("embeddedpg: user %s: %w", u.Username, err)
+	}
+	gid, err := strconv.Atoi(u.Gid)
+	if err != nil {
+		return nil, fmt.Errorf("embeddedpg: user %s: %w", u.Username, err)
+	}
+	return &owner{name: u.Username, uid: uid, gid: gid}, nil
 }
 
 // ServerUser returns the unprivileged account that runs PostgreSQL when we are root:

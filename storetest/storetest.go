@@ -54,7 +54,7 @@ func Run(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "storetest:", err)
 			return 1
 		}
-		srv, err := embeddedpg.Start(context.Background(), embeddedpg.Config{DataDir: dir})
+		srv, err := embeddedpg.Start(context.Background(), embeddedpg.Config{DataDir: dir, Template: true})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "storetest: no", EnvDatabaseURL, "set and the embedded PostgreSQL did not start:", err)
 			return 1
