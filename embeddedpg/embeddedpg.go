@@ -53,9 +53,11 @@ type Config struct {
 	// means look for installed binaries, then download.
 	BinDir string
 	// Template makes a new cluster a copy of one kept in the temporary directory, which
-	// initdb makes once per user, binaries and locale (template.go): for the tests and
-	// the chaos run, which start many servers. Such clusters share a system identifier.
-	// Without installed binaries, or when the template cannot be used, initdb runs.
+	// initdb makes once per user, binaries, locale and time zone (template.go): for the
+	// tests and the chaos run, which start many servers. Such clusters share a system
+	// identifier. Without installed binaries, when the template cannot be used, or when
+	// the server does not start on the copy (the template is then removed), initdb
+	// runs.
 	Template bool
 	// Logger receives PostgreSQL's start-up output; nil discards it.
 	Logger io.Writer
@@ -138,12 +140,13 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		Username(superuser).
 		Password(password)
 
-	var major int
+	var version string
 	if binDir != "" {
-		var err error
-		if major, err = majorVersion(binDir); err != nil {
+		major, line, err := binariesVersion(binDir)
+		if err != nil {
 			return nil, err
 		}
+		version = line
 		if err := checkDataVersion(pgData, major); err != nil {
 			return nil, err
 		}
@@ -168,14 +171,26 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		tools = wrappers
 	}
 	stopOrphan(tools, pgData)
+	var template string // the template pgData is a copy of
 	if _, err := os.Stat(filepath.Join(pgData, "PG_VERSION")); cfg.Template && binDir != "" && errors.Is(err, fs.ErrNotExist) {
-		if err := seed(pgData, binDir, filepath.Join(tools, "bin", "initdb"), major, runAs); err != nil {
+		if template, err = seed(pgData, binDir, version, filepath.Join(tools, "bin", "initdb"), runAs); err != nil {
 			fmt.Fprintf(logger, "embeddedpg: the template cluster was not used, initdb runs: %v\n", err)
+			template = ""
 		}
 	}
 
 	ep := embeddedpostgres.NewDatabase(epCfg)
 	if err := startKeepingLogs(ep, filepath.Join(dataDir, "tmp")); err != nil {
+		if template != "" && !portTaken(err) {
+			// A template that copies but does not start (damaged, or made by other
+			// binaries at the same path) would fail every start: drop it and the copy.
+			fmt.Fprintf(logger, "embeddedpg: the server did not start on a copy of the template %s, which is removed; initdb runs: %v\n", template, err)
+			if err := errors.Join(os.RemoveAll(template), os.RemoveAll(pgData)); err != nil {
+				return nil, fmt.Errorf("embeddedpg: %w", err)
+			}
+			cfg.Template = false
+			return start(dataDir, cfg)
+		}
 		return nil, fmt.Errorf("embeddedpg: start in %s: %w", dataDir, err)
 	}
 	return &Server{
@@ -347,17 +362,19 @@ func versionOf(dir string) int {
 
 var versionOutput = regexp.MustCompile(`\(PostgreSQL\) (\d+)`)
 
-// majorVersion asks the binaries in binDir for their major version.
-func majorVersion(binDir string) (int, error) {
+// binariesVersion asks the binaries in binDir for their version: the major version, and
+// the line postgres --version prints.
+func binariesVersion(binDir string) (int, string, error) {
 	out, err := exec.Command(filepath.Join(binDir, "bin", "postgres"), "--version").Output()
 	if err != nil {
-		return 0, fmt.Errorf("embeddedpg: %s/bin/postgres --version: %w", binDir, err)
+		return 0, "", fmt.Errorf("embeddedpg: %s/bin/postgres --version: %w", binDir, err)
 	}
 	m := versionOutput.FindSubmatch(out)
 	if m == nil {
-		return 0, fmt.Errorf("embeddedpg: cannot read the version of %s/bin/postgres", binDir)
+		return 0, "", fmt.Errorf("embeddedpg: cannot read the version of %s/bin/postgres", binDir)
 	}
-	return strconv.Atoi(string(m[1]))
+	major, err := strconv.Atoi(string(m[1]))
+	return major, strings.TrimSpace(string(out)), err
 }
 
 // checkDataVersion refuses an existing cluster of another major version: the library

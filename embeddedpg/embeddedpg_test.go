@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -23,7 +24,7 @@ func TestStartRefusesClusterOfAnotherVersion(t *testing.T) {
 	if binDir == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
-	major, err := majorVersion(binDir)
+	major, _, err := binariesVersion(binDir)
 	require.NoError(t, err)
 
 	dataDir := t.TempDir()
@@ -101,7 +102,7 @@ func TestStartTriesAnotherPortWhenOneIsTaken(t *testing.T) {
 		}
 		return pick(restarted)
 	}
-	srv := startInTempDir(t, Config{Template: true})
+	srv := startInTempDir(t, Config{})
 	defer srv.Stop()
 	require.Equal(t, 2, picked)
 	conn, err := pgx.Connect(context.Background(), srv.URL())
@@ -187,6 +188,145 @@ func TestATemplateFolderOthersCanWriteIsNotUsed(t *testing.T) {
 	conn, err := pgx.Connect(context.Background(), srv.URL())
 	require.NoError(t, err)
 	require.NoError(t, conn.Close(context.Background()))
+}
+
+// TestTheTemplateFolderMustBeOursAlone: the template folder is refused when others can
+// write to it, when it is a symbolic link, and when it is another user's.
+func TestTheTemplateFolderMustBeOursAlone(t *testing.T) {
+	tmp := openTempDir(t)
+	t.Setenv("TMPDIR", tmp)
+	folder := filepath.Join(tmp, fmt.Sprintf("opbroker-pg-templates-%d", os.Geteuid()))
+	dir, err := templateDir("/bin", "postgres (PostgreSQL) 15.20")
+	require.NoError(t, err, "a folder it makes itself")
+	require.Equal(t, folder, filepath.Dir(dir))
+
+	refused := func(why string) {
+		t.Helper()
+		_, err := templateDir("/bin", "postgres (PostgreSQL) 15.20")
+		require.ErrorContains(t, err, folder+" is not a folder of this user's alone", why)
+	}
+	require.NoError(t, os.Chmod(folder, 0o777))
+	refused("others can write to it")
+
+	require.NoError(t, os.Remove(folder))
+	ours := openTempDir(t)
+	require.NoError(t, os.Symlink(ours, folder))
+	refused("a symbolic link to a folder of ours")
+
+	if os.Geteuid() == 0 {
+		require.NoError(t, os.Remove(folder))
+		require.NoError(t, os.Mkdir(folder, 0o755))
+		runAs, err := serverOwner()
+		require.NoError(t, err)
+		require.NoError(t, os.Chown(folder, runAs.uid, runAs.gid))
+		refused("another user's")
+	}
+}
+
+// TestALostRaceForTheTemplateKeepsTheWinner: when another process made the template
+// first, the one made after it is removed and the first stays.
+func TestALostRaceForTheTemplateKeepsTheWinner(t *testing.T) {
+	binDir := InstalledBinaries()
+	if binDir == "" {
+		t.Skip("no installed PostgreSQL binaries")
+	}
+	t.Setenv("TMPDIR", openTempDir(t))
+	dir, err := templateDir(binDir, "race")
+	require.NoError(t, err)
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	winner := filepath.Join(dir, "PG_VERSION")
+	require.NoError(t, os.WriteFile(winner, []byte("the winner's"), 0o600))
+
+	initdb, runAs := initdbFor(t, binDir)
+	require.NoError(t, makeTemplate(dir, initdb, runAs))
+	b, err := os.ReadFile(winner)
+	require.NoError(t, err)
+	require.Equal(t, "the winner's", string(b))
+	entries, err := os.ReadDir(filepath.Dir(dir))
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "the scratch folder is removed")
+}
+
+// TestATemplateThatDoesNotStartIsReplaced: a template whose copy does not start (here a
+// setting PostgreSQL refuses) is removed, and the server starts on a cluster of its own
+// initdb.
+func TestATemplateThatDoesNotStartIsReplaced(t *testing.T) {
+	if InstalledBinaries() == "" {
+		t.Skip("no installed PostgreSQL binaries")
+	}
+	tmp := openTempDir(t)
+	t.Setenv("TMPDIR", tmp)
+	srv := startInTempDir(t, Config{Template: true})
+	require.NoError(t, srv.Stop())
+	templates, err := filepath.Glob(filepath.Join(tmp, "opbroker-pg-templates-*", "*", "postgresql.conf"))
+	require.NoError(t, err)
+	require.Len(t, templates, 1)
+	conf, err := os.OpenFile(templates[0], os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = conf.WriteString("no_such_setting = 1\n")
+	require.NoError(t, err)
+	require.NoError(t, conf.Close())
+
+	var log strings.Builder
+	srv = startInTempDir(t, Config{Template: true, Logger: &log})
+	defer srv.Stop()
+	require.Contains(t, log.String(), "embeddedpg: the server did not start on a copy of the template "+filepath.Dir(templates[0])+", which is removed; initdb runs")
+	require.NoDirExists(t, filepath.Dir(templates[0]))
+	conn, err := pgx.Connect(context.Background(), srv.URL())
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(context.Background()))
+}
+
+// TestAsRootTheCopyIsMadeAsTheServersUser: as root, the template is the server user's,
+// who could put in it a link to a file of root's; cp runs as that user, so what that
+// user cannot read is not copied.
+func TestAsRootTheCopyIsMadeAsTheServersUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only as root")
+	}
+	runAs, err := serverOwner()
+	require.NoError(t, err)
+	give := func(path string) {
+		t.Helper()
+		require.NoError(t, os.Chown(path, runAs.uid, runAs.gid))
+	}
+	template := filepath.Join(openTempDir(t), "template")
+	require.NoError(t, os.Mkdir(template, 0o700))
+	give(template)
+	require.NoError(t, os.WriteFile(filepath.Join(template, "PG_VERSION"), []byte("15\n"), 0o600))
+	give(filepath.Join(template, "PG_VERSION"))
+	roots := filepath.Join(template, "roots")
+	require.NoError(t, os.WriteFile(roots, []byte("root's alone"), 0o600))
+	pg := filepath.Join(openTempDir(t), "pg")
+	require.NoError(t, os.Mkdir(pg, 0o700))
+	give(pg)
+	pgData := filepath.Join(pg, "data")
+
+	require.ErrorContains(t, copyCluster(template, pgData, runAs), "Permission denied")
+	entries, err := os.ReadDir(pg)
+	require.NoError(t, err)
+	require.Empty(t, entries, "neither the cluster nor the unfinished copy is left")
+
+	require.NoError(t, os.Remove(roots))
+	require.NoError(t, copyCluster(template, pgData, runAs))
+	fi, err := os.Stat(filepath.Join(pgData, "PG_VERSION"))
+	require.NoError(t, err)
+	require.Equal(t, uint32(runAs.uid), fi.Sys().(*syscall.Stat_t).Uid)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+}
+
+// initdbFor returns the initdb that makes a template, and the user it runs as: as root,
+// the privilege-dropping wrapper and the server's user.
+func initdbFor(t *testing.T, binDir string) (string, *owner) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return filepath.Join(binDir, "bin", "initdb"), nil
+	}
+	runAs, err := serverOwner()
+	require.NoError(t, err)
+	wrappers, err := dropPrivileges(openTempDir(t), binDir, runAs)
+	require.NoError(t, err)
+	return filepath.Join(wrappers, "bin", "initdb"), runAs
 }
 
 // openTempDir returns a new folder in the temporary directory that every user can
