@@ -185,7 +185,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 			// A template that copies but does not start (damaged, or made by other
 			// binaries at the same path) would fail every start: drop it and the copy.
 			fmt.Fprintf(logger, "embeddedpg: the server did not start on a copy of the template %s, which is removed; initdb runs: %v\n", template, err)
-			if err := errors.Join(os.RemoveAll(template), os.RemoveAll(pgData)); err != nil {
+			if err := errors.Join(removeTemplate(template), os.RemoveAll(pgData)); err != nil {
 				return nil, fmt.Errorf("embeddedpg: %w", err)
 			}
 			cfg.Template = false

@@ -284,6 +284,7 @@ func TestAsRootTheCopyIsMadeAsTheServersUser(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("only as root")
 	}
+	t.Setenv("LC_ALL", "C") // cp's message, untranslated
 	runAs, err := serverOwner()
 	require.NoError(t, err)
 	give := func(path string) {
@@ -313,6 +314,23 @@ func TestAsRootTheCopyIsMadeAsTheServersUser(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint32(runAs.uid), fi.Sys().(*syscall.Stat_t).Uid)
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+}
+
+// TestACopyThatCannotTakeItsPlaceIsRemoved: when the cluster's folder is taken (not
+// empty), the copy made beside it is removed.
+func TestACopyThatCannotTakeItsPlaceIsRemoved(t *testing.T) {
+	template := filepath.Join(openTempDir(t), "template")
+	require.NoError(t, os.Mkdir(template, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(template, "PG_VERSION"), []byte("15\n"), 0o600))
+	pg := openTempDir(t)
+	pgData := filepath.Join(pg, "data")
+	require.NoError(t, os.Mkdir(pgData, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(pgData, "left"), nil, 0o600))
+
+	require.Error(t, copyCluster(template, pgData, nil))
+	entries, err := os.ReadDir(pg)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "only the folder that was there")
 }
 
 // initdbFor returns the initdb that makes a template, and the user it runs as: as root,

@@ -127,7 +127,24 @@ func copyCluster(dir, pgData string, runAs *owner) error {
 		os.RemoveAll(staging)
 		return fmt.Errorf("cp: %w: %s", err, out)
 	}
-	return os.Rename(staging, pgData)
+	if err := os.Rename(staging, pgData); err != nil {
+		os.RemoveAll(staging)
+		return err
+	}
+	return nil
+}
+
+// removeTemplate removes a template: renamed aside first, so that no process copies a
+// half-removed one.
+func removeTemplate(dir string) error {
+	dead := dir + ".removed-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := os.Rename(dir, dead); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // another process removed it
+		}
+		return err
+	}
+	return os.RemoveAll(dead)
 }
 
 // owner is an account that files are given.
