@@ -13,18 +13,18 @@ import (
 // serverUsers are the accounts tried, in order, to run PostgreSQL when we are root.
 var serverUsers = []string{"postgres", "nobody"}
 
-// dropPrivileges prepares wrappers that run initdb and pg_ctl from binDir as an
-// unprivileged user, hands that user the cluster's folder, and returns the directory to
-// use as the library's binaries path. The wrappers stay owned by root, so the server's
-// user cannot change what root executes.
-func dropPrivileges(dataDir, binDir string, server *owner) (string, error) {
+// dropPrivileges prepares wrappers that run initdb and pg_ctl from binDir as the
+// unprivileged user runAs, hands that user the cluster's folder, and returns the
+// directory to use as the library's binaries path. The wrappers stay owned by root, so
+// the server's user cannot change what root executes.
+func dropPrivileges(dataDir, binDir string, runAs *owner) (string, error) {
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
 		return "", errors.New("embeddedpg: running as root needs setpriv(1) (util-linux) to start PostgreSQL as an unprivileged user")
 	}
-	uid, gid := server.uid, server.gid
+	uid, gid := runAs.uid, runAs.gid
 	if err := reachable(dataDir); err != nil {
-		return "", fmt.Errorf("embeddedpg: PostgreSQL runs as %s, which cannot reach %s: %w; choose a data folder outside private directories (e.g. under /var/tmp)", server.name, dataDir, err)
+		return "", fmt.Errorf("embeddedpg: PostgreSQL runs as %s, which cannot reach %s: %w; choose a data folder outside private directories (e.g. under /var/tmp)", runAs.name, dataDir, err)
 	}
 
 	pgDir := filepath.Join(dataDir, "pg")

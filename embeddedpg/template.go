@@ -14,8 +14,8 @@ import (
 	"time"
 )
 
-// The credentials of every cluster: initdb is given them, and URL carries them. They
-// are the library's defaults, which its own initdb uses.
+// The credentials of every cluster: initdb is given them (the template's, or the
+// library's when it makes the cluster), and Server.URL carries them.
 const (
 	superuser = "postgres"
 	password  = "postgres"
@@ -26,8 +26,8 @@ const (
 // and kept in the temporary directory; it returns the template's folder. initdb costs
 // about a second of CPU; the copy a tenth of that. initdb is the tool that makes the
 // template: binDir's, or the privilege-dropping wrapper when we are root, and then runAs
-// is the server's user. That user owns the template and the copies, and as root we
-// never open a file in them: initdb and cp run as that user.
+// is the server's user. That user owns the template and the copies, and the copy does
+// not open their files with root's rights: initdb and cp run as that user.
 func seed(pgData, binDir, version, initdb string, runAs *owner) (string, error) {
 	dir, err := templateDir(binDir, version)
 	if err != nil {
