@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"maps"
 	"net"
 	"os"
@@ -141,13 +140,14 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		Password(password)
 
 	var version string
+	initialised := false // pgData holds a cluster; only known with installed binaries
 	if binDir != "" {
 		major, line, err := binariesVersion(binDir)
 		if err != nil {
 			return nil, err
 		}
 		version = line
-		if err := checkDataVersion(pgData, major); err != nil {
+		if initialised, err = checkDataVersion(pgData, major); err != nil {
 			return nil, err
 		}
 		epCfg = epCfg.Version(embeddedpostgres.PostgresVersion(fmt.Sprintf("%d.0.0", major))).BinariesPath(binDir)
@@ -172,10 +172,10 @@ func start(dataDir string, cfg Config) (*Server, error) {
 	}
 	stopOrphan(tools, pgData)
 	var template string // the template pgData is a copy of
-	if _, err := os.Stat(filepath.Join(pgData, "PG_VERSION")); cfg.Template && binDir != "" && errors.Is(err, fs.ErrNotExist) {
+	if cfg.Template && binDir != "" && !initialised {
+		var err error
 		if template, err = seed(pgData, binDir, version, filepath.Join(tools, "bin", "initdb"), runAs); err != nil {
 			fmt.Fprintf(logger, "embeddedpg: the template cluster was not used, initdb runs: %v\n", err)
-			template = ""
 		}
 	}
 
@@ -377,18 +377,18 @@ func binariesVersion(binDir string) (int, string, error) {
 	return major, strings.TrimSpace(string(out)), err
 }
 
-// checkDataVersion refuses an existing cluster of another major version: the library
-// would otherwise delete it and start afresh.
-func checkDataVersion(pgData string, major int) error {
+// checkDataVersion reports whether pgData holds a cluster, and refuses one of another
+// major version: the library would otherwise delete it and start afresh.
+func checkDataVersion(pgData string, major int) (bool, error) {
 	b, err := os.ReadFile(filepath.Join(pgData, "PG_VERSION"))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return fmt.Errorf("embeddedpg: %w", err)
+		return false, fmt.Errorf("embeddedpg: %w", err)
 	}
 	if have := strings.TrimSpace(string(b)); have != strconv.Itoa(major) {
-		return fmt.Errorf("embeddedpg: %s holds a PostgreSQL %s cluster but the binaries are version %d; use another data folder or matching binaries", pgData, have, major)
+		return true, fmt.Errorf("embeddedpg: %s holds a PostgreSQL %s cluster but the binaries are version %d; use another data folder or matching binaries", pgData, have, major)
 	}
-	return nil
+	return true, nil
 }

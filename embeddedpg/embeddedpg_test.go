@@ -38,14 +38,12 @@ func TestStartRefusesClusterOfAnotherVersion(t *testing.T) {
 	_, err = Start(context.Background(), Config{DataDir: dataDir, BinDir: binDir})
 	require.ErrorContains(t, err, "PostgreSQL 9 cluster")
 	require.FileExists(t, precious, "the existing cluster is left alone")
-	require.NoError(t, checkDataVersion(t.TempDir(), major), "an empty folder is fine")
+	_, err = checkDataVersion(t.TempDir(), major)
+	require.NoError(t, err, "an empty folder is fine")
 }
 
 func TestReachable(t *testing.T) {
-	open, err := os.MkdirTemp("", "embeddedpg-reachable-")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(open) })
-	require.NoError(t, os.Chmod(open, 0o755))
+	open := openTempDir(t)
 	require.NoError(t, reachable(open))
 
 	private := filepath.Join(open, "private")
@@ -105,9 +103,7 @@ func TestStartTriesAnotherPortWhenOneIsTaken(t *testing.T) {
 	srv := startInTempDir(t, Config{})
 	defer srv.Stop()
 	require.Equal(t, 2, picked)
-	conn, err := pgx.Connect(context.Background(), srv.URL())
-	require.NoError(t, err)
-	require.NoError(t, conn.Close(context.Background()))
+	requireServes(t, srv)
 }
 
 // TestPortTaken: both ways a start finds its port taken are told from other failures:
@@ -125,14 +121,18 @@ func TestPortTaken(t *testing.T) {
 // startInTempDir starts a server of cfg on a new data folder, removed after the test.
 func startInTempDir(t *testing.T, cfg Config) *Server {
 	t.Helper()
-	dataDir, err := os.MkdirTemp("", "embeddedpg-")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dataDir) })
-	require.NoError(t, os.Chmod(dataDir, 0o755)) // the server may run as another user
-	cfg.DataDir = dataDir
+	cfg.DataDir = openTempDir(t)
 	srv, err := Start(context.Background(), cfg)
 	require.NoError(t, err)
 	return srv
+}
+
+// requireServes checks that srv accepts a connection.
+func requireServes(t *testing.T, srv *Server) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), srv.URL())
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(context.Background()))
 }
 
 // TestNewClustersAreCopiesOfTheTemplate: with Template, initdb runs once and every new
@@ -185,9 +185,7 @@ func TestATemplateFolderOthersCanWriteIsNotUsed(t *testing.T) {
 	entries, err := os.ReadDir(folder)
 	require.NoError(t, err)
 	require.Empty(t, entries)
-	conn, err := pgx.Connect(context.Background(), srv.URL())
-	require.NoError(t, err)
-	require.NoError(t, conn.Close(context.Background()))
+	requireServes(t, srv)
 }
 
 // TestTheTemplateFolderMustBeOursAlone: the template folder is refused when others can
@@ -272,9 +270,7 @@ func TestATemplateThatDoesNotStartIsReplaced(t *testing.T) {
 	defer srv.Stop()
 	require.Contains(t, log.String(), "embeddedpg: the server did not start on a copy of the template "+filepath.Dir(templates[0])+", which is removed; initdb runs")
 	require.NoDirExists(t, filepath.Dir(templates[0]))
-	conn, err := pgx.Connect(context.Background(), srv.URL())
-	require.NoError(t, err)
-	require.NoError(t, conn.Close(context.Background()))
+	requireServes(t, srv)
 }
 
 // TestAsRootTheCopyIsMadeAsTheServersUser: as root, the template is the server user's,
@@ -351,7 +347,7 @@ func initdbFor(t *testing.T, binDir string) (string, *owner) {
 // search, as the server's user must when we are root.
 func openTempDir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "embeddedpg-tmp-")
+	dir, err := os.MkdirTemp("", "embeddedpg-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	require.NoError(t, os.Chmod(dir, 0o755))

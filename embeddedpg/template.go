@@ -23,7 +23,8 @@ const (
 
 // seed fills the new cluster folder pgData with a copy of a template cluster of the
 // binaries in binDir (version: their postgres --version), made by initdb the first time
-// and kept in the temporary directory; it returns the template's folder. initdb costs
+// and kept in the temporary directory; it returns the template's folder, or "" with an
+// error. initdb costs
 // about a second of CPU; the copy a tenth of that. initdb is the tool that makes the
 // template: binDir's, or the privilege-dropping wrapper when we are root, and then runAs
 // is the server's user. That user owns the template and the copies, and the copy does
@@ -38,7 +39,10 @@ func seed(pgData, binDir, version, initdb string, runAs *owner) (string, error) 
 			return "", err
 		}
 	}
-	return dir, copyCluster(dir, pgData, runAs)
+	if err := copyCluster(dir, pgData, runAs); err != nil {
+		return "", err
+	}
+	return dir, nil
 }
 
 // templateDir returns where the template of these binaries is kept: a folder of this
@@ -118,7 +122,7 @@ func copyCluster(dir, pgData string, runAs *owner) error {
 	if err := os.MkdirAll(filepath.Dir(pgData), 0o700); err != nil {
 		return err
 	}
-	staging := pgData + ".copy-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	staging := aside(pgData, "copy")
 	cp := exec.Command("cp", "-R", "-p", dir, staging)
 	if runAs != nil {
 		cp.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(runAs.uid), Gid: uint32(runAs.gid)}}
@@ -137,7 +141,7 @@ func copyCluster(dir, pgData string, runAs *owner) error {
 // removeTemplate removes a template: renamed aside first, so that no process copies a
 // half-removed one.
 func removeTemplate(dir string) error {
-	dead := dir + ".removed-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	dead := aside(dir, "removed")
 	if err := os.Rename(dir, dead); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil // another process removed it
@@ -145,6 +149,11 @@ func removeTemplate(dir string) error {
 		return err
 	}
 	return os.RemoveAll(dead)
+}
+
+// aside returns a new name beside path, for what is made or removed there.
+func aside(path, what string) string {
+	return path + "." + what + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 }
 
 // owner is an account that files are given.
