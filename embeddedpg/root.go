@@ -8,6 +8,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"syscall"
 )
 
 // serverUsers are the accounts tried, in order, to run PostgreSQL when we are root.
@@ -55,9 +56,9 @@ func dropPrivileges(dataDir, binDir string, runAs *owner) (string, error) {
 	return wrappers, nil
 }
 
-// serverOwner returns ServerUser as the owner of the server's files.
+// serverOwner returns serverUser as the owner of the server's files.
 func serverOwner() (*owner, error) {
-	u, err := ServerUser()
+	u, err := serverUser()
 	if err != nil {
 		return nil, err
 	}
@@ -72,9 +73,20 @@ func serverOwner() (*owner, error) {
 	return &owner{name: u.Username, uid: uid, gid: gid}, nil
 }
 
-// ServerUser returns the unprivileged account that runs PostgreSQL when we are root:
+// ServerCredential is the unprivileged account that runs PostgreSQL when we are root,
+// for a process of PostgreSQL's that another package starts as root (the formation's
+// Patroni nodes): the same account, and the same errors, as the embedded server's.
+func ServerCredential() (*syscall.Credential, error) {
+	o, err := serverOwner()
+	if err != nil {
+		return nil, err
+	}
+	return &syscall.Credential{Uid: uint32(o.uid), Gid: uint32(o.gid)}, nil
+}
+
+// serverUser returns the unprivileged account that runs PostgreSQL when we are root:
 // the first of postgres and nobody that exists.
-func ServerUser() (*user.User, error) {
+func serverUser() (*user.User, error) {
 	for _, name := range serverUsers {
 		if u, err := user.Lookup(name); err == nil && u.Uid != "0" {
 			return u, nil

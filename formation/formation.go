@@ -104,13 +104,9 @@ func Start(ctx context.Context, cfg Config) (*Formation, error) {
 		return nil, fmt.Errorf("formation: %w", err)
 	}
 	if os.Geteuid() == 0 { // PostgreSQL refuses to run as root
-		u, err := embeddedpg.ServerUser()
-		if err != nil {
+		if f.cred, err = embeddedpg.ServerCredential(); err != nil {
 			return nil, fmt.Errorf("formation: %w", err)
 		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		f.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
 	ports, err := loopback.Ports(2 + 2*cfg.Nodes)
 	if err != nil {
