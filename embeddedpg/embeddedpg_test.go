@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -243,6 +244,40 @@ func TestALostRaceForTheTemplateKeepsTheWinner(t *testing.T) {
 	entries, err := os.ReadDir(filepath.Dir(dir))
 	require.NoError(t, err)
 	require.Len(t, entries, 1, "the scratch folder is removed")
+}
+
+// TestLeftoversOfAKilledMakerAreRemoved: each new cluster made from a template removes
+// the scratch folders and templates renamed aside that a killed process left beside it,
+// once they are older than leftoverAge, and keeps what another process may still be
+// using. (The template here is a folder with a PG_VERSION: it is only copied.)
+func TestLeftoversOfAKilledMakerAreRemoved(t *testing.T) {
+	tmp := openTempDir(t)
+	t.Setenv("TMPDIR", tmp)
+	dir, err := templateDir("bin", "leftovers")
+	require.NoError(t, err)
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "PG_VERSION"), []byte("15\n"), 0o600))
+	old := []string{dir + ".new-killed", dir + ".removed-killed"}
+	for _, path := range append(old, dir+".other") {
+		require.NoError(t, os.MkdirAll(filepath.Join(path, "data"), 0o700))
+	}
+	time.Sleep(600 * time.Millisecond)
+	young := []string{dir + ".new-running", dir + ".removed-running"}
+	for _, path := range young {
+		require.NoError(t, os.Mkdir(path, 0o700))
+	}
+	defer func(age time.Duration) { leftoverAge = age }(leftoverAge)
+	leftoverAge = 300 * time.Millisecond
+
+	_, err = seed(filepath.Join(tmp, "cluster"), "bin", "leftovers", "no initdb", nil)
+	require.NoError(t, err)
+	require.FileExists(t, filepath.Join(tmp, "cluster", "PG_VERSION"))
+	for _, path := range old {
+		require.NoDirExists(t, path)
+	}
+	for _, path := range append(young, dir, dir+".other") {
+		require.DirExists(t, path)
+	}
 }
 
 // TestATemplateThatDoesNotStartIsReplaced: a template whose copy does not start (here a

@@ -34,6 +34,7 @@ func seed(pgData, binDir, version, initdb string, runAs *owner) (string, error) 
 	if err != nil {
 		return "", err
 	}
+	removeLeftovers(dir)
 	if _, err := os.Stat(filepath.Join(dir, "PG_VERSION")); err != nil {
 		if err := makeTemplate(dir, initdb, runAs); err != nil {
 			return "", err
@@ -113,6 +114,33 @@ func makeTemplate(dir, initdb string, runAs *owner) error {
 		}
 	}
 	return nil
+}
+
+// leftoverAge is how long a scratch or removed folder beside a template stays
+// unchanged before it is taken for a killed process's leftover: making or removing a
+// template takes seconds.
+var leftoverAge = time.Hour
+
+// removeLeftovers removes what a process killed while it made or removed the template
+// dir left beside it (a scratch folder of about 40 MB, or a template renamed aside),
+// once its status has not changed for leftoverAge (a rename changes it). It is best
+// effort: what cannot be removed now is tried again by the next template made.
+func removeLeftovers(dir string) {
+	entries, err := os.ReadDir(filepath.Dir(dir))
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, filepath.Base(dir)+".new-") && !strings.HasPrefix(name, filepath.Base(dir)+".removed-") {
+			continue
+		}
+		path := filepath.Join(filepath.Dir(dir), name)
+		var st syscall.Stat_t
+		if err := syscall.Lstat(path, &st); err == nil && time.Since(time.Unix(st.Ctim.Unix())) > leftoverAge {
+			os.RemoveAll(path)
+		}
+	}
 }
 
 // copyCluster copies the cluster dir to pgData with cp -R -p, which keeps every file's
