@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -247,9 +247,10 @@ func TestALostRaceForTheTemplateKeepsTheWinner(t *testing.T) {
 }
 
 // TestLeftoversOfAKilledMakerAreRemoved: each new cluster made from a template removes
-// the scratch folders and templates renamed aside that a killed process left beside it,
-// once they are older than leftoverAge, and keeps what another process may still be
-// using. (The template here is a folder with a PG_VERSION: it is only copied.)
+// the scratch folders and templates renamed aside that killed processes left in the
+// templates' folder, of any key, and keeps those a live process holds locked, anything
+// else, and what a link points to. (The template here is a folder with a PG_VERSION: it
+// is only copied.)
 func TestLeftoversOfAKilledMakerAreRemoved(t *testing.T) {
 	tmp := openTempDir(t)
 	t.Setenv("TMPDIR", tmp)
@@ -257,27 +258,65 @@ func TestLeftoversOfAKilledMakerAreRemoved(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.Mkdir(dir, 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "PG_VERSION"), []byte("15\n"), 0o600))
-	old := []string{dir + ".new-killed", dir + ".removed-killed"}
-	for _, path := range append(old, dir+".other") {
+	root := filepath.Dir(dir)
+	killed := []string{dir + ".new-killed", dir + ".removed-killed", filepath.Join(root, "0123456789abcdef.new-killed")}
+	live := []string{dir + ".new-live", dir + ".removed-live"}
+	for _, path := range append(append(killed, live...), dir+".other") {
 		require.NoError(t, os.MkdirAll(filepath.Join(path, "data"), 0o700))
 	}
-	time.Sleep(600 * time.Millisecond)
-	young := []string{dir + ".new-running", dir + ".removed-running"}
-	for _, path := range young {
-		require.NoError(t, os.Mkdir(path, 0o700))
+	for _, path := range live {
+		lock, err := lockFolder(path, false)
+		require.NoError(t, err)
+		defer lock.Close()
 	}
-	defer func(age time.Duration) { leftoverAge = age }(leftoverAge)
-	leftoverAge = 300 * time.Millisecond
+	outside := filepath.Join(tmp, "outside")
+	require.NoError(t, os.Mkdir(outside, 0o700))
+	require.NoError(t, os.Symlink(outside, dir+".new-link"))
 
 	_, err = seed(filepath.Join(tmp, "cluster"), "bin", "leftovers", "no initdb", nil)
 	require.NoError(t, err)
 	require.FileExists(t, filepath.Join(tmp, "cluster", "PG_VERSION"))
-	for _, path := range old {
+	for _, path := range killed {
 		require.NoDirExists(t, path)
 	}
-	for _, path := range append(young, dir, dir+".other") {
+	for _, path := range append(live, dir, dir+".other", outside) {
 		require.DirExists(t, path)
 	}
+}
+
+// TestAMakerLocksItsScratchFolder: while initdb runs, the scratch folder is locked, so
+// that another process's removeLeftovers leaves it. Here initdb is a script that exits
+// with flock(1)'s status for a lock of that folder without waiting.
+func TestAMakerLocksItsScratchFolder(t *testing.T) {
+	flock, err := exec.LookPath("flock")
+	if err != nil {
+		t.Skip("no flock(1)")
+	}
+	tmp := openTempDir(t)
+	t.Setenv("TMPDIR", tmp)
+	dir, err := templateDir("bin", "locked")
+	require.NoError(t, err)
+	initdb := filepath.Join(tmp, "initdb")
+	script := fmt.Sprintf("#!/bin/sh\n# -D is the sixth argument\nexec %s -n \"${6%%/*}\" true\n", flock)
+	require.NoError(t, os.WriteFile(initdb, []byte(script), 0o755))
+	require.ErrorContains(t, makeTemplate(dir, initdb, nil), "initdb: exit status 1")
+	entries, err := os.ReadDir(filepath.Dir(dir))
+	require.NoError(t, err)
+	require.Empty(t, entries, "the scratch folder is removed")
+}
+
+// TestATemplateBeingRemovedIsLeftToItsRemover: removeTemplate locks the template until
+// it is gone, so a second remover (or removeLeftovers) leaves it to the first.
+func TestATemplateBeingRemovedIsLeftToItsRemover(t *testing.T) {
+	dir := filepath.Join(openTempDir(t), "template")
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	lock, err := lockFolder(dir, false)
+	require.NoError(t, err)
+	require.NoError(t, removeTemplate(dir))
+	require.DirExists(t, dir, "left to the process that holds it")
+	require.NoError(t, lock.Close())
+	require.NoError(t, removeTemplate(dir))
+	require.NoDirExists(t, dir)
 }
 
 // TestATemplateThatDoesNotStartIsReplaced: a template whose copy does not start (here a

@@ -73,9 +73,10 @@ func serverOwner() (*owner, error) {
 	return &owner{name: u.Username, uid: uid, gid: gid}, nil
 }
 
-// ServerCredential is the unprivileged account that runs PostgreSQL when we are root,
-// for a process of PostgreSQL's that another package starts as root (the formation's
-// Patroni nodes): the same account, and the same errors, as the embedded server's.
+// ServerCredential returns the credential of the unprivileged account that runs
+// PostgreSQL when we are root, for the processes of PostgreSQL's that another package
+// starts as root (the formation's Patroni nodes): the same account, and the same
+// errors, as the embedded server's.
 func ServerCredential() (*syscall.Credential, error) {
 	o, err := serverOwner()
 	if err != nil {

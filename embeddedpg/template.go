@@ -34,7 +34,7 @@ func seed(pgData, binDir, version, initdb string, runAs *owner) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	removeLeftovers(dir)
+	removeLeftovers(filepath.Dir(dir))
 	if _, err := os.Stat(filepath.Join(dir, "PG_VERSION")); err != nil {
 		if err := makeTemplate(dir, initdb, runAs); err != nil {
 			return "", err
@@ -80,13 +80,22 @@ func templateDir(binDir, version string) (string, error) {
 // makeTemplate runs initdb into a scratch folder beside dir and renames the cluster to
 // dir, so that a template is whole or absent. Two processes may make one at once: the
 // first rename wins and the other's cluster is removed. The scratch folder is ours;
-// only the cluster's folder inside it is runAs's.
+// only the cluster's folder inside it is runAs's. It is locked while it is in use
+// (removeLeftovers).
 func makeTemplate(dir, initdb string, runAs *owner) error {
 	scratch, err := os.MkdirTemp(filepath.Dir(dir), filepath.Base(dir)+".new-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(scratch)
+	lock, err := lockFolder(scratch, true)
+	if err != nil {
+		os.RemoveAll(scratch)
+		return err
+	}
+	defer func() {
+		os.RemoveAll(scratch)
+		lock.Close()
+	}()
 	if err := os.Chmod(scratch, 0o755); err != nil {
 		return err
 	}
@@ -116,31 +125,49 @@ func makeTemplate(dir, initdb string, runAs *owner) error {
 	return nil
 }
 
-// leftoverAge is how long a scratch or removed folder beside a template stays
-// unchanged before it is taken for a killed process's leftover: making or removing a
-// template takes seconds.
-var leftoverAge = time.Hour
-
-// removeLeftovers removes what a process killed while it made or removed the template
-// dir left beside it (a scratch folder of about 40 MB, or a template renamed aside),
-// once its status has not changed for leftoverAge (a rename changes it). It is best
-// effort: what cannot be removed now is tried again by the next template made.
-func removeLeftovers(dir string) {
-	entries, err := os.ReadDir(filepath.Dir(dir))
+// removeLeftovers removes from the templates' folder root what a process killed while
+// it made or removed a template left there: a scratch folder (about 40 MB) or a
+// template renamed aside. A live process holds a lock on such a folder (lockFolder),
+// which the kernel releases however the process ends, so the folders that are not
+// locked are leftovers. Between making its scratch folder and locking it, a process
+// could lose it to this: its initdb then fails, and its server starts on a cluster of
+// its own initdb. It is best effort: what cannot be removed now is tried again at the
+// next cluster made from a template.
+func removeLeftovers(root string) {
+	entries, err := os.ReadDir(root)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasPrefix(name, filepath.Base(dir)+".new-") && !strings.HasPrefix(name, filepath.Base(dir)+".removed-") {
+		if name := e.Name(); !strings.Contains(name, ".new-") && !strings.Contains(name, ".removed-") {
 			continue
 		}
-		path := filepath.Join(filepath.Dir(dir), name)
-		var st syscall.Stat_t
-		if err := syscall.Lstat(path, &st); err == nil && time.Since(time.Unix(st.Ctim.Unix())) > leftoverAge {
-			os.RemoveAll(path)
+		path := filepath.Join(root, e.Name())
+		lock, err := lockFolder(path, false)
+		if err != nil {
+			continue // in use, gone, or not a folder
 		}
+		os.RemoveAll(path)
+		lock.Close()
 	}
+}
+
+// lockFolder takes an exclusive lock on the folder path (never a link to one), waiting
+// for it when wait is set. The lock lasts until the file is closed or the process ends.
+func lockFolder(path string, wait bool) (*os.File, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	how := syscall.LOCK_EX
+	if !wait {
+		how |= syscall.LOCK_NB
+	}
+	if err := syscall.Flock(fd, how); err != nil {
+		syscall.Close(fd)
+		return nil, &fs.PathError{Op: "flock", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 // copyCluster copies the cluster dir to pgData with cp -R -p, which keeps every file's
@@ -167,8 +194,17 @@ func copyCluster(dir, pgData string, runAs *owner) error {
 }
 
 // removeTemplate removes a template: renamed aside first, so that no process copies a
-// half-removed one.
+// half-removed one, and locked until it is gone (removeLeftovers). A template another
+// process is removing is left to it.
 func removeTemplate(dir string) error {
+	lock, err := lockFolder(dir, false)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil // another process removed it, or is removing it
+		}
+		return err
+	}
+	defer lock.Close()
 	dead := aside(dir, "removed")
 	if err := os.Rename(dir, dead); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
