@@ -507,8 +507,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	if !payload.Matches(op.ContentType, op.Payload, op.PayloadSHA256) {
 		log().Error("payload does not match its recorded hash; not sending")
 		replied()
-		d.record(contract, op, target.Result{Outcome: target.Rejected, Class: "PAYLOAD_INTEGRITY",
-			Summary: "the stored payload does not match its recorded hash; nothing was sent"})
+		d.refuse(contract, op, "PAYLOAD_INTEGRITY", "the stored payload does not match its recorded hash; nothing was sent")
 		return
 	}
 	if err := crashpoint.Hit(crashpoint.DispatchAfterClaim); err != nil {
@@ -522,8 +521,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		timeout = asOf.Add(*op.DeadlineLeft).Sub(d.cfg.Clock())
 		if timeout <= 0 {
 			replied()
-			d.record(contract, op, target.Result{Outcome: target.Rejected, Class: "DISPATCH_DEADLINE_PASSED",
-				Summary: "the dispatch deadline passed before the send; nothing was sent"})
+			d.refuse(contract, op, "DISPATCH_DEADLINE_PASSED", "the dispatch deadline passed before the send; nothing was sent")
 			return
 		}
 	}
@@ -642,6 +640,18 @@ func (d *Dispatcher) opLog(target string, op store.HeldLease) *slog.Logger {
 // mayHaveExecuted reports whether an earlier attempt of the claim's operation may have
 // taken effect: one was made that the target did not answer as not executed.
 func mayHaveExecuted(op store.Claimed) bool { return op.AttemptCount-1 > op.NotExecuted }
+
+// refuse records a claim the dispatcher will not send (class and summary say why):
+// FAILED_TERMINAL when no attempt can have executed, else UNKNOWN. A same-key replay
+// refused here says nothing of the attempts before it, which may have executed: it goes
+// back to the reconciler, as a replay's answer documented as not executed does.
+func (d *Dispatcher) refuse(contract *target.Contract, op store.Claimed, class, summary string) {
+	outcome := target.Rejected
+	if mayHaveExecuted(op) {
+		outcome, summary = target.Unknown, summary+" this time, but an earlier attempt may have executed"
+	}
+	d.record(contract, op, target.Result{Outcome: outcome, Class: class, Summary: summary})
+}
 
 // Resends after answers documented as not executed wait max(Retry-After, backoff), the
 // backoff doubling from minResendWait to maxResendWait with jitter; a Retry-After is

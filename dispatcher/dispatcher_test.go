@@ -650,6 +650,44 @@ func TestNoReplayOnceTheWindowClosed(t *testing.T) {
 	}
 }
 
+// TestARefusedReplayIsUnknown: a same-key replay that the dispatcher will not send
+// (its dispatch deadline passed while it waited, or its payload no longer matches its
+// hash) goes back to UNKNOWN, not FAILED_TERMINAL: the attempt before it may have
+// executed.
+func TestARefusedReplayIsUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	contract, ok := b.targets.ByName("demo-payments")
+	require.True(t, ok)
+	digest, err := payload.Hash("application/json", []byte(`{"amount":1}`))
+	require.NoError(t, err)
+	deadline := time.Now().Add(time.Minute)
+	late, _, err := b.store.AllTenants().Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: simtarget.DemoCharge,
+		IntentRef: "late-replay", ContentType: "application/json", Payload: []byte(`{"amount":1}`), PayloadSHA256: digest[:],
+		DispatchDeadline: &deadline, Actor: "test"})
+	require.NoError(t, err)
+	replay, asOf := b.replayClaim(t, late)
+	clock := clocktest.New(0)
+	clock.Advance(2 * time.Minute) // the replay waited past the deadline
+	b.dispatcher(t, dispatcher.Config{Clock: clock.Now}).Deliver(contract, replay, asOf)
+	got := b.get(t, late)
+	require.Equal(t, store.StateUnknown, got.State)
+	require.Equal(t, "DISPATCH_DEADLINE_PASSED", got.LastObservation.Outcome)
+	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, late)], "never sent")
+
+	corrupt := b.prepare(t, "acme", simtarget.DemoCharge, "corrupt-replay", `{"amount":1}`)
+	_, err = b.pool.Exec(b.ctx, `ALTER TABLE operations DISABLE TRIGGER operations_payload_guard;
+		UPDATE operations SET payload = '{"amount":999}' WHERE operation_id = '`+corrupt.ID.String()+`';
+		ALTER TABLE operations ENABLE TRIGGER operations_payload_guard`)
+	require.NoError(t, err)
+	replay, asOf = b.replayClaim(t, corrupt)
+	b.dispatcher(t, dispatcher.Config{}).Deliver(contract, replay, asOf)
+	got = b.get(t, corrupt)
+	require.Equal(t, store.StateUnknown, got.State)
+	require.Equal(t, "PAYLOAD_INTEGRITY", got.LastObservation.Outcome)
+	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, corrupt)], "never sent")
+}
+
 // TestClockSkewDoesNotStopSends: a dispatcher whose clock is ten seconds off the
 // database's sends a fresh claim under a short lease and a replay inside a short
 // window, as one in step does.
