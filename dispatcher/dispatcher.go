@@ -539,7 +539,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	// fence. A send now would be a second one under an old fence, which a provider that
 	// saves only successes executes again. (A process paused between this check and the
 	// write is caught only by a target that checks the fence header.)
-	margin := max(d.cfg.Lease/10, 100*time.Millisecond)
+	margin := d.margin()
 	if d.leases.end(lease).Sub(d.cfg.Clock()) < margin {
 		log().Warn("the lease is over or nearly before the send; not sending (the sweeper makes it UNKNOWN)")
 		return
@@ -636,6 +636,10 @@ func (d *Dispatcher) cutBeforeSend(contract *target.Contract, op store.Claimed, 
 func (d *Dispatcher) opLog(target string, op store.HeldLease) *slog.Logger {
 	return d.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.Fence, "target", target)
 }
+
+// margin is how long before its lease ends a claim stops being sent: a send that
+// starts later, and a call still running then, may overlap another holder's.
+func (d *Dispatcher) margin() time.Duration { return max(d.cfg.Lease/10, 100*time.Millisecond) }
 
 // mayHaveExecuted reports whether an earlier attempt of the claim's operation may have
 // taken effect: one was made that the target did not answer as not executed.

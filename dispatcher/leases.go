@@ -14,6 +14,13 @@ import (
 // is cut: its call ends (its outcome, a connection error, is recorded as evidence), or,
 // not yet started, it is never sent. A claim is held until its call returns.
 //
+// A call must end before its lease does, though the database may not answer at all:
+// another replica's sweeper makes the operation UNKNOWN once the lease is over, and its
+// reconciler may then ask the target while this request is still there. So an extension
+// has half of the keeper's period to answer, one that fails is tried again after a
+// quarter, and when one fails, every claim whose lease could end before the keeper's
+// next answer, with the send's margin to spare, is cut at once.
+//
 // The keeper, a goroutine, starts with the first claim held and returns at the first
 // tick that finds none held; once the dispatcher stopped (wait), as soon as none is
 // held. During a burn-down what is held empties between claims again and again, and a
@@ -130,6 +137,10 @@ func (ls *leases) resume() {
 func (ls *leases) keep(done chan struct{}) {
 	d := ls.d
 	every := d.cfg.Lease / 3
+	answer, retry := every/2, every/4
+	// After a failure the keeper decides again within retry and answer: a claim whose
+	// lease ends before then, and the margin, cannot wait for it.
+	cutWithin := retry + answer + d.margin()
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	for {
@@ -157,7 +168,7 @@ func (ls *leases) keep(done chan struct{}) {
 		}
 		ls.mu.Unlock()
 		asked := d.cfg.Clock()
-		ctx, cancel := context.WithTimeout(context.Background(), every)
+		ctx, cancel := context.WithTimeout(context.Background(), answer)
 		left, err := d.cfg.Store.AllTenants().ExtendLeases(ctx, held, d.cfg.Lease)
 		cancel()
 		ls.mu.Lock()
@@ -171,7 +182,7 @@ func (ls *leases) keep(done chan struct{}) {
 				d.opLog(l.target, l.op).Warn("fence lost while the claim was held; cutting its call")
 				l.lost = true
 				l.cut()
-			case l.expires.Sub(d.cfg.Clock()) < every:
+			case l.expires.Sub(d.cfg.Clock()) < cutWithin:
 				d.opLog(l.target, l.op).Warn("lease cannot be renewed before it expires; cutting its call", "error", err)
 				l.lost = true
 				l.cut()
@@ -180,8 +191,12 @@ func (ls *leases) keep(done chan struct{}) {
 			}
 		}
 		ls.mu.Unlock()
-		if retrying > 0 {
-			d.log.Warn("leases not extended; retrying", "claims", retrying, "error", err)
+		if err != nil {
+			if retrying > 0 {
+				d.log.Warn("leases not extended; retrying", "claims", retrying, "error", err)
+			}
+			timer.Reset(retry)
+			continue
 		}
 		timer.Reset(every)
 	}

@@ -1,6 +1,8 @@
 package dispatcher
 
 import (
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -8,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
 )
 
 // TestLeaseKeeperOutlivesGapsAndStopsOnWait checks the keeper's life: it does not return
@@ -76,4 +79,56 @@ func TestLeaseKeeperOutlivesGapsAndStopsOnWait(t *testing.T) {
 	ticking.drop(claim(ticking))
 	require.Eventually(t, func() bool { return !keeping(ticking) }, 5*time.Second, 10*time.Millisecond,
 		"the keeper returns at the first tick that finds nothing held")
+}
+
+// TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase: while the database does not
+// answer at all, every held claim is cut before its lease ends, whenever it was taken
+// between the keeper's ticks (another replica's sweeper may take the operation at the
+// lease's end, and its reconciler ask the target while a call still runs). The second
+// claim is taken half a period after the first, which started the keeper: a keeper that
+// decided again only a whole period after a failed extension cut it half a period
+// after its lease had ended.
+func TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase(t *testing.T) {
+	t.Parallel()
+	const length = 3 * time.Second
+	st, _, proxy := storetest.NewStoreBehindProxy(t)
+	proxy.Freeze()
+	t.Cleanup(proxy.Thaw)
+	ls := &leases{d: &Dispatcher{cfg: Config{Lease: length, Clock: time.Now, Store: st}, log: slog.New(slog.DiscardHandler)}}
+	var mu sync.Mutex
+	cutAt := map[int]time.Time{}
+	expires := map[int]time.Time{}
+	var held []*lease
+	hold := func(i int) {
+		op := store.Claimed{Operation: store.Operation{TenantID: "t", ID: uuid.New(), FenceToken: 1}}
+		mu.Lock()
+		expires[i] = time.Now().Add(length)
+		mu.Unlock()
+		held = append(held, ls.hold(op, "target", expires[i], func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if _, ok := cutAt[i]; !ok {
+				cutAt[i] = time.Now()
+			}
+		}))
+	}
+	defer func() { // the keeper returns once nothing is held
+		for _, l := range held {
+			ls.drop(l)
+		}
+		ls.wait()
+	}()
+	hold(0)
+	time.Sleep(length / 6) // half the keeper's period
+	hold(1)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(cutAt) == 2
+	}, 3*length, 10*time.Millisecond, "both claims are cut")
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range 2 {
+		require.True(t, cutAt[i].Before(expires[i]), "claim %d cut %s after its lease ended", i, cutAt[i].Sub(expires[i]))
+	}
 }
