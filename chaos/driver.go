@@ -102,6 +102,14 @@ func webhookFaultOf(i int) int {
 	return -1
 }
 
+// unclearNotification is the intent that is always a notification whose target makes
+// the effect and then resets the connection. The notification target has neither
+// idempotency keys nor a lookup, so the operation is escalated and the run's operator
+// resolves it: a short run must see that too, and the notifications the random
+// faults leave unclear are too few to count on (a run on a loaded machine had none).
+// It comes after the intents webhookFaultOf gives a fault.
+var unclearNotification = 2*len(simtarget.WebhookFaults) + 2
+
 func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i int) {
 	tenant := fmt.Sprintf("tenant-%d", hotTenant(rng, c.cfg.Tenants))
 	typ := []string{typeCharge, typeCharge, typeCharge, typeProvision, typeProvision, typeNotify, typeObject, typeObject}[rng.IntN(8)]
@@ -116,6 +124,10 @@ func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i i
 	if k := webhookFaultOf(i); k >= 0 { // each fault of the charge target's events, on a charge
 		typ, payload = typeCharge, fmt.Appendf(nil, `{"account":%q,"amount":%d,"order":%d,"sim":{"fault":%q,"webhook":%q}}`,
 			tenant, 1+rng.IntN(10000), i, simtarget.FaultLookupLag, simtarget.WebhookFaults[k])
+	}
+	if i == unclearNotification { // a notification left unclear: a person resolves it
+		typ, payload = typeNotify, fmt.Appendf(nil, `{"account":%q,"amount":1,"order":%d,"sim":{"fault":%q}}`,
+			tenant, i, simtarget.FaultCommitThenReset)
 	}
 	in := &intent{req: &opbrokerv1.PrepareOperationRequest{Tenant: tenant, OperationType: typ,
 		IntentRef: fmt.Sprintf("intent-%d", i), ContentType: "application/json", Payload: payload}}
