@@ -421,9 +421,9 @@ func (r *Responses) classify(resp *http.Response, body []byte, completion *Compl
 	res := Result{HTTPStatus: status, Sent: true}
 	for _, class := range r.Success {
 		if slices.Contains(class.Status, status) {
-			ref, ok := jsonPointerString(body, class.RemoteRef)
+			ref, ok := remoteRefAt(body, class.RemoteRef)
 			if !ok {
-				res.Class, res.Summary = ClassSuccessWithoutRef, fmt.Sprintf("status %d without the reference at %s", status, class.RemoteRef)
+				res.Class, res.Summary = ClassSuccessWithoutRef, fmt.Sprintf("status %d without a usable reference at %s", status, class.RemoteRef)
 				return res
 			}
 			res.RemoteRef = ref
@@ -556,7 +556,7 @@ func (c *Connector) Lookup(ctx context.Context, contract *Contract, remoteKey uu
 		res.Outcome, res.Summary = LookupNotFound, fmt.Sprintf("status %d: not found", resp.StatusCode)
 	case slices.Contains(l.Found.Status, resp.StatusCode):
 		res.Outcome = LookupFound
-		res.RemoteRef, _ = jsonPointerString(body, l.Found.RemoteRef)
+		res.RemoteRef, _ = remoteRefAt(body, l.Found.RemoteRef)
 		res.Matches, res.Summary = l.matches(body, remoteKey, approved)
 		if res.Matches {
 			var value string
@@ -576,8 +576,8 @@ func (l *Lookup) matches(object []byte, remoteKey uuid.UUID, approved []byte) (b
 	if key, ok := jsonPointerString(object, l.Found.Reference); !ok || key != remoteKey.String() {
 		return false, "found an object that does not carry this operation's reference"
 	}
-	if _, ok := jsonPointerString(object, l.Found.RemoteRef); !ok {
-		return false, "found an object without the target's reference"
+	if _, ok := remoteRefAt(object, l.Found.RemoteRef); !ok {
+		return false, "found an object without a usable reference of the target's"
 	}
 	if ok, why := fieldsMatch(object, approved, l.Match, "the found object"); !ok {
 		return false, why

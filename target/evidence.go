@@ -214,7 +214,7 @@ func (e *Evidence) Read(body []byte) (Event, error) {
 	if e.ReferenceKind == ReferenceRemoteRef {
 		ev.RemoteRef = ev.Reference
 	} else if e.RemoteRef != "" {
-		if ref, ok := jsonPointerString(body, e.RemoteRef); ok && len(ref) <= maxReference && !strings.ContainsFunc(ref, isControl) {
+		if ref, ok := remoteRefAt(body, e.RemoteRef); ok {
 			ev.RemoteRef = ref
 		}
 	}

@@ -23,6 +23,18 @@ func jsonPointerString(doc []byte, pointer string) (string, bool) {
 	return "", false
 }
 
+// remoteRefAt returns the target's reference at pointer in doc: a string or number of
+// at most maxReference bytes without control characters, or false. The ledger stores
+// and indexes it, and a statement that records a longer one (past what an index entry
+// holds) or one with a NUL fails, and with it every outcome recorded beside it.
+func remoteRefAt(doc []byte, pointer string) (string, bool) {
+	ref, ok := jsonPointerString(doc, pointer)
+	if !ok || len(ref) > maxReference || strings.ContainsFunc(ref, isControl) {
+		return "", false
+	}
+	return ref, true
+}
+
 // jsonPointer evaluates an RFC 6901 pointer in a JSON document. Numbers are json.Number
 // with useNumber, float64 otherwise.
 func jsonPointer(doc []byte, pointer string, useNumber bool) (any, bool) {
