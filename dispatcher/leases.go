@@ -16,16 +16,9 @@ import (
 //
 // A call must end before its lease does, though the database may not answer at all:
 // another replica's sweeper makes the operation UNKNOWN once the lease is over, and its
-// reconciler may then ask the target while this request is still there. So an extension
-// has half of the keeper's period to answer, one that fails is tried again after a
-// quarter, and when one fails, every claim whose lease could end before the keeper's
-// next answer, with the send's margin to spare, is cut at once.
-//
-// The keeper, a goroutine, starts with the first claim held and returns at the first
-// tick that finds none held; once the dispatcher stopped (wait), as soon as none is
-// held. During a burn-down what is held empties between claims again and again, and a
-// keeper that returned each time was started again for most operations (81,225 times
-// for 100,000, each a goroutine, a timer and a channel).
+// reconciler may then ask the target while this request is still there. So a claim is
+// cut once its lease is within the send's margin of its end, and the keeper never waits
+// on the database past that point (keep).
 type leases struct {
 	d *Dispatcher
 
@@ -63,6 +56,11 @@ func (ls *leases) hold(op store.Claimed, target string, expires time.Time, cut c
 		}
 		go ls.keep(ls.done)
 	}
+	if expires.Sub(ls.d.cfg.Clock()) < ls.d.cfg.Lease/3+ls.d.margin() {
+		// Held with less than a lease (its claim took long): it may reach its margin
+		// before the next tick, so the keeper extends the leases now.
+		ls.wakeKeeper()
+	}
 	return l
 }
 
@@ -78,8 +76,8 @@ func (ls *leases) drop(l *lease) {
 	}
 }
 
-// wakeKeeper has the running keeper, if any, look at once whether anything is held;
-// ls.mu is held.
+// wakeKeeper has the running keeper, if any, look at once: it returns if nothing is
+// held, and extends what is; ls.mu is held.
 func (ls *leases) wakeKeeper() {
 	if ls.done == nil {
 		return
@@ -134,44 +132,54 @@ func (ls *leases) resume() {
 
 // keep extends the held leases every third of a lease, until it finds none held; it
 // closes done when it returns.
+//
+// Each claim is cut once its lease is within the send's margin of its end, however the
+// database answers: the extension's statement is given until the earliest held lease
+// reaches that point (a third of a lease at most), and after a failure the keeper tries
+// again after a twelfth of a lease, or sooner when a lease reaches that point sooner.
 func (ls *leases) keep(done chan struct{}) {
 	d := ls.d
 	every := d.cfg.Lease / 3
-	answer, retry := every/2, every/4
-	// After a failure the keeper decides again within retry and answer: a claim whose
-	// lease ends before then, and the margin, cannot wait for it.
-	cutWithin := retry + answer + d.margin()
+	retry := every / 4
+	margin := d.margin()
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	for {
-		var tick bool
 		select {
 		case <-ls.wake:
 		case <-timer.C:
-			tick = true
 		}
 		ls.mu.Lock()
 		if ls.keeperDone(done) {
 			ls.mu.Unlock()
 			return
 		}
-		if !tick { // woken while something is still held: it is dropped later
-			ls.mu.Unlock()
-			continue
-		}
+		asked := d.cfg.Clock()
+		answer := every // until the earliest lease of the batch reaches its margin
 		batch := make([]*lease, 0, len(ls.held))
 		held := make([]store.HeldLease, 0, len(ls.held))
 		for _, l := range ls.held {
-			if !l.lost {
+			switch left := l.expires.Sub(asked); {
+			case l.lost:
+			case left <= margin:
+				d.opLog(l.target, l.op).Warn("lease cannot be renewed before it expires; cutting its call")
+				l.lost = true
+				l.cut()
+			default:
 				batch, held = append(batch, l), append(held, l.op)
+				answer = min(answer, left-margin)
 			}
 		}
 		ls.mu.Unlock()
-		asked := d.cfg.Clock()
+		if len(batch) == 0 {
+			timer.Reset(every)
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), answer)
 		left, err := d.cfg.Store.AllTenants().ExtendLeases(ctx, held, d.cfg.Lease)
 		cancel()
 		ls.mu.Lock()
+		now, next := d.cfg.Clock(), every
 		var retrying int
 		for _, l := range batch {
 			extended, ok := left[l.op.OperationKey]
@@ -182,22 +190,19 @@ func (ls *leases) keep(done chan struct{}) {
 				d.opLog(l.target, l.op).Warn("fence lost while the claim was held; cutting its call")
 				l.lost = true
 				l.cut()
-			case l.expires.Sub(d.cfg.Clock()) < cutWithin:
+			case l.expires.Sub(now) <= margin:
 				d.opLog(l.target, l.op).Warn("lease cannot be renewed before it expires; cutting its call", "error", err)
 				l.lost = true
 				l.cut()
 			default:
 				retrying++
+				next = min(next, retry, l.expires.Sub(now)-margin)
 			}
 		}
 		ls.mu.Unlock()
-		if err != nil {
-			if retrying > 0 {
-				d.log.Warn("leases not extended; retrying", "claims", retrying, "error", err)
-			}
-			timer.Reset(retry)
-			continue
+		if retrying > 0 {
+			d.log.Warn("leases not extended; retrying", "claims", retrying, "error", err)
 		}
-		timer.Reset(every)
+		timer.Reset(next)
 	}
 }

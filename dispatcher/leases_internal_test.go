@@ -83,11 +83,12 @@ func TestLeaseKeeperOutlivesGapsAndStopsOnWait(t *testing.T) {
 
 // TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase: while the database does not
 // answer at all, every held claim is cut before its lease ends, whenever it was taken
-// between the keeper's ticks (another replica's sweeper may take the operation at the
-// lease's end, and its reconciler ask the target while a call still runs). The second
-// claim is taken half a period after the first, which started the keeper: a keeper that
-// decided again only a whole period after a failed extension cut it half a period
-// after its lease had ended.
+// (another replica's sweeper may take the operation at the lease's end, and its
+// reconciler ask the target while a call still runs). The second claim is taken half a
+// period after the first, which started the keeper: a keeper that decided again only a
+// whole period after a failed extension cut it half a period after its lease had
+// ended. The third is held with an eighth of a lease left (its claim took long), less
+// than the time to the keeper's next tick.
 func TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase(t *testing.T) {
 	t.Parallel()
 	const length = 3 * time.Second
@@ -99,10 +100,10 @@ func TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase(t *testing.T) {
 	cutAt := map[int]time.Time{}
 	expires := map[int]time.Time{}
 	var held []*lease
-	hold := func(i int) {
+	hold := func(i int, left time.Duration) {
 		op := store.Claimed{Operation: store.Operation{TenantID: "t", ID: uuid.New(), FenceToken: 1}}
 		mu.Lock()
-		expires[i] = time.Now().Add(length)
+		expires[i] = time.Now().Add(left)
 		mu.Unlock()
 		held = append(held, ls.hold(op, "target", expires[i], func() {
 			mu.Lock()
@@ -118,17 +119,18 @@ func TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase(t *testing.T) {
 		}
 		ls.wait()
 	}()
-	hold(0)
+	hold(0, length)
 	time.Sleep(length / 6) // half the keeper's period
-	hold(1)
+	hold(1, length)
+	hold(2, length/8)
 	require.Eventually(t, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(cutAt) == 2
-	}, 3*length, 10*time.Millisecond, "both claims are cut")
+		return len(cutAt) == 3
+	}, 3*length, 10*time.Millisecond, "every claim is cut")
 	mu.Lock()
 	defer mu.Unlock()
-	for i := range 2 {
+	for i := range 3 {
 		require.True(t, cutAt[i].Before(expires[i]), "claim %d cut %s after its lease ended", i, cutAt[i].Sub(expires[i]))
 	}
 }
