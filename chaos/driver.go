@@ -107,7 +107,8 @@ func webhookFaultOf(i int) int {
 // idempotency keys nor a lookup, so the operation is escalated and the run's operator
 // resolves it: a short run must see that too, and the notifications the random
 // faults leave unclear are too few to count on (a run on a loaded machine had none).
-// It comes after the intents webhookFaultOf gives a fault.
+// It comes after the intents webhookFaultOf gives a fault. The intent after it is
+// always probed by another tenant, for the same reason (a short run once had none).
 var unclearNotification = 2*len(simtarget.WebhookFaults) + 2
 
 func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i int) {
@@ -156,8 +157,9 @@ func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i i
 		_ = c.prepare(ctx, rng, h, repeat)
 	}
 	// An amendment of the acknowledged operation; the first round's ninth intent always
-	// has one, so that a short run has one too.
-	if rng.IntN(20) == 0 || i == len(simtarget.WebhookFaults)+1 {
+	// has one, so that a short run has one too, and the unclear notification never has
+	// one, which could cancel it before its send.
+	if rng.IntN(20) == 0 && i != unclearNotification || i == len(simtarget.WebhookFaults)+1 {
 		amend := &intent{req: cloneRequest(in.req)}
 		amend.req.IntentRef += "-amend"
 		amend.req.Supersedes = name
@@ -165,7 +167,7 @@ func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i i
 		h.add(amend)
 		c.amend(ctx, rng, h, amend)
 	}
-	if rng.IntN(10) == 0 {
+	if rng.IntN(10) == 0 || i == unclearNotification+1 { // the intent after it always
 		c.probe(ctx, rng, h, tenant, name)
 	}
 }
@@ -321,9 +323,12 @@ func (c *cluster) as(ctx context.Context, tenant string) context.Context {
 // asked again, of a replica chosen again, as a client does, for up to probePatience: a
 // short run whose faults came thick must still have probes answered.
 func (c *cluster) probe(ctx context.Context, rng *rand.Rand, h *history, tenant, name string) {
-	other := fmt.Sprintf("tenant-%d", rng.IntN(c.cfg.Tenants))
-	if other == tenant {
+	if c.cfg.Tenants < 2 {
 		return
+	}
+	other := tenant
+	for other == tenant {
+		other = fmt.Sprintf("tenant-%d", rng.IntN(c.cfg.Tenants))
 	}
 	id := name[len("tenants/"+tenant+"/operations/"):]
 	checks := []struct {
