@@ -10,15 +10,22 @@ import (
 
 // leases keeps the leases of the claims a dispatcher holds, waiting for a slot or being
 // sent, ahead of their expiry: every third of a lease, one statement extends them all.
-// A claim whose fence was lost, or whose lease cannot be renewed before it runs out,
-// is cut: its call ends (its outcome, a connection error, is recorded as evidence), or,
-// not yet started, it is never sent. A claim is held until its call returns.
+// A claim whose fence was lost, or whose lease was not renewed in time, is cut: its call
+// ends (its outcome, a connection error, is recorded as evidence), or, not yet started,
+// it is never sent. A claim is held until its call returns.
 //
 // A call must end before its lease does, though the database may not answer at all:
 // another replica's sweeper makes the operation UNKNOWN once the lease is over, and its
-// reconciler may then ask the target while this request is still there. So a claim is
-// cut once its lease is within the send's margin of its end, and the keeper never waits
-// on the database past that point (keep).
+// reconciler may then ask the target while this request is still there. So each held
+// claim has a timer of its own, at its lease's end less the send's margin, which cuts it
+// unless the keeper extended its lease meanwhile (then the timer waits for the new
+// end). The keeper's statement, however long it takes, never delays a cut.
+//
+// The keeper, a goroutine, starts with the first claim held and returns at the first
+// tick that finds none held; once the dispatcher stopped (wait), as soon as none is
+// held. During a burn-down what is held empties between claims again and again, and a
+// keeper that returned each time was started again for most operations (81,225 times
+// for 100,000, each a goroutine, a timer and a channel).
 type leases struct {
 	d *Dispatcher
 
@@ -35,7 +42,8 @@ type lease struct {
 	target  string
 	expires time.Time // by the dispatcher's clock; guarded by leases.mu
 	cut     context.CancelFunc
-	lost    bool // cut already; guarded by leases.mu
+	lost    bool        // cut already; guarded by leases.mu
+	timer   *time.Timer // cuts the claim at expires less the margin (expire)
 }
 
 // hold keeps the claim's lease, which ends at expires on the dispatcher's clock, until
@@ -49,17 +57,13 @@ func (ls *leases) hold(op store.Claimed, target string, expires time.Time, cut c
 		ls.held = map[store.OperationKey]*lease{}
 	}
 	ls.held[l.op.OperationKey] = l
+	l.timer = time.AfterFunc(ls.untilCut(l), func() { ls.expire(l) })
 	if ls.done == nil {
 		ls.done = make(chan struct{})
 		if ls.wake == nil {
 			ls.wake = make(chan struct{}, 1)
 		}
 		go ls.keep(ls.done)
-	}
-	if expires.Sub(ls.d.cfg.Clock()) < ls.d.cfg.Lease/3+ls.d.margin() {
-		// Held with less than a lease (its claim took long): it may reach its margin
-		// before the next tick, so the keeper extends the leases now.
-		ls.wakeKeeper()
 	}
 	return l
 }
@@ -71,13 +75,37 @@ func (ls *leases) drop(l *lease) {
 	if ls.held[l.op.OperationKey] == l {
 		delete(ls.held, l.op.OperationKey)
 	}
+	l.timer.Stop()
 	if len(ls.held) == 0 && ls.stopped {
 		ls.wakeKeeper()
 	}
 }
 
-// wakeKeeper has the running keeper, if any, look at once: it returns if nothing is
-// held, and extends what is; ls.mu is held.
+// untilCut is how long until l is cut, unless its lease is extended: its lease's end
+// less the send's margin; ls.mu is held.
+func (ls *leases) untilCut(l *lease) time.Duration {
+	return l.expires.Sub(ls.d.cfg.Clock()) - ls.d.margin()
+}
+
+// expire is l's timer: it cuts l, still held and not extended since the timer was set,
+// or sets the timer again for its lease's new end.
+func (ls *leases) expire(l *lease) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.held[l.op.OperationKey] != l || l.lost {
+		return
+	}
+	if left := ls.untilCut(l); left > 0 {
+		l.timer.Reset(left)
+		return
+	}
+	ls.d.opLog(l.target, l.op).Warn("lease not renewed before it nears its end; cutting its call")
+	l.lost = true
+	l.cut()
+}
+
+// wakeKeeper has the running keeper, if any, look at once whether anything is held;
+// ls.mu is held.
 func (ls *leases) wakeKeeper() {
 	if ls.done == nil {
 		return
@@ -132,77 +160,59 @@ func (ls *leases) resume() {
 
 // keep extends the held leases every third of a lease, until it finds none held; it
 // closes done when it returns.
-//
-// Each claim is cut once its lease is within the send's margin of its end, however the
-// database answers: the extension's statement is given until the earliest held lease
-// reaches that point (a third of a lease at most), and after a failure the keeper tries
-// again after a twelfth of a lease, or sooner when a lease reaches that point sooner.
 func (ls *leases) keep(done chan struct{}) {
 	d := ls.d
 	every := d.cfg.Lease / 3
-	retry := every / 4
-	margin := d.margin()
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	for {
+		var tick bool
 		select {
 		case <-ls.wake:
 		case <-timer.C:
+			tick = true
 		}
 		ls.mu.Lock()
 		if ls.keeperDone(done) {
 			ls.mu.Unlock()
 			return
 		}
-		asked := d.cfg.Clock()
-		answer := every // until the earliest lease of the batch reaches its margin
+		if !tick { // woken while something is still held: it is dropped later
+			ls.mu.Unlock()
+			continue
+		}
 		batch := make([]*lease, 0, len(ls.held))
 		held := make([]store.HeldLease, 0, len(ls.held))
 		for _, l := range ls.held {
-			switch left := l.expires.Sub(asked); {
-			case l.lost:
-			case left <= margin:
-				d.opLog(l.target, l.op).Warn("lease cannot be renewed before it expires; cutting its call")
-				l.lost = true
-				l.cut()
-			default:
+			if !l.lost {
 				batch, held = append(batch, l), append(held, l.op)
-				answer = min(answer, left-margin)
 			}
 		}
 		ls.mu.Unlock()
-		if len(batch) == 0 {
-			timer.Reset(every)
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), answer)
+		asked := d.cfg.Clock()
+		ctx, cancel := context.WithTimeout(context.Background(), every)
 		left, err := d.cfg.Store.AllTenants().ExtendLeases(ctx, held, d.cfg.Lease)
 		cancel()
 		ls.mu.Lock()
-		now, next := d.cfg.Clock(), every
-		var retrying int
 		for _, l := range batch {
 			extended, ok := left[l.op.OperationKey]
 			switch {
-			case err == nil && ok:
-				l.expires = asked.Add(extended)
-			case err == nil:
+			case err != nil || l.lost:
+			case ok:
+				l.expires = asked.Add(extended) // its timer waits for the new end
+			default:
 				d.opLog(l.target, l.op).Warn("fence lost while the claim was held; cutting its call")
 				l.lost = true
 				l.cut()
-			case l.expires.Sub(now) <= margin:
-				d.opLog(l.target, l.op).Warn("lease cannot be renewed before it expires; cutting its call", "error", err)
-				l.lost = true
-				l.cut()
-			default:
-				retrying++
-				next = min(next, retry, l.expires.Sub(now)-margin)
 			}
 		}
 		ls.mu.Unlock()
-		if retrying > 0 {
-			d.log.Warn("leases not extended; retrying", "claims", retrying, "error", err)
+		if err != nil {
+			// Each claim's timer cuts it if no extension comes in time; try again soon.
+			d.log.Warn("leases not extended; retrying", "claims", len(batch), "error", err)
+			timer.Reset(every / 4)
+			continue
 		}
-		timer.Reset(next)
+		timer.Reset(every)
 	}
 }

@@ -87,8 +87,9 @@ func TestLeaseKeeperOutlivesGapsAndStopsOnWait(t *testing.T) {
 // reconciler ask the target while a call still runs). The second claim is taken half a
 // period after the first, which started the keeper: a keeper that decided again only a
 // whole period after a failed extension cut it half a period after its lease had
-// ended. The third is held with an eighth of a lease left (its claim took long), less
-// than the time to the keeper's next tick.
+// ended. The third is taken while the keeper's first statement waits on the database,
+// with an eighth of a lease left (its claim took long): a keeper that cut claims only
+// between its statements cut it after its lease had ended.
 func TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase(t *testing.T) {
 	t.Parallel()
 	const length = 3 * time.Second
@@ -122,6 +123,7 @@ func TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase(t *testing.T) {
 	hold(0, length)
 	time.Sleep(length / 6) // half the keeper's period
 	hold(1, length)
+	time.Sleep(length/6 + 50*time.Millisecond) // the keeper's first statement is waiting
 	hold(2, length/8)
 	require.Eventually(t, func() bool {
 		mu.Lock()
