@@ -43,6 +43,7 @@ type lease struct {
 	expires time.Time // by the dispatcher's clock; guarded by leases.mu
 	cut     context.CancelFunc
 	lost    bool        // cut already; guarded by leases.mu
+	dropped bool        // no longer held; guarded by leases.mu
 	timer   *time.Timer // cuts the claim at expires less the margin (expire)
 }
 
@@ -75,6 +76,7 @@ func (ls *leases) drop(l *lease) {
 	if ls.held[l.op.OperationKey] == l {
 		delete(ls.held, l.op.OperationKey)
 	}
+	l.dropped = true
 	l.timer.Stop()
 	if len(ls.held) == 0 && ls.stopped {
 		ls.wakeKeeper()
@@ -88,20 +90,23 @@ func (ls *leases) untilCut(l *lease) time.Duration {
 }
 
 // expire is l's timer: it cuts l, still held and not extended since the timer was set,
-// or sets the timer again for its lease's new end.
+// or sets the timer again for its lease's new end. (A claim of an operation whose
+// newer claim took its place among the held is still cut by its own timer.)
 func (ls *leases) expire(l *lease) {
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.held[l.op.OperationKey] != l || l.lost {
+	if l.dropped || l.lost {
+		ls.mu.Unlock()
 		return
 	}
 	if left := ls.untilCut(l); left > 0 {
 		l.timer.Reset(left)
+		ls.mu.Unlock()
 		return
 	}
-	ls.d.opLog(l.target, l.op).Warn("lease not renewed before it nears its end; cutting its call")
 	l.lost = true
 	l.cut()
+	ls.mu.Unlock() // logged after: in an outage every held claim comes here
+	ls.d.opLog(l.target, l.op).Warn("lease not renewed before it nears its end; cutting its call")
 }
 
 // wakeKeeper has the running keeper, if any, look at once whether anything is held;
@@ -189,7 +194,7 @@ func (ls *leases) keep(done chan struct{}) {
 			}
 		}
 		ls.mu.Unlock()
-		asked := d.cfg.Clock()
+		asked, started := d.cfg.Clock(), time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), every)
 		left, err := d.cfg.Store.AllTenants().ExtendLeases(ctx, held, d.cfg.Lease)
 		cancel()
@@ -213,6 +218,8 @@ func (ls *leases) keep(done chan struct{}) {
 			timer.Reset(every / 4)
 			continue
 		}
-		timer.Reset(every)
+		// The next a period after this one began, so a slow statement does not push back
+		// the claims it did not carry, whose timers run meanwhile.
+		timer.Reset(max(every-time.Since(started), 0))
 	}
 }

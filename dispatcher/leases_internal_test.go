@@ -136,3 +136,27 @@ func TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase(t *testing.T) {
 		require.True(t, cutAt[i].Before(expires[i]), "claim %d cut %s after its lease ended", i, cutAt[i].Sub(expires[i]))
 	}
 }
+
+// TestAClaimReplacedAmongTheHeldIsStillCut: a claim whose operation was claimed again
+// under a newer fence (the newer one takes its place among the held) is still cut by
+// its own timer, though the keeper no longer extends it.
+func TestAClaimReplacedAmongTheHeldIsStillCut(t *testing.T) {
+	t.Parallel()
+	// A lease of 3 s: the keeper's first tick, which would need a store, comes after
+	// the test has dropped both claims.
+	ls := &leases{d: &Dispatcher{cfg: Config{Lease: 3 * time.Second, Clock: time.Now}, log: slog.New(slog.DiscardHandler)}}
+	id := uuid.New()
+	cut := make(chan struct{})
+	older := ls.hold(store.Claimed{Operation: store.Operation{TenantID: "t", ID: id, FenceToken: 1}}, "target",
+		time.Now().Add(500*time.Millisecond), func() { close(cut) })
+	newer := ls.hold(store.Claimed{Operation: store.Operation{TenantID: "t", ID: id, FenceToken: 2}}, "target",
+		time.Now().Add(3*time.Second), func() {})
+	select {
+	case <-cut:
+	case <-time.After(900 * time.Millisecond):
+		t.Error("the older claim was not cut")
+	}
+	ls.drop(older)
+	ls.drop(newer)
+	ls.wait()
+}
