@@ -167,7 +167,7 @@ func (c *cluster) runIntent(ctx context.Context, rng *rand.Rand, h *history, i i
 		h.add(amend)
 		c.amend(ctx, rng, h, amend)
 	}
-	if rng.IntN(10) == 0 || i == unclearNotification+1 { // the intent after it always
+	if rng.IntN(10) == 0 || i == unclearNotification+1 { // always the one after the notification
 		c.probe(ctx, rng, h, tenant, name)
 	}
 }
