@@ -22,7 +22,7 @@ func TestLeaseKeeperOutlivesGapsAndStopsOnWait(t *testing.T) {
 	t.Parallel()
 	newLeases := func(lease time.Duration) *leases {
 		// No store: a tick that finds nothing held returns before it would extend.
-		return &leases{d: &Dispatcher{cfg: Config{Lease: lease, Clock: time.Now}}}
+		return testLeases(lease, nil)
 	}
 	claim := func(ls *leases) *lease {
 		op := store.Claimed{Operation: store.Operation{TenantID: "t", ID: uuid.New(), FenceToken: 1}}
@@ -96,7 +96,7 @@ func TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase(t *testing.T) {
 	st, _, proxy := storetest.NewStoreBehindProxy(t)
 	proxy.Freeze()
 	t.Cleanup(proxy.Thaw)
-	ls := &leases{d: &Dispatcher{cfg: Config{Lease: length, Clock: time.Now, Store: st}, log: slog.New(slog.DiscardHandler)}}
+	ls := testLeases(length, st)
 	var mu sync.Mutex
 	cutAt := map[int]time.Time{}
 	expires := map[int]time.Time{}
@@ -144,7 +144,7 @@ func TestAClaimReplacedAmongTheHeldIsStillCut(t *testing.T) {
 	t.Parallel()
 	// A lease of 3 s: the keeper's first tick, which would need a store, comes after
 	// the test has dropped both claims.
-	ls := &leases{d: &Dispatcher{cfg: Config{Lease: 3 * time.Second, Clock: time.Now}, log: slog.New(slog.DiscardHandler)}}
+	ls := testLeases(3*time.Second, nil)
 	id := uuid.New()
 	cut := make(chan struct{})
 	older := ls.hold(store.Claimed{Operation: store.Operation{TenantID: "t", ID: id, FenceToken: 1}}, "target",
@@ -159,4 +159,10 @@ func TestAClaimReplacedAmongTheHeldIsStillCut(t *testing.T) {
 	ls.drop(older)
 	ls.drop(newer)
 	ls.wait()
+}
+
+// testLeases is the leases of a dispatcher with only a lease, the real clock, the store
+// st (nil: a test whose keeper must not reach its first extension) and a silent log.
+func testLeases(lease time.Duration, st *store.Store) *leases {
+	return &leases{d: &Dispatcher{cfg: Config{Lease: lease, Clock: time.Now, Store: st}, log: slog.New(slog.DiscardHandler)}}
 }

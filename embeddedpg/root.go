@@ -82,7 +82,7 @@ func ServerCredential() (*syscall.Credential, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &syscall.Credential{Uid: uint32(o.uid), Gid: uint32(o.gid)}, nil
+	return o.credential(), nil
 }
 
 // serverUser returns the unprivileged account that runs PostgreSQL when we are root:

@@ -180,7 +180,7 @@ func copyCluster(dir, pgData string, runAs *owner) error {
 	staging := aside(pgData, "copy")
 	cp := exec.Command("cp", "-R", "-p", dir, staging)
 	if runAs != nil {
-		cp.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(runAs.uid), Gid: uint32(runAs.gid)}}
+		cp.SysProcAttr = &syscall.SysProcAttr{Credential: runAs.credential()}
 	}
 	if out, err := cp.CombinedOutput(); err != nil {
 		os.RemoveAll(staging)
@@ -224,4 +224,9 @@ func aside(path, what string) string {
 type owner struct {
 	name     string
 	uid, gid int
+}
+
+// credential is the owner's, for a process run as it.
+func (o *owner) credential() *syscall.Credential {
+	return &syscall.Credential{Uid: uint32(o.uid), Gid: uint32(o.gid)}
 }

@@ -296,11 +296,9 @@ func TestConditionalSend(t *testing.T) {
 // the same batch.
 func TestAnUnusableReferenceIsNoReference(t *testing.T) {
 	t.Parallel()
-	for name, id := range map[string]string{
-		"too long": `"` + strings.Repeat("x", 513) + `"`,
-		"NUL":      `"ch_\u0000"`,
-		"newline":  `"ch_\n"`,
-	} {
+	// sendAndLook sends to a target whose answers and found objects carry id (JSON) as
+	// their reference, and looks the operation up.
+	sendAndLook := func(id string) (target.Result, target.LookupResult) {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write([]byte(`{"id":` + id + `,"reference":"` + r.URL.Query().Get("reference") + `","request":{"amount":1}}`))
@@ -311,26 +309,23 @@ func TestAnUnusableReferenceIsNoReference(t *testing.T) {
 		contract, _ := targets.ForType(simtarget.DemoCharge)
 		key := uuid.New()
 		res := send(t, target.NewConnector(), targets, simtarget.DemoCharge, key, `{"amount":1}`)
+		return res, target.NewConnector().Lookup(context.Background(), contract, key, []byte(`{"amount":1}`))
+	}
+	for name, id := range map[string]string{
+		"too long": `"` + strings.Repeat("x", 513) + `"`,
+		"NUL":      `"ch_\u0000"`,
+		"newline":  `"ch_\n"`,
+	} {
+		res, found := sendAndLook(id)
 		require.Equal(t, target.Unknown, res.Outcome, name)
 		require.Equal(t, target.ClassSuccessWithoutRef, res.Class, name)
 		require.Empty(t, res.RemoteRef, name)
-		found := target.NewConnector().Lookup(context.Background(), contract, key, []byte(`{"amount":1}`))
 		require.False(t, found.Matches, "%s: %s", name, found.Summary)
 		require.Empty(t, found.RemoteRef, name)
 	}
 	longest := strings.Repeat("x", 512)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"id":"` + longest + `","reference":"` + r.URL.Query().Get("reference") + `","request":{"amount":1}}`))
-	}))
-	t.Cleanup(srv.Close)
-	targets, err := target.New(simtarget.DemoContracts(srv.URL)...)
-	require.NoError(t, err)
-	contract, _ := targets.ForType(simtarget.DemoCharge)
-	key := uuid.New()
-	res := send(t, target.NewConnector(), targets, simtarget.DemoCharge, key, `{"amount":1}`)
+	res, found := sendAndLook(`"` + longest + `"`)
 	require.Equal(t, target.Succeeded, res.Outcome, "512 bytes is a reference: %s", res.Summary)
-	found := target.NewConnector().Lookup(context.Background(), contract, key, []byte(`{"amount":1}`))
 	require.True(t, found.Matches, found.Summary)
 	require.Equal(t, longest, found.RemoteRef)
 }
