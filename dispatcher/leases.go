@@ -9,7 +9,9 @@ import (
 )
 
 // leases keeps the leases of the claims a dispatcher holds, waiting for a slot or being
-// sent, ahead of their expiry: every third of a lease, one statement extends them all.
+// sent, ahead of their expiry: every third of a lease, one statement extends them all
+// (a twelfth after a statement that failed, or that skipped a claim whose row another
+// transaction held locked).
 // A claim whose fence was lost, or whose lease was not renewed in time, is cut: its call
 // ends (its outcome, a connection error, is recorded as evidence), or, not yet started,
 // it is never sent. A claim is held until its call returns.
@@ -196,15 +198,18 @@ func (ls *leases) keep(done chan struct{}) {
 		ls.mu.Unlock()
 		asked, started := d.cfg.Clock(), time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), every)
-		left, err := d.cfg.Store.AllTenants().ExtendLeases(ctx, held, d.cfg.Lease)
+		got, err := d.cfg.Store.AllTenants().ExtendLeases(ctx, held, d.cfg.Lease)
 		cancel()
 		ls.mu.Lock()
 		for _, l := range batch {
-			extended, ok := left[l.op.OperationKey]
+			extended, ok := got.Left[l.op.OperationKey]
 			switch {
 			case err != nil || l.lost:
 			case ok:
 				l.expires = asked.Add(extended) // its timer waits for the new end
+			case got.Busy[l.op.OperationKey]:
+				// Locked by another transaction (its outcome being written, most likely):
+				// its timer stands, and the next statement tries again.
 			default:
 				d.opLog(l.target, l.op).Warn("fence lost while the claim was held; cutting its call")
 				l.lost = true
@@ -215,6 +220,10 @@ func (ls *leases) keep(done chan struct{}) {
 		if err != nil {
 			// Each claim's timer cuts it if no extension comes in time; try again soon.
 			d.log.Warn("leases not extended; retrying", "claims", len(batch), "error", err)
+			timer.Reset(every / 4)
+			continue
+		}
+		if len(got.Busy) > 0 { // their timers run: try them again soon
 			timer.Reset(every / 4)
 			continue
 		}

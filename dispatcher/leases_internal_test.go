@@ -1,6 +1,8 @@
 package dispatcher
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -159,6 +161,63 @@ func TestAClaimReplacedAmongTheHeldIsStillCut(t *testing.T) {
 	ls.drop(older)
 	ls.drop(newer)
 	ls.wait()
+}
+
+// TestABusyRowDelaysOnlyItsOwnExtension: while another transaction holds one held
+// claim's row locked (its outcome being written, say), the keeper extends the other
+// claims, and does not take the locked one for lost: its timer alone cuts it, near its
+// lease's end. (A keeper whose statement waited for the row, or failed for it, extended
+// nothing: every claim was cut.)
+func TestABusyRowDelaysOnlyItsOwnExtension(t *testing.T) {
+	t.Parallel()
+	const length = 3 * time.Second // the keeper extends at 1 s
+	st, admin := storetest.NewStore(t)
+	ctx := context.Background()
+	for i := range 2 {
+		storetest.PrepareJSON(t, st, "t", "demo.charge", fmt.Sprintf("busy-%d", i), `{}`)
+	}
+	claimed, err := st.AllTenants().Claim(ctx, store.ClaimParams{FairClaim: store.FairClaim{OperationTypes: []string{"demo.charge"},
+		Worker: "test", Lease: length, Limit: 2, PerTenant: 2, MaxTenants: 1}})
+	require.NoError(t, err)
+	require.Len(t, claimed, 2)
+	tx, err := admin.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM operations WHERE operation_id = $1 FOR UPDATE`, claimed[0].ID)
+	require.NoError(t, err)
+
+	ls := testLeases(length, st)
+	began := time.Now()
+	cuts := make([]chan time.Time, 2)
+	held := make([]*lease, 2)
+	for i, c := range claimed {
+		cuts[i] = make(chan time.Time, 1)
+		held[i] = ls.hold(c, "target", began.Add(length), func() {
+			select {
+			case cuts[i] <- time.Now():
+			default:
+			}
+		})
+	}
+	defer func() {
+		for _, l := range held {
+			ls.drop(l)
+		}
+		ls.wait()
+	}()
+	select {
+	case at := <-cuts[0]:
+		require.GreaterOrEqual(t, at.Sub(began), length-ls.d.margin()-50*time.Millisecond,
+			"the locked claim was cut before its timer: taken for lost")
+	case <-time.After(2 * length):
+		t.Fatal("the locked claim was not cut near its lease's end")
+	}
+	select {
+	case <-cuts[1]:
+		t.Fatal("the other claim was cut: its lease was not extended")
+	default:
+	}
+	require.True(t, ls.end(held[1]).After(began.Add(length)), "the other claim's lease was extended")
 }
 
 // testLeases is the leases of a dispatcher with only a lease, the real clock, the store

@@ -526,7 +526,8 @@ func nullIfEmpty(s string) *string {
 	return &s
 }
 
-// extendLockWait bounds ExtendLeases' wait for a row lock.
+// extendLockWait bounds ExtendLeases' wait for a lock other than a row's (a migration's
+// lock on the table, say); it never waits for a row.
 const extendLockWait = 100 * time.Millisecond
 
 // HeldLease names a claim its holder still holds: the operation and the fence it was
@@ -536,36 +537,75 @@ type HeldLease struct {
 	Fence int64
 }
 
+// Extended is what ExtendLeases did with the claims it was given. A claim in neither
+// map has lost its fence: another claim, the sweeper or a reconciler moved the
+// operation on.
+type Extended struct {
+	// Left is what is left of each extended lease, as the database measured it.
+	Left map[OperationKey]time.Duration
+	// Busy are the claims whose operation another transaction held locked (its outcome
+	// being written, most likely): not extended this time, their fence not lost.
+	Busy map[OperationKey]bool
+}
+
 // ExtendLeases pushes the leases of claims the caller still holds to now + lease, by
-// the database's clock, in one statement, and returns what is left of each as the
-// database measured it. A claim missing from the answer has lost its fence: another
-// claim, the sweeper or a reconciler moved the operation on.
+// the database's clock, in one statement.
 //
-// It waits for a row lock at most extendLockWait, then fails (the caller tries again):
-// an outcome statement that holds some of the rows may be waiting for others this one
-// holds, and the outcome must win.
-func (q Scope) ExtendLeases(ctx context.Context, held []HeldLease, lease time.Duration) (map[OperationKey]time.Duration, error) {
+// It skips the rows other transactions hold locked, without waiting: an outcome
+// statement holding some of them may be waiting for others this one holds, and the
+// outcome must win; and a statement that waited for one row, or failed for it, left
+// every other claim unextended. (With a wait of 100 ms, a slow outcome commit made
+// extensions fail one after another, and the claims were cut as their leases neared
+// their end: a wave of UNKNOWN operations.) A skipped claim whose operation is still
+// in flight under its fence is Busy.
+func (q Scope) ExtendLeases(ctx context.Context, held []HeldLease, lease time.Duration) (Extended, error) {
 	ctx = withLockTimeout(ctx, extendLockWait)
 	tenants, ids, fences := make([]string, len(held)), make([][16]byte, len(held)), make([]int64, len(held))
 	for i, h := range held {
 		tenants[i], ids[i], fences[i] = h.TenantID, h.ID, h.Fence
 	}
-	rows := q.query(ctx, `WITH h AS (SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h (tenant_id, operation_id, fence))
-		UPDATE operations o SET lease_expires_at = now() + $4::interval
-		FROM `+keyedRows("operations", "h AS k", operationKey)+` f
-		WHERE o.ctid = f.ctid AND `+inFlight+` AND o.fence_token = f.fence
-		RETURNING o.tenant_id, o.operation_id, `+micros("o.lease_expires_at - now()"), tenants, ids, fences, lease)
-	left := make(map[OperationKey]time.Duration, len(held))
+	// mine locks the rows still in flight under their fence that no one else holds. The
+	// statement also returns, with no time left, every row in flight under its fence as
+	// its snapshot has them, unlocked: those not extended are busy. (Which ones, a join
+	// with upd would say, but the planner takes upd for a row and checks each of those
+	// rows against all of it.)
+	rows := q.query(ctx, `WITH h AS (SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS h (tenant_id, operation_id, fence)),
+		f AS MATERIALIZED (SELECT * FROM `+keyedRows("operations", "h AS k", operationKey)+` f),
+		mine AS (
+			SELECT o.ctid FROM operations o, f
+			WHERE o.ctid = f.ctid AND `+inFlight+` AND o.fence_token = f.fence
+			FOR UPDATE OF o SKIP LOCKED
+		), upd AS (
+			UPDATE operations o SET lease_expires_at = now() + $4::interval
+			FROM mine m WHERE o.ctid = m.ctid
+			RETURNING o.tenant_id, o.operation_id, `+micros("o.lease_expires_at - now()")+` AS left_us
+		)
+		SELECT tenant_id, operation_id, left_us FROM upd
+		UNION ALL
+		SELECT o.tenant_id, o.operation_id, NULL FROM operations o, f
+		WHERE o.ctid = f.ctid AND `+inFlight+` AND o.fence_token = f.fence`,
+		tenants, ids, fences, lease)
+	got := Extended{Left: make(map[OperationKey]time.Duration, len(held)), Busy: map[OperationKey]bool{}}
+	var valid []OperationKey
 	var k OperationKey
-	var us int64
+	var us *int64
 	_, err := pgx.ForEachRow(rows, []any{&k.TenantID, &k.ID, &us}, func() error {
-		left[k] = duration(us)
+		if us == nil {
+			valid = append(valid, k)
+		} else {
+			got.Left[k] = duration(*us)
+		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: extend leases: %w", translate(err))
+		return Extended{}, fmt.Errorf("store: extend leases: %w", translate(err))
 	}
-	return left, nil
+	for _, k := range valid {
+		if _, ok := got.Left[k]; !ok {
+			got.Busy[k] = true
+		}
+	}
+	return got, nil
 }
 
 // SweepParams bound one pass of a sweeper.

@@ -587,9 +587,9 @@ func dispatchRound(t *testing.T, all store.Scope, round string, n int) {
 		require.Len(t, claimed, 1)
 		c := claimed[0]
 		held := store.HeldLease{OperationKey: store.OperationKey{TenantID: c.TenantID, ID: c.ID}, Fence: c.FenceToken}
-		left, err := all.ExtendLeases(ctx, []store.HeldLease{held}, time.Minute)
+		got, err := all.ExtendLeases(ctx, []store.HeldLease{held}, time.Minute)
 		require.NoError(t, err)
-		require.Len(t, left, 1)
+		require.Len(t, got.Left, 1)
 		revisions, err := all.Revisions(ctx, []store.OperationKey{held.OperationKey})
 		require.NoError(t, err)
 		require.Len(t, revisions, 1)
