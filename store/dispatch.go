@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"time"
@@ -373,7 +374,8 @@ func (p OutcomeParams) sent() bool { return !p.NotSent && !p.NotExecuted }
 // Outcomes recorded at the same time are written together, in one statement and one
 // commit (at most maxOutcomeBatch, by at most outcomeWriters statements at once): a
 // caller waits while the statements before it run, and the outcomes that arrive
-// meanwhile join its statement (see combiner). Each keeps its own fence check.
+// meanwhile join its statement (see combiner). Each keeps its own fence check, and an
+// outcome the statement cannot write fails alone (recordOutcomes).
 func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, error) {
 	if p.State != StateSucceeded && p.State != StateFailedTerminal && p.State != StateUnknown && p.State != StatePrepared {
 		return Operation{}, fmt.Errorf("store: record outcome: %s is not an outcome of a send", p.State)
@@ -388,25 +390,41 @@ func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, e
 		return Operation{}, ErrNoScope
 	}
 	// Outcomes are combined only with outcomes in the same scope.
-	recorded, _, err := q.s.outcomes.do(ctx, q.tenants, p, q.recordOutcomes)
+	recorded, i, err := q.s.outcomes.do(ctx, q.tenants, p, q.recordOutcomes)
 	if err != nil {
 		return Operation{}, err
 	}
-	op, ok := recorded.applied(p)
-	if !ok {
-		if recorded.staleErr != nil {
-			return Operation{}, recorded.staleErr
-		}
-		return Operation{}, ErrFenceLost
-	}
-	return op, nil
+	return recorded.answer(i, p)
 }
 
-// recordedOutcomes is what a statement of outcomes did: the operations it moved, and
-// the error of keeping the others as stale outcomes, if that failed.
+// recordedOutcomes is what the statements of a batch of outcomes did: the operations
+// they moved, and each outcome's own error, if any, by its index in the batch (nil when
+// there is none).
 type recordedOutcomes struct {
-	moved    map[OperationKey]*Operation
-	staleErr error
+	moved map[OperationKey]*Operation
+	errs  []error
+}
+
+// answer is RecordOutcome's answer for p, the outcome at index i of the batch.
+func (r recordedOutcomes) answer(i int, p OutcomeParams) (Operation, error) {
+	if op, ok := r.applied(p); ok {
+		return op, nil
+	}
+	if r.errs != nil && r.errs[i] != nil {
+		return Operation{}, r.errs[i]
+	}
+	return Operation{}, ErrFenceLost
+}
+
+// failed records err as the error of the outcomes from index i to j; r.errs is made
+// for n outcomes when it is nil.
+func (r *recordedOutcomes) failed(n, i, j int, err error) {
+	if r.errs == nil {
+		r.errs = make([]error, n)
+	}
+	for k := i; k < j; k++ {
+		r.errs[k] = err
+	}
 }
 
 // applied returns the operation as p's outcome left it, if p's fence held.
@@ -450,8 +468,36 @@ var recordOutcomesSQL = compileNamed(`
 	"sent", "not_executed", "send_again_after")
 
 // recordOutcomes writes outcomes in one statement, each under its own fence, and keeps
-// those whose fence was lost as stale outcomes (keepStale).
+// those whose fence was lost as stale outcomes (keepStale). When the statement fails for
+// anything but the database being unreachable (one outcome breaks a constraint, say),
+// each half of the outcomes is written again on its own, down to single outcomes, so
+// that only the outcomes at fault fail, each with its own error; the others' operations
+// do not wait for their leases to end as UNKNOWN.
 func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recordedOutcomes, error) {
+	recorded, err := q.recordTogether(ctx, ps)
+	if err == nil || len(ps) == 1 || errors.Is(err, ErrUnavailable) {
+		return recorded, err
+	}
+	recorded = recordedOutcomes{moved: make(map[OperationKey]*Operation, len(ps))}
+	for _, half := range [][2]int{{0, len(ps) / 2}, {len(ps) / 2, len(ps)}} {
+		from, to := half[0], half[1]
+		r, err := q.recordOutcomes(ctx, ps[from:to])
+		if err != nil {
+			recorded.failed(len(ps), from, to, err)
+			continue
+		}
+		maps.Copy(recorded.moved, r.moved)
+		for k, err := range r.errs {
+			if err != nil {
+				recorded.failed(len(ps), from+k, from+k+1, err)
+			}
+		}
+	}
+	return recorded, nil
+}
+
+// recordTogether is recordOutcomes' one statement, and the stale outcomes' if any.
+func (q Scope) recordTogether(ctx context.Context, ps []OutcomeParams) (recordedOutcomes, error) {
 	c, err := columnsOf(ps)
 	if err != nil {
 		return recordedOutcomes{}, err
@@ -472,13 +518,18 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recorded
 		q.s.events.signal()
 	}
 	var stale []OutcomeParams
-	for _, p := range ps {
+	var staleAt []int
+	for i, p := range ps {
 		if _, ok := recorded.applied(p); !ok {
-			stale = append(stale, p)
+			stale, staleAt = append(stale, p), append(staleAt, i)
 		}
 	}
 	if len(stale) > 0 {
-		recorded.staleErr = q.keepStale(ctx, stale)
+		if err := q.keepStale(ctx, stale); err != nil {
+			for _, i := range staleAt {
+				recorded.failed(len(ps), i, i+1, err)
+			}
+		}
 	}
 	return recorded, nil
 }

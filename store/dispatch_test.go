@@ -22,6 +22,16 @@ func claimParams(limit int) store.ClaimParams {
 	}}
 }
 
+// claimN prepares n operations of tenant and claims them.
+func (b *testBundle) claimN(t *testing.T, tenant string, n int) []store.Claimed {
+	t.Helper()
+	b.prepareN(t, tenant, n)
+	claimed, err := b.all.Claim(b.ctx, claimParams(n))
+	require.NoError(t, err)
+	require.Len(t, claimed, n)
+	return claimed
+}
+
 func (b *testBundle) prepareN(t *testing.T, tenant string, n int) []uuid.UUID {
 	t.Helper()
 	ids := make([]uuid.UUID, n)
@@ -242,6 +252,43 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, got.Left, "a swept claim's lease is not extended")
 	require.Empty(t, got.Busy)
+}
+
+// TestAnOutcomeAtFaultFailsAlone: outcomes written together, one of which the
+// statement cannot write (a reference with a NUL), are written again in halves: every
+// other outcome is applied, and only the one at fault fails, with its own error, its
+// operation still in flight. (Before, the combined statement failed for all of them,
+// and each operation waited for its lease to end as UNKNOWN.)
+func TestAnOutcomeAtFaultFailsAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	claimed := b.claimN(t, "acme", 7)
+	obs := store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS"}
+	ps := make([]store.OutcomeParams, len(claimed))
+	for i, c := range claimed {
+		ps[i] = store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken, State: store.StateSucceeded,
+			RemoteRef: fmt.Sprintf("ch_%d", i), Observation: obs, Actor: "dispatcher:test"}
+	}
+	const faulty, stale = 4, 1
+	ps[faulty].RemoteRef = "ch_\x00"
+	ps[stale].Fence++
+	ops, errs := b.all.RecordOutcomesTogether(b.ctx, ps)
+	for i := range ps {
+		switch i {
+		case faulty:
+			require.Error(t, errs[i])
+			require.NotErrorIs(t, errs[i], store.ErrFenceLost)
+			op, err := b.all.Get(b.ctx, "acme", claimed[i].ID)
+			require.NoError(t, err)
+			require.Equal(t, store.StateInFlight, op.State, "the outcome at fault wrote nothing")
+		case stale:
+			require.ErrorIs(t, errs[i], store.ErrFenceLost)
+		default:
+			require.NoError(t, errs[i], "outcome %d failed with the one at fault", i)
+			require.Equal(t, store.StateSucceeded, ops[i].State)
+			require.Equal(t, ps[i].RemoteRef, ops[i].RemoteRef)
+		}
+	}
 }
 
 func TestExtendLeases(t *testing.T) {
@@ -568,10 +615,7 @@ func TestKeyWindowAndScopeAreFixedAtTheFirstSend(t *testing.T) {
 func TestExtendLeasesSkipsLockedRows(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.prepareN(t, "acme", 3)
-	claimed, err := b.all.Claim(b.ctx, claimParams(3))
-	require.NoError(t, err)
-	require.Len(t, claimed, 3)
+	claimed := b.claimN(t, "acme", 3)
 	held := make([]store.HeldLease, len(claimed))
 	for i, c := range claimed {
 		held[i] = store.HeldLease{OperationKey: store.OperationKey{TenantID: c.TenantID, ID: c.ID}, Fence: c.FenceToken}

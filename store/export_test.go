@@ -32,6 +32,21 @@ func (s *Store) PrepareTogether(ctx context.Context, ps []PrepareParams, allTena
 	return ops, created, errs
 }
 
+// RecordOutcomesTogether records outcomes as one combined statement would, as if they
+// had arrived at the same time, and returns each one's answer, as RecordOutcome would.
+func (q Scope) RecordOutcomesTogether(ctx context.Context, ps []OutcomeParams) (ops []Operation, errs []error) {
+	recorded, err := q.recordOutcomes(ctx, ps)
+	ops, errs = make([]Operation, len(ps)), make([]error, len(ps))
+	for i, p := range ps {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		ops[i], errs[i] = recorded.answer(i, p)
+	}
+	return ops, errs
+}
+
 // MigrateTo brings the schema to version, as an older binary's `opbroker migrate` did:
 // for tests that populate a ledger at an earlier version and migrate it forward.
 func MigrateTo(ctx context.Context, pool *pgxpool.Pool, version int32) error {
