@@ -725,6 +725,14 @@ func (d *Dispatcher) record(contract *target.Contract, op store.Claimed, res tar
 		case err == nil:
 			d.events.Sent(ctx, contract, moved)
 			return
+		case errors.Is(err, store.ErrRecordedBefore):
+			// An earlier try was applied and its answer lost; the operation has moved on
+			// since. What it entered is known; a replay's resolution time is not counted.
+			log().Info("outcome recorded by an earlier try, whose answer was lost; the operation has moved on since", "class", res.Class)
+			if params.State == store.StateUnknown {
+				d.events.UnknownEntered(ctx, contract, params.Observation.Outcome, 1)
+			}
+			return
 		case errors.Is(err, store.ErrFenceLost):
 			log().Warn("fence lost before the outcome was recorded; kept as evidence only", "class", res.Class)
 			return

@@ -76,6 +76,12 @@ func NewWorkerName() string {
 // observed is only evidence.
 var ErrFenceLost = errors.New("fence lost")
 
+// ErrRecordedBefore means that the same outcome was recorded under the fence already,
+// by an earlier try of the same call whose answer was lost (the connection failed after
+// the commit), and that the operation has moved on since. (While it has not, the call
+// is answered with the operation as that outcome left it, as the earlier try was.)
+var ErrRecordedBefore = errors.New("outcome recorded before, by an earlier try")
+
 // rotate runs claim from p.AfterTenant and, when that comes back short, once more from
 // the first tenant for the rest: the cursor goes round the tenants, and a claim that
 // started late in the order still takes the work of the tenants before it. (Without
@@ -496,7 +502,8 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recorded
 	return recorded, nil
 }
 
-// recordTogether is recordOutcomes' one statement, and the stale outcomes' if any.
+// recordTogether is recordOutcomes' one statement, and the stale outcomes' if any
+// (settleStale).
 func (q Scope) recordTogether(ctx context.Context, ps []OutcomeParams) (recordedOutcomes, error) {
 	c, err := columnsOf(ps)
 	if err != nil {
@@ -525,42 +532,84 @@ func (q Scope) recordTogether(ctx context.Context, ps []OutcomeParams) (recorded
 		}
 	}
 	if len(stale) > 0 {
-		if err := q.keepStale(ctx, stale); err != nil {
-			for _, i := range staleAt {
-				recorded.failed(len(ps), i, i+1, err)
-			}
-		}
+		q.settleStale(ctx, &recorded, len(ps), stale, staleAt)
 	}
 	return recorded, nil
+}
+
+// settleStale answers the outcomes of a batch of n that their statement did not apply,
+// stale (at their indexes at in the batch): one already recorded under its fence by an
+// earlier try is answered as that try was, with the operation as it left it, or with
+// ErrRecordedBefore once the operation has moved on; the others are kept as evidence
+// (keepStale) and answered ErrFenceLost, unless that fails.
+func (q Scope) settleStale(ctx context.Context, recorded *recordedOutcomes, n int, stale []OutcomeParams, at []int) {
+	before, err := q.keepStale(ctx, stale)
+	if err != nil {
+		for _, i := range at {
+			recorded.failed(n, i, i+1, err)
+		}
+		return
+	}
+	for k, p := range stale {
+		revision, ok := before[HeldLease{OperationKey: OperationKey{TenantID: p.TenantID, ID: p.ID}, Fence: p.Fence}]
+		if !ok {
+			continue
+		}
+		op, err := q.Get(ctx, p.TenantID, p.ID)
+		switch {
+		case err != nil:
+			recorded.failed(n, at[k], at[k]+1, err)
+		case op.Revision == revision && op.FenceToken == p.Fence: // as the earlier try left it (a reconciler's claim takes the fence, not the revision)
+			recorded.moved[OperationKey{TenantID: op.TenantID, ID: op.ID}] = &op
+		default:
+			recorded.failed(n, at[k], at[k]+1, ErrRecordedBefore)
+		}
+	}
 }
 
 // keepStale keeps outcomes whose fence was lost as evidence: each only under a fence
 // that was claimed and whose holder applied no outcome, and only the first one of each
 // fence. It runs after the outcomes' statement, in a statement of its own, so that it
 // sees an outcome of the same fence that statement waited for (a retry's, say, of one
-// that had already been applied).
-func (q Scope) keepStale(ctx context.Context, ps []OutcomeParams) error {
+// that had already been applied). It returns the outcomes the holder of their fence
+// recorded already, the same state and class (an earlier try's), with the revision
+// that recording gave the operation.
+func (q Scope) keepStale(ctx context.Context, ps []OutcomeParams) (map[HeldLease]int64, error) {
 	c, err := columnsOf(ps)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = q.exec(ctx, `
-		INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, remote_ref, sent)
-		SELECT u.* FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::text[], $5::text[], $6::text[]::jsonb[],
-				$7::text[], $8::boolean[])
-			AS u (tenant_id, operation_id, fence, actor, outcome, observation, remote_ref, sent)
-		WHERE EXISTS (SELECT FROM operation_events e
-				WHERE e.tenant_id = u.tenant_id AND e.operation_id = u.operation_id
-					AND e.to_state = 'IN_FLIGHT' AND e.fence_token = u.fence)
-			AND NOT EXISTS (SELECT FROM operation_events e
-				WHERE e.tenant_id = u.tenant_id AND e.operation_id = u.operation_id
-					AND e.from_state = 'IN_FLIGHT' AND e.fence_token = u.fence AND e.sent IS NOT NULL)
-		ON CONFLICT DO NOTHING`,
-		c.tenants, c.ids, c.fences, c.actors, c.outcomes, c.observations, c.refs, c.sent)
-	if err != nil {
-		return fmt.Errorf("store: record outcome: keeping a stale outcome: %w", translate(err))
+	// holder is the fence's holder's outcome event.
+	const holder = `e.tenant_id = u.tenant_id AND e.operation_id = u.operation_id
+					AND e.from_state = 'IN_FLIGHT' AND e.fence_token = u.fence AND e.sent IS NOT NULL`
+	rows := q.query(ctx, `
+		WITH u AS (
+			SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::text[], $5::text[], $6::text[]::jsonb[],
+					$7::text[], $8::boolean[], $9::text[]::operation_state[])
+				AS u (tenant_id, operation_id, fence, actor, outcome, observation, remote_ref, sent, state)
+		), kept AS (
+			INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, remote_ref, sent)
+			SELECT u.tenant_id, u.operation_id, u.fence, u.actor, u.outcome, u.observation, u.remote_ref, u.sent FROM u
+			WHERE EXISTS (SELECT FROM operation_events e
+					WHERE e.tenant_id = u.tenant_id AND e.operation_id = u.operation_id
+						AND e.to_state = 'IN_FLIGHT' AND e.fence_token = u.fence)
+				AND NOT EXISTS (SELECT FROM operation_events e WHERE `+holder+`)
+			ON CONFLICT DO NOTHING
+		)
+		SELECT u.tenant_id, u.operation_id, u.fence, e.revision FROM u, LATERAL (
+			SELECT e.revision, e.to_state, e.reason, e.sent FROM operation_events e WHERE `+holder+` LIMIT 1) e
+		WHERE e.to_state = u.state AND e.reason = u.outcome AND e.sent = u.sent`,
+		c.tenants, c.ids, c.fences, c.actors, c.outcomes, c.observations, c.refs, c.sent, c.states)
+	before := map[HeldLease]int64{}
+	var h HeldLease
+	var revision int64
+	if _, err := pgx.ForEachRow(rows, []any{&h.TenantID, &h.ID, &h.Fence, &revision}, func() error {
+		before[h] = revision
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("store: record outcome: keeping a stale outcome: %w", translate(err))
 	}
-	return nil
+	return before, nil
 }
 
 func nullIfZeroDuration(d time.Duration) *time.Duration {

@@ -236,12 +236,20 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	_, err = b.pool.Exec(b.ctx, `UPDATE stale_outcomes SET outcome = 'rewritten' WHERE operation_id = $1`, second.ID)
 	require.ErrorContains(t, err, "append-only", "a stale outcome is never rewritten")
 
-	// An outcome recorded again by its holder, after it was applied, adds nothing.
-	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: first.ID, Fence: 1,
+	// An outcome recorded again by its holder, after it was applied (an earlier try
+	// whose answer was lost), is answered as that try was, and adds nothing.
+	again, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: first.ID, Fence: 1,
 		State: store.StateSucceeded, RemoteRef: "ch_1", Observation: obs, Actor: "dispatcher:test"})
+	require.NoError(t, err)
+	require.Equal(t, op, again, "answered with the operation as the earlier try left it")
+	// Another outcome under that fence is not that try's.
+	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: first.ID, Fence: 1,
+		State: store.StateUnknown, Observation: store.Observation{Outcome: "TIMEOUT"}, Actor: "dispatcher:test"})
 	require.ErrorIs(t, err, store.ErrFenceLost)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1`, first.ID),
-		"an applied outcome repeated is not a stale one")
+		"an applied outcome repeated is not a stale one, nor another after it")
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1`, first.ID),
+		"nor an event: created, claimed, succeeded")
 	// Nor does an outcome under a fence that was never claimed.
 	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: first.ID, Fence: 7,
 		State: store.StateUnknown, Observation: store.Observation{Outcome: "TIMEOUT"}, Actor: "dispatcher:test"})
@@ -252,6 +260,30 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, got.Left, "a swept claim's lease is not extended")
 	require.Empty(t, got.Busy)
+}
+
+// TestAnOutcomeTriedAgainAfterTheOperationMovedOn: an outcome tried again after its
+// earlier try was applied (its answer lost), once the operation has moved on (here a
+// reconciler claimed it), is answered ErrRecordedBefore, not ErrFenceLost (the log and
+// the metrics said the outcome was lost), and changes nothing.
+func TestAnOutcomeTriedAgainAfterTheOperationMovedOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.claimN(t, "acme", 1)[0]
+	p := store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken, State: store.StateUnknown,
+		Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "dispatcher:test"}
+	_, err := b.all.RecordOutcome(b.ctx, p)
+	require.NoError(t, err)
+	unknown, err := b.all.ClaimUnknown(b.ctx, store.FairClaim{OperationTypes: []string{"demo.charge"}, Worker: "test-reconciler",
+		Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1})
+	require.NoError(t, err)
+	require.Len(t, unknown, 1)
+	_, err = b.all.RecordOutcome(b.ctx, p)
+	require.ErrorIs(t, err, store.ErrRecordedBefore)
+	op, err := b.all.Get(b.ctx, c.TenantID, c.ID)
+	require.NoError(t, err)
+	require.Equal(t, unknown[0].Revision, op.Revision, "nothing changed")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1`, c.ID))
 }
 
 // TestAnOutcomeAtFaultFailsAlone: outcomes written together, one of which the
@@ -361,8 +393,8 @@ func TestOutcomeAfterAConcurrentLeaseExtension(t *testing.T) {
 
 // TestOutcomeRepeatedWhileTheFirstCommits: an outcome recorded again by its holder
 // (a retry after the connection failed, say) while the first is still being written
-// waits for it, then finds the fence moved on: the first outcome is the operation's,
-// and the repeat is not kept as a stale one beside it.
+// waits for it, then finds it: the first outcome is the operation's, the repeat is
+// answered as the first was, and it is not kept as a stale one beside it.
 func TestOutcomeRepeatedWhileTheFirstCommits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -376,7 +408,7 @@ func TestOutcomeRepeatedWhileTheFirstCommits(t *testing.T) {
 	err := b.recordBehind(t, first, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
 		State: store.StateUnknown, Actor: "dispatcher:test",
 		Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "TIMEOUT"}})
-	require.ErrorIs(t, err, store.ErrFenceLost)
+	require.NoError(t, err, "the repeat is answered as the first")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1`, c.ID),
 		"the holder's outcome, applied, is not also a stale one")
 }
