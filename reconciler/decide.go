@@ -42,6 +42,22 @@ type Evidence struct {
 	// Matches reports, for Found, that the remote object carries the operation's
 	// reference and that its key fields agree with the approved payload.
 	Matches bool
+	// Why says, for Found and FoundFailed that do not match, what the lookup found
+	// wrong (the object carries another reference, no usable reference of the target's,
+	// or a field that disagrees with the approved payload).
+	Why string
+}
+
+// mismatch is why a found object is not taken for the operation's.
+func (ev Evidence) mismatch() string {
+	switch {
+	case ev.Why != "":
+		return ev.Why
+	case ev.Matches: // Found, with no reference
+		return "the target gave no usable reference for it"
+	default:
+		return "it does not match the approved payload"
+	}
 }
 
 // Input is everything Decide may use. It is plain data: the function is pure.
@@ -162,14 +178,14 @@ func Decide(in Input) Decision {
 		if ev.Matches && ev.RemoteRef != "" {
 			return Decision{Action: RecordSuccess, RemoteRef: ev.RemoteRef, Reason: "the target has the effect, and it matches the approved payload"}
 		}
-		return Decision{Action: Escalate, Reason: "the target has an effect under this reference that does not match the approved payload"}
+		return Decision{Action: Escalate, Reason: "the target has an effect under this reference that cannot be taken for this operation's: " + ev.mismatch()}
 	}
 
 	if ev.Kind == FoundFailed {
 		if ev.Matches {
 			return Decision{Action: RecordFailure, Reason: "the target has the object, and its status is one it documents as final and without effect"}
 		}
-		return Decision{Action: Escalate, Reason: "the target has a failed object under this reference that does not match the approved payload"}
+		return Decision{Action: Escalate, Reason: "the target has a failed object under this reference that cannot be taken for this operation's: " + ev.mismatch()}
 	}
 
 	budgetSpent := in.ResolutionLeft <= 0 || (in.MaxLooks > 0 && in.Looks >= in.MaxLooks)

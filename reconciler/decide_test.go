@@ -152,6 +152,23 @@ func TestDecideTable(t *testing.T) {
 	}
 }
 
+// TestAMismatchSaysWhy: an escalation for a found object that is not the operation's
+// says what the lookup found wrong, not always "does not match the approved payload"
+// (a found object without a usable reference of the target's was escalated so).
+func TestAMismatchSaysWhy(t *testing.T) {
+	t.Parallel()
+	const why = "found an object without a usable reference of the target's"
+	for _, kind := range []EvidenceKind{Found, FoundFailed} {
+		d := Decide(Input{Evidence: Evidence{Kind: kind, Why: why}})
+		require.Equal(t, Escalate, d.Action)
+		require.Contains(t, d.Reason, why)
+		require.NotContains(t, d.Reason, "approved payload")
+	}
+	d := Decide(Input{Evidence: Evidence{Kind: Found, Matches: true}})
+	require.Equal(t, Escalate, d.Action)
+	require.Contains(t, d.Reason, "no usable reference")
+}
+
 func TestWaitBacksOffWithJitter(t *testing.T) {
 	t.Parallel()
 	in := stripeLike()

@@ -341,6 +341,7 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 			switch {
 			case !res.Matches:
 				obs.Outcome = "FOUND_MISMATCH"
+				return Evidence{Kind: Found, RemoteRef: res.RemoteRef, Why: res.Summary}, obs
 			case res.Settlement == target.Pending:
 				obs.Outcome = "FOUND_PENDING"
 				return Evidence{Kind: InProgress}, obs

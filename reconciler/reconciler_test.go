@@ -280,6 +280,27 @@ func TestUnkeyedTargetEscalatesToItsOwner(t *testing.T) {
 	require.Equal(t, 1, b.truth(t, op).Attempts, "never re-sent")
 }
 
+// TestAFoundObjectWithoutAUsableReferenceIsEscalatedSayingSo: a lookup that finds the
+// effect, but no usable reference of the target's in it (here the contract points at a
+// field the target does not have), escalates it, and the reason says so; it used to say
+// that the object did not match the approved payload.
+func TestAFoundObjectWithoutAUsableReferenceIsEscalatedSayingSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{}, func(c *target.Contract) {
+		if c.Lookup != nil {
+			c.Lookup.Found.RemoteRef = "/no_such_field"
+		}
+	})
+	op := b.prepare(t, simtarget.DemoCharge, "order-1", fault(simtarget.FaultCommitThenReset))
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	b.waitState(t, op, store.StateUnknown)
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	got := b.waitState(t, op, store.StateEscalated)
+	require.Contains(t, got.Escalation.Reason, "without a usable reference")
+	require.NotContains(t, got.Escalation.Reason, "approved payload")
+	require.Equal(t, 1, b.truth(t, op).Effects)
+}
+
 // TestAmendmentWhileOriginalUnknown: an amendment of an operation whose outcome is
 // unknown is refused, since the original may have taken effect (here it has); once the
 // reconciler has resolved the original, the amendment is recorded and sent. Before the
