@@ -96,6 +96,15 @@ func (b *testBundle) waitState(t *testing.T, op store.Operation, want store.Stat
 	return b.get(t, op)
 }
 
+// unknownThenReconciled starts the dispatcher, waits for op to become UNKNOWN, and
+// starts a reconciler.
+func (b *testBundle) unknownThenReconciled(t *testing.T, op store.Operation) {
+	t.Helper()
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	b.waitState(t, op, store.StateUnknown)
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+}
+
 func (b *testBundle) truth(t *testing.T, op store.Operation) *simtarget.KeyTruth {
 	t.Helper()
 	kt := b.sim.Snapshot().Keys[storetest.RemoteKey(t, b.pool, op.ID)]
@@ -114,10 +123,7 @@ func TestCommittedThenDroppedResolvesByLookup(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
 	op := b.prepare(t, simtarget.DemoCharge, "order-1", fault(simtarget.FaultCommitThenReset))
-	require.NoError(t, b.dispatcher.Start(b.ctx))
-	b.waitState(t, op, store.StateUnknown)
-
-	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	b.unknownThenReconciled(t, op)
 	got := b.waitState(t, op, store.StateSucceeded)
 	kt := b.truth(t, op)
 	require.Equal(t, 1, kt.Effects)
@@ -182,9 +188,7 @@ func TestNoReplayAfterTheWindow(t *testing.T) {
 		}
 	})
 	op := b.prepare(t, simtarget.DemoCharge, "order-3", fault(simtarget.FaultResetBeforeCommit))
-	require.NoError(t, b.dispatcher.Start(b.ctx))
-	b.waitState(t, op, store.StateUnknown)
-	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	b.unknownThenReconciled(t, op)
 	require.Eventually(t, func() bool { return b.get(t, op).Checks >= 2 }, 30*time.Second, 10*time.Millisecond)
 	got := b.get(t, op)
 	require.Contains(t, []store.State{store.StateUnknown, store.StateEscalated}, got.State)
@@ -202,9 +206,7 @@ func TestProvidersThatCacheOrForgetErrors(t *testing.T) {
 			t.Parallel()
 			b := setup(t, cfg)
 			op := b.prepare(t, simtarget.DemoCharge, "order-5xx", fault(simtarget.Fault5xxAfterCommit))
-			require.NoError(t, b.dispatcher.Start(b.ctx))
-			b.waitState(t, op, store.StateUnknown)
-			require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+			b.unknownThenReconciled(t, op)
 			b.waitState(t, op, store.StateSucceeded)
 			require.Equal(t, 1, b.truth(t, op).Effects, "exactly one effect")
 			require.Equal(t, 1, b.truth(t, op).Attempts)
@@ -220,10 +222,7 @@ func TestNoReplayOfAnUncoveredAttemptAfterAFailedLookup(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{SaveOnlySuccesses: true, LookupFailures: 1})
 	op := b.prepare(t, simtarget.DemoCharge, "provision-1", fault(simtarget.Fault5xxAfterCommit))
-	require.NoError(t, b.dispatcher.Start(b.ctx))
-	b.waitState(t, op, store.StateUnknown)
-
-	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	b.unknownThenReconciled(t, op)
 	require.Eventually(t, func() bool { got := b.get(t, op); return got.Checks >= 2 || got.Replays > 0 },
 		30*time.Second, 10*time.Millisecond)
 	got := b.get(t, op)
@@ -271,9 +270,7 @@ func TestUnkeyedTargetEscalatesToItsOwner(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
 	op := b.prepare(t, simtarget.DemoNotify, "note-1", `{"to":"ops","sim":{"fault":"commit_then_reset"}}`)
-	require.NoError(t, b.dispatcher.Start(b.ctx))
-	b.waitState(t, op, store.StateUnknown)
-	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	b.unknownThenReconciled(t, op)
 	got := b.waitState(t, op, store.StateEscalated)
 	require.Contains(t, got.Escalation.Owner, "demo-oncall")
 	require.Contains(t, got.Escalation.Reason, "no way to find out")
@@ -292,9 +289,7 @@ func TestAFoundObjectWithoutAUsableReferenceIsEscalatedSayingSo(t *testing.T) {
 		}
 	})
 	op := b.prepare(t, simtarget.DemoCharge, "order-1", fault(simtarget.FaultCommitThenReset))
-	require.NoError(t, b.dispatcher.Start(b.ctx))
-	b.waitState(t, op, store.StateUnknown)
-	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	b.unknownThenReconciled(t, op)
 	got := b.waitState(t, op, store.StateEscalated)
 	require.Contains(t, got.Escalation.Reason, "without a usable reference")
 	require.NotContains(t, got.Escalation.Reason, "approved payload")
