@@ -651,20 +651,21 @@ type Extended struct {
 // ExtendLeases pushes the leases of claims the caller still holds to now + lease, by
 // the database's clock, in one statement.
 //
-// It skips the rows other transactions hold locked, without waiting: an outcome
-// statement holding some of them may be waiting for others this one holds, and the
-// outcome must win; and a statement that waited for one row, or failed for it, left
-// every other claim unextended. (With a wait of 100 ms, a slow outcome commit made
-// extensions fail one after another, and the claims were cut as their leases neared
-// their end: a wave of UNKNOWN operations.) A skipped claim whose operation is still
-// in flight under its fence is Busy.
+// It skips the rows other transactions hold locked against its update, without
+// waiting: an outcome statement holding some of them may be waiting for others this
+// one holds, and the outcome must win; and a statement that waited for one row, or
+// failed for it, left every other claim unextended. (With a wait of 100 ms, a slow
+// outcome commit made extensions fail one after another, and the claims were cut as
+// their leases neared their end: a wave of UNKNOWN operations.) A skipped claim whose
+// operation is still in flight under its fence is Busy.
 func (q Scope) ExtendLeases(ctx context.Context, held []HeldLease, lease time.Duration) (Extended, error) {
 	ctx = withLockTimeout(ctx, extendLockWait)
 	tenants, ids, fences := make([]string, len(held)), make([][16]byte, len(held)), make([]int64, len(held))
 	for i, h := range held {
 		tenants[i], ids[i], fences[i] = h.TenantID, h.ID, h.Fence
 	}
-	// mine locks the rows still in flight under their fence that no one else holds. The
+	// mine locks the rows still in flight under their fence that no one else holds, as
+	// the update would (a foreign key's check, which shares the key, does not stop it). The
 	// statement also returns, with no time left, every row in flight under its fence as
 	// its snapshot has them, unlocked: those not extended are busy. (Which ones, a join
 	// with upd would say, but the planner takes upd for a row and checks each of those
@@ -674,7 +675,7 @@ func (q Scope) ExtendLeases(ctx context.Context, held []HeldLease, lease time.Du
 		mine AS (
 			SELECT o.ctid FROM operations o, f
 			WHERE o.ctid = f.ctid AND `+inFlight+` AND o.fence_token = f.fence
-			FOR UPDATE OF o SKIP LOCKED
+			FOR NO KEY UPDATE OF o SKIP LOCKED
 		), upd AS (
 			UPDATE operations o SET lease_expires_at = now() + $4::interval
 			FROM mine m WHERE o.ctid = m.ctid

@@ -658,6 +658,12 @@ func TestExtendLeasesSkipsLockedRows(t *testing.T) {
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	_, err = tx.Exec(b.ctx, `SELECT 1 FROM operations WHERE operation_id = $1 FOR UPDATE`, claimed[0].ID)
 	require.NoError(t, err)
+	// A lock that shares the key, as a foreign key's check holds, does not stop it.
+	shared, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = shared.Rollback(b.ctx) }()
+	_, err = shared.Exec(b.ctx, `SELECT 1 FROM operations WHERE operation_id = $1 FOR KEY SHARE`, claimed[1].ID)
+	require.NoError(t, err)
 
 	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
 	defer cancel()
