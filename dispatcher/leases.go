@@ -10,8 +10,8 @@ import (
 
 // leases keeps the leases of the claims a dispatcher holds, waiting for a slot or being
 // sent, ahead of their expiry: every third of a lease, one statement extends them all
-// (a twelfth after a statement that failed, or that skipped a claim whose row another
-// transaction held locked).
+// (a twelfth after a statement that failed, or that skipped a claim still held whose
+// row another transaction held locked).
 // A claim whose fence was lost, or whose lease was not renewed in time, is cut: its call
 // ends (its outcome, a connection error, is recorded as evidence), or, not yet started,
 // it is never sent. A claim is held until its call returns.
@@ -201,15 +201,17 @@ func (ls *leases) keep(done chan struct{}) {
 		got, err := d.cfg.Store.AllTenants().ExtendLeases(ctx, held, d.cfg.Lease)
 		cancel()
 		ls.mu.Lock()
+		busy := false // a claim still held was skipped
 		for _, l := range batch {
 			extended, ok := got.Left[l.op.OperationKey]
 			switch {
-			case err != nil || l.lost:
+			case err != nil || l.lost || l.dropped: // a dropped claim's outcome is being written, or was
 			case ok:
 				l.expires = asked.Add(extended) // its timer waits for the new end
 			case got.Busy[l.op.OperationKey]:
-				// Locked by another transaction (its outcome being written, most likely):
-				// its timer stands, and the next statement tries again.
+				// Locked by another transaction (an amendment, a webhook's settlement): its
+				// timer stands, and a statement soon tries again.
+				busy = true
 			default:
 				d.opLog(l.target, l.op).Warn("fence lost while the claim was held; cutting its call")
 				l.lost = true
@@ -223,7 +225,7 @@ func (ls *leases) keep(done chan struct{}) {
 			timer.Reset(every / 4)
 			continue
 		}
-		if len(got.Busy) > 0 { // their timers run: try them again soon
+		if busy { // its timer runs: try again soon
 			timer.Reset(every / 4)
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Claimed is an operation the caller now holds: it may send it once, with this fence.
@@ -474,14 +475,14 @@ var recordOutcomesSQL = compileNamed(`
 	"sent", "not_executed", "send_again_after")
 
 // recordOutcomes writes outcomes in one statement, each under its own fence, and keeps
-// those whose fence was lost as stale outcomes (keepStale). When the statement fails for
-// anything but the database being unreachable (one outcome breaks a constraint, say),
-// each half of the outcomes is written again on its own, down to single outcomes, so
-// that only the outcomes at fault fail, each with its own error; the others' operations
-// do not wait for their leases to end as UNKNOWN.
+// those whose fence was lost as stale outcomes (keepStale). When the statement fails
+// for what one outcome in it can cause (byOneOutcome), each half of the outcomes is
+// written again on its own, down to single outcomes, so that only the outcomes at fault
+// fail, each with its own error; the others' operations do not wait for their leases
+// to end as UNKNOWN.
 func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recordedOutcomes, error) {
 	recorded, err := q.recordTogether(ctx, ps)
-	if err == nil || len(ps) == 1 || errors.Is(err, ErrUnavailable) {
+	if err == nil || len(ps) == 1 || !byOneOutcome(err) {
 		return recorded, err
 	}
 	recorded = recordedOutcomes{moved: make(map[OperationKey]*Operation, len(ps))}
@@ -500,6 +501,19 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recorded
 		}
 	}
 	return recorded, nil
+}
+
+// byOneOutcome reports whether err, a statement's over many rows, can have been caused
+// by one of them: a value PostgreSQL refused (a data exception, or an integrity
+// constraint, which the schema's guards raise too), or one the driver could not send.
+// Not the database out of reach, a timeout, a cancellation, a deadlock or the server's
+// lack of resources: the statement's every part would meet those again.
+func byOneOutcome(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")
+	}
+	return !errors.Is(err, ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
 // recordTogether is recordOutcomes' one statement, and the stale outcomes' if any
@@ -551,20 +565,22 @@ func (q Scope) settleStale(ctx context.Context, recorded *recordedOutcomes, n in
 		return
 	}
 	for k, p := range stale {
-		revision, ok := before[HeldLease{OperationKey: OperationKey{TenantID: p.TenantID, ID: p.ID}, Fence: p.Fence}]
-		if !ok {
-			continue
-		}
-		op, err := q.Get(ctx, p.TenantID, p.ID)
+		b, ok := before[HeldLease{OperationKey: OperationKey{TenantID: p.TenantID, ID: p.ID}, Fence: p.Fence}]
 		switch {
-		case err != nil:
-			recorded.failed(n, at[k], at[k]+1, err)
-		case op.Revision == revision && op.FenceToken == p.Fence: // as the earlier try left it (a reconciler's claim takes the fence, not the revision)
-			recorded.moved[OperationKey{TenantID: op.TenantID, ID: op.ID}] = &op
+		case !ok:
+		case b.op.Revision == b.revision && b.op.FenceToken == p.Fence: // as the earlier try left it (a reconciler's claim takes the fence, not the revision)
+			recorded.moved[OperationKey{TenantID: p.TenantID, ID: p.ID}] = &b.op
 		default:
 			recorded.failed(n, at[k], at[k]+1, ErrRecordedBefore)
 		}
 	}
+}
+
+// recordedBefore is an outcome its fence's holder recorded already: the operation as
+// it is now, the fence, and the revision that recording gave the operation.
+type recordedBefore struct {
+	op              Operation
+	fence, revision int64
 }
 
 // keepStale keeps outcomes whose fence was lost as evidence: each only under a fence
@@ -572,9 +588,8 @@ func (q Scope) settleStale(ctx context.Context, recorded *recordedOutcomes, n in
 // fence. It runs after the outcomes' statement, in a statement of its own, so that it
 // sees an outcome of the same fence that statement waited for (a retry's, say, of one
 // that had already been applied). It returns the outcomes the holder of their fence
-// recorded already, the same state and class (an earlier try's), with the revision
-// that recording gave the operation.
-func (q Scope) keepStale(ctx context.Context, ps []OutcomeParams) (map[HeldLease]int64, error) {
+// recorded already, the same state and class (an earlier try's).
+func (q Scope) keepStale(ctx context.Context, ps []OutcomeParams) (map[HeldLease]recordedBefore, error) {
 	c, err := columnsOf(ps)
 	if err != nil {
 		return nil, err
@@ -595,19 +610,24 @@ func (q Scope) keepStale(ctx context.Context, ps []OutcomeParams) (map[HeldLease
 						AND e.to_state = 'IN_FLIGHT' AND e.fence_token = u.fence)
 				AND NOT EXISTS (SELECT FROM operation_events e WHERE `+holder+`)
 			ON CONFLICT DO NOTHING
+		), before AS (
+			SELECT u.tenant_id, u.operation_id, u.fence, e.revision AS recorded_revision FROM u, LATERAL (
+				SELECT e.revision, e.to_state, e.reason, e.sent FROM operation_events e WHERE `+holder+` LIMIT 1) e
+			WHERE e.to_state = u.state AND e.reason = u.outcome AND e.sent = u.sent
 		)
-		SELECT u.tenant_id, u.operation_id, u.fence, e.revision FROM u, LATERAL (
-			SELECT e.revision, e.to_state, e.reason, e.sent FROM operation_events e WHERE `+holder+` LIMIT 1) e
-		WHERE e.to_state = u.state AND e.reason = u.outcome AND e.sent = u.sent`,
+		SELECT `+operationColumns+`, b.fence, b.recorded_revision FROM operations JOIN before b USING (tenant_id, operation_id)`,
 		c.tenants, c.ids, c.fences, c.actors, c.outcomes, c.observations, c.refs, c.sent, c.states)
-	before := map[HeldLease]int64{}
-	var h HeldLease
-	var revision int64
-	if _, err := pgx.ForEachRow(rows, []any{&h.TenantID, &h.ID, &h.Fence, &revision}, func() error {
-		before[h] = revision
-		return nil
-	}); err != nil {
+	found, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (recordedBefore, error) {
+		var b recordedBefore
+		err := row.Scan(operationDest(&b.op, &b.fence, &b.revision)...)
+		return b, err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("store: record outcome: keeping a stale outcome: %w", translate(err))
+	}
+	before := make(map[HeldLease]recordedBefore, len(found))
+	for _, b := range found {
+		before[HeldLease{OperationKey: OperationKey{TenantID: b.op.TenantID, ID: b.op.ID}, Fence: b.fence}] = b
 	}
 	return before, nil
 }
@@ -644,7 +664,9 @@ type Extended struct {
 	// Left is what is left of each extended lease, as the database measured it.
 	Left map[OperationKey]time.Duration
 	// Busy are the claims whose operation another transaction held locked (its outcome
-	// being written, most likely): not extended this time, their fence not lost.
+	// being written, most likely): not extended this time, their fence not known to be
+	// lost. (One lost by a commit after the statement's snapshot may be among them: the
+	// next statement finds it lost.)
 	Busy map[OperationKey]bool
 }
 

@@ -668,7 +668,7 @@ func TestExtendLeasesSkipsLockedRows(t *testing.T) {
 	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
 	defer cancel()
 	got, err := b.all.ExtendLeases(ctx, held, time.Hour)
-	require.NoError(t, err, "a locked row fails the statement")
+	require.NoError(t, err, "a locked row does not fail the statement")
 	require.Equal(t, map[store.OperationKey]bool{held[0].OperationKey: true}, got.Busy)
 	require.Equal(t, map[store.OperationKey]time.Duration{held[1].OperationKey: time.Hour}, got.Left)
 
