@@ -165,6 +165,32 @@ func (ls *leases) resume() {
 	ls.stopped = false
 }
 
+// extended applies what an extension of batch, asked for at asked, did: an extended
+// claim's timer waits for its lease's new end; a claim whose fence was lost is cut; a
+// claim dropped meanwhile is left alone (its call returned, and its outcome, which
+// holds its row, is being written or was). It reports whether a claim still held was
+// busy (its row locked by another transaction: an amendment, a webhook's settlement):
+// its timer stands, and the next statement is to come soon.
+func (ls *leases) extended(batch []*lease, got store.Extended, asked time.Time) (busy bool) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for _, l := range batch {
+		extended, ok := got.Left[l.op.OperationKey]
+		switch {
+		case l.lost || l.dropped:
+		case ok:
+			l.expires = asked.Add(extended) // its timer waits for the new end
+		case got.Busy[l.op.OperationKey]:
+			busy = true
+		default:
+			ls.d.opLog(l.target, l.op).Warn("fence lost while the claim was held; cutting its call")
+			l.lost = true
+			l.cut()
+		}
+	}
+	return busy
+}
+
 // keep extends the held leases every third of a lease, until it finds none held; it
 // closes done when it returns.
 func (ls *leases) keep(done chan struct{}) {
@@ -200,32 +226,13 @@ func (ls *leases) keep(done chan struct{}) {
 		ctx, cancel := context.WithTimeout(context.Background(), every)
 		got, err := d.cfg.Store.AllTenants().ExtendLeases(ctx, held, d.cfg.Lease)
 		cancel()
-		ls.mu.Lock()
-		busy := false // a claim still held was skipped
-		for _, l := range batch {
-			extended, ok := got.Left[l.op.OperationKey]
-			switch {
-			case err != nil || l.lost || l.dropped: // a dropped claim's outcome is being written, or was
-			case ok:
-				l.expires = asked.Add(extended) // its timer waits for the new end
-			case got.Busy[l.op.OperationKey]:
-				// Locked by another transaction (an amendment, a webhook's settlement): its
-				// timer stands, and a statement soon tries again.
-				busy = true
-			default:
-				d.opLog(l.target, l.op).Warn("fence lost while the claim was held; cutting its call")
-				l.lost = true
-				l.cut()
-			}
-		}
-		ls.mu.Unlock()
 		if err != nil {
 			// Each claim's timer cuts it if no extension comes in time; try again soon.
 			d.log.Warn("leases not extended; retrying", "claims", len(batch), "error", err)
 			timer.Reset(every / 4)
 			continue
 		}
-		if busy { // its timer runs: try again soon
+		if ls.extended(batch, got, asked) { // a busy claim's timer runs: try again soon
 			timer.Reset(every / 4)
 			continue
 		}

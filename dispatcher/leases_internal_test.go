@@ -220,6 +220,43 @@ func TestABusyRowDelaysOnlyItsOwnExtension(t *testing.T) {
 	require.True(t, ls.end(held[1]).After(began.Add(length)), "the other claim's lease was extended")
 }
 
+// TestExtendedClaims: what the keeper makes of an extension: an extended claim's lease
+// ends later; a claim still held whose fence was lost is cut; a busy claim still held
+// asks for the next statement soon, and is not cut; a claim dropped meanwhile (its
+// outcome being written, which holds its row) is neither cut, nor logged as lost, nor a
+// reason to come back soon.
+func TestExtendedClaims(t *testing.T) {
+	t.Parallel()
+	ls := testLeases(time.Hour, nil) // the keeper's first tick comes after the test
+	far := time.Now().Add(time.Hour)
+	cuts := map[string]int{}
+	hold := func(name string) *lease {
+		op := store.Claimed{Operation: store.Operation{TenantID: "t", ID: uuid.New(), FenceToken: 1}}
+		return ls.hold(op, "target", far, func() { cuts[name]++ })
+	}
+	extended, lost, busy, droppedBusy, droppedGone := hold("extended"), hold("lost"), hold("busy"), hold("droppedBusy"), hold("droppedGone")
+	ls.drop(droppedBusy)
+	ls.drop(droppedGone)
+	defer func() {
+		for _, l := range []*lease{extended, lost, busy} {
+			ls.drop(l)
+		}
+		ls.wait()
+	}()
+	asked := time.Now()
+	all := []*lease{extended, lost, busy, droppedBusy, droppedGone}
+	got := store.Extended{Left: map[store.OperationKey]time.Duration{extended.op.OperationKey: 2 * time.Hour},
+		Busy: map[store.OperationKey]bool{busy.op.OperationKey: true, droppedBusy.op.OperationKey: true}}
+	require.True(t, ls.extended(all, got, asked), "a busy claim still held")
+	require.Equal(t, asked.Add(2*time.Hour), ls.end(extended))
+	require.Equal(t, map[string]int{"lost": 1}, cuts, "only the claim still held whose fence was lost is cut")
+	require.True(t, lost.lost)
+	require.False(t, droppedGone.lost)
+
+	got.Busy = map[store.OperationKey]bool{droppedBusy.op.OperationKey: true}
+	require.False(t, ls.extended(all, got, asked), "a dropped claim's busy row is no reason to come back soon")
+}
+
 // testLeases is the leases of a dispatcher with only a lease, the real clock, the store
 // st (nil: a test whose keeper must not reach its first extension) and a silent log.
 func testLeases(lease time.Duration, st *store.Store) *leases {

@@ -504,14 +504,16 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recorded
 }
 
 // byOneOutcome reports whether err, a statement's over many rows, can have been caused
-// by one of them: a value PostgreSQL refused (a data exception, or an integrity
-// constraint, which the schema's guards raise too), or one the driver could not send.
-// Not the database out of reach, a timeout, a cancellation, a deadlock or the server's
-// lack of resources: the statement's every part would meet those again.
+// by one of them: a value PostgreSQL refused (a data exception; an integrity
+// constraint, which the schema's guards raise too; a limit, such as an index entry's
+// size, passed), or one the driver could not send. Not the database out of reach, a
+// timeout, a cancellation or the server's lack of resources, which the statement's every
+// part would meet again; nor a deadlock or a serialization failure, which no one row
+// causes.
 func byOneOutcome(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")
+		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23") || strings.HasPrefix(pgErr.Code, "54")
 	}
 	return !errors.Is(err, ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"sync"
 	"testing"
@@ -20,6 +21,16 @@ func claimParams(limit int) store.ClaimParams {
 		OperationTypes: []string{"demo.charge"}, Worker: "test-worker",
 		Lease: time.Minute, Limit: limit, PerTenant: limit, MaxTenants: 100,
 	}}
+}
+
+// uuidBytes returns n random ids' bytes: a value that does not compress.
+func uuidBytes(n int) []byte {
+	var b []byte
+	for range n {
+		id := uuid.New()
+		b = append(b, id[:]...)
+	}
+	return b
 }
 
 // claimN prepares n operations of tenant and claims them.
@@ -286,10 +297,10 @@ func TestAnOutcomeTriedAgainAfterTheOperationMovedOn(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1`, c.ID))
 }
 
-// TestAnOutcomeAtFaultFailsAlone: outcomes written together, one of which the
-// statement cannot write (a reference with a NUL), are written again in halves: every
-// other outcome is applied, and only the one at fault fails, with its own error, its
-// operation still in flight. (Before, the combined statement failed for all of them,
+// TestAnOutcomeAtFaultFailsAlone: outcomes written together, two of which the
+// statement cannot write (a reference with a NUL, one too long for its index), are
+// written again in halves: every other outcome is applied, and only the ones at fault
+// fail, each with its own error, its operation still in flight. (Before, the combined statement failed for all of them,
 // and each operation waited for its lease to end as UNKNOWN.)
 func TestAnOutcomeAtFaultFailsAlone(t *testing.T) {
 	t.Parallel()
@@ -301,13 +312,14 @@ func TestAnOutcomeAtFaultFailsAlone(t *testing.T) {
 		ps[i] = store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken, State: store.StateSucceeded,
 			RemoteRef: fmt.Sprintf("ch_%d", i), Observation: obs, Actor: "dispatcher:test"}
 	}
-	const faulty, stale = 4, 1
-	ps[faulty].RemoteRef = "ch_\x00"
+	const faulty, oversized, stale = 4, 6, 1
+	ps[faulty].RemoteRef = "ch_\x00"                                                    // refused as data (22021)
+	ps[oversized].RemoteRef = "ch_" + base64.StdEncoding.EncodeToString(uuidBytes(450)) // past the index entry's size (54000)
 	ps[stale].Fence++
 	ops, errs := b.all.RecordOutcomesTogether(b.ctx, ps)
 	for i := range ps {
 		switch i {
-		case faulty:
+		case faulty, oversized:
 			require.Error(t, errs[i])
 			require.NotErrorIs(t, errs[i], store.ErrFenceLost)
 			op, err := b.all.Get(b.ctx, "acme", claimed[i].ID)
