@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -300,8 +301,9 @@ func TestAnOutcomeTriedAgainAfterTheOperationMovedOn(t *testing.T) {
 // TestAnOutcomeAtFaultFailsAlone: outcomes written together, two of which the
 // statement cannot write (a reference with a NUL, one too long for its index), are
 // written again in halves: every other outcome is applied, and only the ones at fault
-// fail, each with its own error, its operation still in flight. (Before, the combined statement failed for all of them,
-// and each operation waited for its lease to end as UNKNOWN.)
+// fail, each with its own error, its operation still in flight. (Before, the combined
+// statement failed for all of them, and each operation waited for its lease to end as
+// UNKNOWN.)
 func TestAnOutcomeAtFaultFailsAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -313,15 +315,17 @@ func TestAnOutcomeAtFaultFailsAlone(t *testing.T) {
 			RemoteRef: fmt.Sprintf("ch_%d", i), Observation: obs, Actor: "dispatcher:test"}
 	}
 	const faulty, oversized, stale = 4, 6, 1
-	ps[faulty].RemoteRef = "ch_\x00"                                                    // refused as data (22021)
-	ps[oversized].RemoteRef = "ch_" + base64.StdEncoding.EncodeToString(uuidBytes(450)) // past the index entry's size (54000)
+	ps[faulty].RemoteRef = "ch_\x00"                                                    // refused as data
+	ps[oversized].RemoteRef = "ch_" + base64.StdEncoding.EncodeToString(uuidBytes(450)) // past the index entry's size
 	ps[stale].Fence++
+	code := map[int]string{faulty: "22021", oversized: "54000"}
 	ops, errs := b.all.RecordOutcomesTogether(b.ctx, ps)
 	for i := range ps {
 		switch i {
 		case faulty, oversized:
-			require.Error(t, errs[i])
-			require.NotErrorIs(t, errs[i], store.ErrFenceLost)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, errs[i], &pgErr)
+			require.Equal(t, code[i], pgErr.Code, "outcome %d failed for another reason: %v", i, errs[i])
 			op, err := b.all.Get(b.ctx, "acme", claimed[i].ID)
 			require.NoError(t, err)
 			require.Equal(t, store.StateInFlight, op.State, "the outcome at fault wrote nothing")
