@@ -475,13 +475,18 @@ var recordOutcomesSQL = compileNamed(`
 	"sent", "not_executed", "send_again_after")
 
 // recordOutcomes writes outcomes in one statement, each under its own fence, and keeps
-// those whose fence was lost as stale outcomes (keepStale). When the statement fails
-// for what one outcome in it can cause (byOneOutcome), each half of the outcomes is
-// written again on its own, down to single outcomes, so that only the outcomes at fault
-// fail, each with its own error; the others' operations do not wait for their leases
-// to end as UNKNOWN.
+// those whose fence was lost as stale outcomes (keepStale). A statement that a deadlock
+// rolled back is run once more. When the statement fails for what one outcome in it can
+// cause (byOneOutcome), each half of the outcomes is written again on its own, down to
+// single outcomes, so that only the outcomes at fault fail, each with its own error;
+// the others' operations do not wait for their leases to end as UNKNOWN.
 func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recordedOutcomes, error) {
 	recorded, err := q.recordTogether(ctx, ps)
+	if conflicted(err) {
+		// The victim of a deadlock (or a serialization failure) changed nothing, and the
+		// transaction it met has finished or is finishing: once more.
+		recorded, err = q.recordTogether(ctx, ps)
+	}
 	if err == nil || len(ps) == 1 || !byOneOutcome(err) {
 		return recorded, err
 	}
@@ -516,6 +521,13 @@ func byOneOutcome(err error) bool {
 		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23") || strings.HasPrefix(pgErr.Code, "54")
 	}
 	return !errors.Is(err, ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
+}
+
+// conflicted reports whether err is a deadlock's or a serialization failure's: the
+// statement was rolled back because of another transaction, and may be run again.
+func conflicted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
 
 // recordTogether is recordOutcomes' one statement, and the stale outcomes' if any

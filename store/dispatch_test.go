@@ -298,6 +298,42 @@ func TestAnOutcomeTriedAgainAfterTheOperationMovedOn(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1`, c.ID))
 }
 
+// TestAnOutcomeStatementThatDeadlocksIsWrittenAgain: an outcome statement chosen as a
+// deadlock's victim changed nothing; it is written again, and its outcomes recorded,
+// not failed (every operation in its batch went UNKNOWN at its lease's end). The
+// deadlock is made for certain: a transaction holds an event row the outcome's event
+// must wait for, after the outcome's update took the operation's row, and then asks
+// for that row; it waits longer than the server before looking for a deadlock, so the
+// outcome's session finds it and is the victim.
+func TestAnOutcomeStatementThatDeadlocksIsWrittenAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.claimN(t, "acme", 1)[0]
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = tx.Exec(b.ctx, `SET LOCAL deadlock_timeout = '10s'`)
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, sent)
+		VALUES ($1, $2, $3, 'IN_FLIGHT', 'UNKNOWN', $4, 'test', 'TIMEOUT', true)`, c.TenantID, c.ID, c.Revision+1, c.FenceToken)
+	require.NoError(t, err)
+	recorded := make(chan error, 1)
+	go func() {
+		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+			State: store.StateSucceeded, RemoteRef: "ch_1", Actor: "dispatcher:test",
+			Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS"}})
+		recorded <- err
+	}()
+	b.waitedOn(t, tx)                                                                            // the outcome's event waits for tx's, its update done
+	_, err = tx.Exec(b.ctx, `SELECT 1 FROM operations WHERE operation_id = $1 FOR UPDATE`, c.ID) // the cycle: the outcome is its victim
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(b.ctx))
+	require.NoError(t, <-recorded, "the victim is written again")
+	op, err := b.all.Get(b.ctx, c.TenantID, c.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateSucceeded, op.State)
+}
+
 // TestAnOutcomeAtFaultFailsAlone: outcomes written together, two of which the
 // statement cannot write (a reference with a NUL, one too long for its index), are
 // written again in halves: every other outcome is applied, and only the ones at fault
