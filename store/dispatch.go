@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"time"
@@ -476,15 +477,22 @@ var recordOutcomesSQL = compileNamed(`
 
 // recordOutcomes writes outcomes in one statement, each under its own fence, and keeps
 // those whose fence was lost as stale outcomes (keepStale). A statement that a deadlock
-// rolled back is run once more. When the statement fails for what one outcome in it can
-// cause (byOneOutcome), each half of the outcomes is written again on its own, down to
-// single outcomes, so that only the outcomes at fault fail, each with its own error;
-// the others' operations do not wait for their leases to end as UNKNOWN.
+// rolled back is run again, after a pause (up to conflictTries times). When the
+// statement fails for what one outcome in it can cause (byOneOutcome), each half of the
+// outcomes is written again on its own, down to single outcomes, so that only the
+// outcomes at fault fail, each with its own error; the others' operations do not wait
+// for their leases to end as UNKNOWN.
 func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recordedOutcomes, error) {
 	recorded, err := q.recordTogether(ctx, ps)
-	if conflicted(err) {
-		// The victim of a deadlock (or a serialization failure) changed nothing, and the
-		// transaction it met has finished or is finishing: once more.
+	for try := 1; try <= conflictTries && conflicted(err); try++ {
+		// The victim of a deadlock (or a serialization failure) changed nothing. It waits
+		// a moment first: run again at once, it could take the rows back before the
+		// transaction it met, which waited for them, and meet it again.
+		select {
+		case <-ctx.Done():
+			return recordedOutcomes{}, err
+		case <-time.After(time.Duration(try) * (10*time.Millisecond + rand.N(20*time.Millisecond))):
+		}
 		recorded, err = q.recordTogether(ctx, ps)
 	}
 	if err == nil || len(ps) == 1 || !byOneOutcome(err) {
@@ -522,6 +530,10 @@ func byOneOutcome(err error) bool {
 	}
 	return !errors.Is(err, ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
+
+// conflictTries is how many times more recordOutcomes runs a statement that a deadlock
+// or a serialization failure rolled back.
+const conflictTries = 3
 
 // conflicted reports whether err is a deadlock's or a serialization failure's: the
 // statement was rolled back because of another transaction, and may be run again.

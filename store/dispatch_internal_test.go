@@ -14,7 +14,7 @@ import (
 // an error one outcome in it can cause; not for one every half would meet again (a
 // timeout, the server out of memory), which would cost about two statements per
 // outcome, each meeting it again, nor for a deadlock, which no one outcome causes (its
-// victim is run once more instead).
+// victim is run again instead).
 func TestByOneOutcome(t *testing.T) {
 	t.Parallel()
 	pg := func(code string) error { return fmt.Errorf("store: record outcome: %w", &pgconn.PgError{Code: code}) }
