@@ -308,27 +308,22 @@ func TestAnOutcomeTriedAgainAfterTheOperationMovedOn(t *testing.T) {
 func TestAnOutcomeStatementThatDeadlocksIsWrittenAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c := b.claimN(t, "acme", 1)[0]
-	tx, err := b.pool.Begin(b.ctx)
+	// The event the outcome's will collide with, its revision the next.
+	c, tx := b.claimAndHold(t, `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state,
+			fence_token, actor, reason, sent)
+		SELECT tenant_id, operation_id, revision + 1, 'IN_FLIGHT', 'UNKNOWN', fence_token, 'test', 'TIMEOUT', true
+		FROM operations WHERE operation_id = $1 AND fence_token = $2`)
+	_, err := tx.Exec(b.ctx, `SET LOCAL deadlock_timeout = '10s'`)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = tx.Exec(b.ctx, `SET LOCAL deadlock_timeout = '10s'`)
-	require.NoError(t, err)
-	_, err = tx.Exec(b.ctx, `INSERT INTO operation_events (tenant_id, operation_id, revision, from_state, to_state, fence_token, actor, reason, sent)
-		VALUES ($1, $2, $3, 'IN_FLIGHT', 'UNKNOWN', $4, 'test', 'TIMEOUT', true)`, c.TenantID, c.ID, c.Revision+1, c.FenceToken)
-	require.NoError(t, err)
-	recorded := make(chan error, 1)
-	go func() {
-		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
-			State: store.StateSucceeded, RemoteRef: "ch_1", Actor: "dispatcher:test",
-			Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS"}})
-		recorded <- err
-	}()
-	b.waitedOn(t, tx)                                                                            // the outcome's event waits for tx's, its update done
-	_, err = tx.Exec(b.ctx, `SELECT 1 FROM operations WHERE operation_id = $1 FOR UPDATE`, c.ID) // the cycle: the outcome is its victim
-	require.NoError(t, err)
-	require.NoError(t, tx.Rollback(b.ctx))
-	require.NoError(t, <-recorded, "the victim is written again")
+	err = b.recordWhile(t, tx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+		State: store.StateSucceeded, RemoteRef: "ch_1", Actor: "dispatcher:test",
+		Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS"}}, func() {
+		// The cycle (the outcome's update holds the row): the outcome is its victim.
+		_, err := tx.Exec(b.ctx, `SELECT 1 FROM operations WHERE operation_id = $1 FOR UPDATE`, c.ID)
+		require.NoError(t, err)
+		require.NoError(t, tx.Rollback(b.ctx))
+	})
+	require.NoError(t, err, "the victim is written again")
 	op, err := b.all.Get(b.ctx, c.TenantID, c.ID)
 	require.NoError(t, err)
 	require.Equal(t, store.StateSucceeded, op.State)
@@ -417,13 +412,20 @@ func (b *testBundle) claimAndHold(t *testing.T, sql string) (store.Claimed, pgx.
 // outcome waits for it, and returns the outcome's answer.
 func (b *testBundle) recordBehind(t *testing.T, tx pgx.Tx, p store.OutcomeParams) error {
 	t.Helper()
+	return b.recordWhile(t, tx, p, func() { require.NoError(t, tx.Commit(b.ctx)) })
+}
+
+// recordWhile records p while tx holds what it needs, runs then once the outcome waits
+// for tx, and returns the outcome's answer.
+func (b *testBundle) recordWhile(t *testing.T, tx pgx.Tx, p store.OutcomeParams, then func()) error {
+	t.Helper()
 	recorded := make(chan error, 1)
 	go func() {
 		_, err := b.all.RecordOutcome(b.ctx, p)
 		recorded <- err
 	}()
-	b.waitedOn(t, tx) // the outcome waits for tx's row lock
-	require.NoError(t, tx.Commit(b.ctx))
+	b.waitedOn(t, tx)
+	then()
 	return <-recorded
 }
 
