@@ -30,6 +30,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	embeddedpostgres "github.com/fergusstrange/embedded-postgres"
@@ -60,6 +61,10 @@ type Config struct {
 	Template bool
 	// Logger receives PostgreSQL's start-up output; nil discards it.
 	Logger io.Writer
+
+	// templates is the folder that holds the templates' folder; empty means the
+	// temporary directory. The tests give each their own, so that they run side by side.
+	templates string
 }
 
 // serverParameters are the settings the server always runs with: loopback only, no Unix
@@ -174,7 +179,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 	var template string // the template pgData is a copy of
 	if cfg.Template && binDir != "" && !initialised {
 		var err error
-		if template, err = seed(pgData, binDir, version, filepath.Join(tools, "bin", "initdb"), runAs); err != nil {
+		if template, err = seed(cfg.templates, pgData, binDir, version, filepath.Join(tools, "bin", "initdb"), runAs); err != nil {
 			fmt.Fprintf(logger, "embeddedpg: the template cluster was not used, initdb runs: %v\n", err)
 		}
 	}
@@ -265,11 +270,17 @@ func stopOrphan(tools, pgData string) {
 	_ = exec.Command(pgCtl, "stop", "-D", pgData, "-m", "fast", "-w").Run()
 }
 
+// tmpdirMu makes starts one at a time where they change TMPDIR: two at once would each
+// put back what the other set.
+var tmpdirMu sync.Mutex
+
 // startKeepingLogs starts ep with the process's temporary directory pointed at tmpDir,
 // emptied first: the library writes a log file there at every start and never removes
 // it. It changes the environment of the whole process while it runs, so call it before
 // other goroutines depend on TMPDIR.
 func startKeepingLogs(ep *embeddedpostgres.EmbeddedPostgres, tmpDir string) error {
+	tmpdirMu.Lock()
+	defer tmpdirMu.Unlock()
 	if err := os.RemoveAll(tmpDir); err != nil {
 		return err
 	}

@@ -9,10 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/loopback"
@@ -21,6 +23,7 @@ import (
 // TestStartRefusesClusterOfAnotherVersion: the library would wipe a data folder whose
 // version does not match; we refuse instead, and the cluster stays.
 func TestStartRefusesClusterOfAnotherVersion(t *testing.T) {
+	t.Parallel()
 	binDir := InstalledBinaries()
 	if binDir == "" {
 		t.Skip("no installed PostgreSQL binaries")
@@ -28,7 +31,7 @@ func TestStartRefusesClusterOfAnotherVersion(t *testing.T) {
 	major, _, err := binariesVersion(binDir)
 	require.NoError(t, err)
 
-	dataDir := t.TempDir()
+	dataDir := openTempDir(t)
 	pgData := filepath.Join(dataDir, "pg", "data")
 	require.NoError(t, os.MkdirAll(pgData, 0o700))
 	versionFile := filepath.Join(pgData, "PG_VERSION")
@@ -39,11 +42,12 @@ func TestStartRefusesClusterOfAnotherVersion(t *testing.T) {
 	_, err = Start(context.Background(), Config{DataDir: dataDir, BinDir: binDir})
 	require.ErrorContains(t, err, "PostgreSQL 9 cluster")
 	require.FileExists(t, precious, "the existing cluster is left alone")
-	_, err = checkDataVersion(t.TempDir(), major)
+	_, err = checkDataVersion(openTempDir(t), major)
 	require.NoError(t, err, "an empty folder is fine")
 }
 
 func TestReachable(t *testing.T) {
+	t.Parallel()
 	open := openTempDir(t)
 	require.NoError(t, reachable(open))
 
@@ -57,10 +61,11 @@ func TestReachable(t *testing.T) {
 // TestCrashRestartKeepsCommittedData: an immediate stop loses no committed transaction;
 // the server comes back on the same address.
 func TestCrashRestartKeepsCommittedData(t *testing.T) {
+	t.Parallel()
 	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
-	srv := startInTempDir(t, Config{Restarted: true, Template: true})
+	srv := startInTempDir(t, Config{Restarted: true, Template: true, templates: tempRoot})
 	defer srv.Stop()
 	if end, ok := loopback.Range(); ok {
 		require.Less(t, int(srv.port), end, "a port no connection can take while the server is down")
@@ -107,9 +112,33 @@ func TestStartTriesAnotherPortWhenOneIsTaken(t *testing.T) {
 	requireServes(t, srv)
 }
 
+// TestStartsAtOnceLeaveTMPDIRAsItWas: a start points TMPDIR at a folder of its server's
+// while the library writes its log; starts at once take turns, or each would put back
+// what another had set. Not parallel: it reads TMPDIR when no other start runs.
+func TestStartsAtOnceLeaveTMPDIRAsItWas(t *testing.T) {
+	if InstalledBinaries() == "" {
+		t.Skip("no installed PostgreSQL binaries")
+	}
+	before, had := os.LookupEnv("TMPDIR")
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			srv, err := Start(context.Background(), Config{DataDir: openTempDir(t), Template: true, templates: tempRoot})
+			if assert.NoError(t, err) {
+				assert.NoError(t, srv.Stop())
+			}
+		})
+	}
+	wg.Wait()
+	after, has := os.LookupEnv("TMPDIR")
+	require.Equal(t, had, has)
+	require.Equal(t, before, after)
+}
+
 // TestPortTaken: both ways a start finds its port taken are told from other failures:
 // the library's check before the start, and the server's bind.
 func TestPortTaken(t *testing.T) {
+	t.Parallel()
 	for msg, taken := range map[string]bool{
 		"process already listening on port 41379": true,
 		`could not start postgres using pg_ctl start: LOG:  could not bind IPv4 address "127.0.0.1": Address already in use`: true,
@@ -144,8 +173,8 @@ func TestNewClustersAreCopiesOfTheTemplate(t *testing.T) {
 	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
+	t.Parallel()
 	tmp := openTempDir(t)
-	t.Setenv("TMPDIR", tmp)
 	systemID := func(cfg Config) int64 {
 		srv := startInTempDir(t, cfg)
 		defer srv.Stop()
@@ -159,7 +188,7 @@ func TestNewClustersAreCopiesOfTheTemplate(t *testing.T) {
 		require.NoError(t, conn.QueryRow(ctx, `SELECT system_identifier FROM pg_control_system()`).Scan(&id))
 		return id
 	}
-	first, second := systemID(Config{Template: true}), systemID(Config{Template: true})
+	first, second := systemID(Config{Template: true, templates: tmp}), systemID(Config{Template: true, templates: tmp})
 	require.Equal(t, first, second, "both clusters are copies of one template")
 	templates, err := filepath.Glob(filepath.Join(tmp, "opbroker-pg-templates-*", "*", "PG_VERSION"))
 	require.NoError(t, err)
@@ -174,13 +203,13 @@ func TestATemplateFolderOthersCanWriteIsNotUsed(t *testing.T) {
 	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
+	t.Parallel()
 	tmp := openTempDir(t)
-	t.Setenv("TMPDIR", tmp)
 	folder := filepath.Join(tmp, fmt.Sprintf("opbroker-pg-templates-%d", os.Geteuid()))
 	require.NoError(t, os.Mkdir(folder, 0o777))
 	require.NoError(t, os.Chmod(folder, 0o777))
 	var log strings.Builder
-	srv := startInTempDir(t, Config{Template: true, Logger: &log})
+	srv := startInTempDir(t, Config{Template: true, Logger: &log, templates: tmp})
 	defer srv.Stop()
 	require.Contains(t, log.String(), "the template cluster was not used, initdb runs: "+folder+" is not a folder of this user's alone")
 	entries, err := os.ReadDir(folder)
@@ -192,16 +221,16 @@ func TestATemplateFolderOthersCanWriteIsNotUsed(t *testing.T) {
 // TestTheTemplateFolderMustBeOursAlone: the template folder is refused when others can
 // write to it, when it is a symbolic link, and when it is another user's.
 func TestTheTemplateFolderMustBeOursAlone(t *testing.T) {
+	t.Parallel()
 	tmp := openTempDir(t)
-	t.Setenv("TMPDIR", tmp)
 	folder := filepath.Join(tmp, fmt.Sprintf("opbroker-pg-templates-%d", os.Geteuid()))
-	dir, err := templateDir("/bin", "postgres (PostgreSQL) 15.20")
+	dir, err := templateDir(tmp, "/bin", "postgres (PostgreSQL) 15.20")
 	require.NoError(t, err, "a folder it makes itself")
 	require.Equal(t, folder, filepath.Dir(dir))
 
 	refused := func(why string) {
 		t.Helper()
-		_, err := templateDir("/bin", "postgres (PostgreSQL) 15.20")
+		_, err := templateDir(tmp, "/bin", "postgres (PostgreSQL) 15.20")
 		require.ErrorContains(t, err, folder+" is not a folder of this user's alone", why)
 	}
 	require.NoError(t, os.Chmod(folder, 0o777))
@@ -229,8 +258,8 @@ func TestALostRaceForTheTemplateKeepsTheWinner(t *testing.T) {
 	if binDir == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
-	t.Setenv("TMPDIR", openTempDir(t))
-	dir, err := templateDir(binDir, "race")
+	t.Parallel()
+	dir, err := templateDir(openTempDir(t), binDir, "race")
 	require.NoError(t, err)
 	require.NoError(t, os.Mkdir(dir, 0o755))
 	winner := filepath.Join(dir, "PG_VERSION")
@@ -252,9 +281,9 @@ func TestALostRaceForTheTemplateKeepsTheWinner(t *testing.T) {
 // else, and what a link points to. (The template here is a folder with a PG_VERSION: it
 // is only copied.)
 func TestLeftoversOfAKilledMakerAreRemoved(t *testing.T) {
+	t.Parallel()
 	tmp := openTempDir(t)
-	t.Setenv("TMPDIR", tmp)
-	dir, err := templateDir("bin", "leftovers")
+	dir, err := templateDir(tmp, "bin", "leftovers")
 	require.NoError(t, err)
 	require.NoError(t, os.Mkdir(dir, 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "PG_VERSION"), []byte("15\n"), 0o600))
@@ -273,7 +302,7 @@ func TestLeftoversOfAKilledMakerAreRemoved(t *testing.T) {
 	require.NoError(t, os.Mkdir(outside, 0o700))
 	require.NoError(t, os.Symlink(outside, dir+".new-link"))
 
-	_, err = seed(filepath.Join(tmp, "cluster"), "bin", "leftovers", "no initdb", nil)
+	_, err = seed(tmp, filepath.Join(tmp, "cluster"), "bin", "leftovers", "no initdb", nil)
 	require.NoError(t, err)
 	require.FileExists(t, filepath.Join(tmp, "cluster", "PG_VERSION"))
 	for _, path := range killed {
@@ -292,9 +321,9 @@ func TestAMakerLocksItsScratchFolder(t *testing.T) {
 	if err != nil {
 		t.Skip("no flock(1)")
 	}
+	t.Parallel()
 	tmp := openTempDir(t)
-	t.Setenv("TMPDIR", tmp)
-	dir, err := templateDir("bin", "locked")
+	dir, err := templateDir(tmp, "bin", "locked")
 	require.NoError(t, err)
 	initdb := filepath.Join(tmp, "initdb")
 	script := fmt.Sprintf("#!/bin/sh\n# -D is the sixth argument\nexec %s -n \"${6%%/*}\" true\n", flock)
@@ -308,6 +337,7 @@ func TestAMakerLocksItsScratchFolder(t *testing.T) {
 // TestATemplateBeingRemovedIsLeftToItsRemover: removeTemplate locks the template until
 // it is gone, so a second remover (or removeLeftovers) leaves it to the first.
 func TestATemplateBeingRemovedIsLeftToItsRemover(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(openTempDir(t), "template")
 	require.NoError(t, os.Mkdir(dir, 0o700))
 	lock, err := lockFolder(dir, false)
@@ -326,9 +356,9 @@ func TestATemplateThatDoesNotStartIsReplaced(t *testing.T) {
 	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
+	t.Parallel()
 	tmp := openTempDir(t)
-	t.Setenv("TMPDIR", tmp)
-	srv := startInTempDir(t, Config{Template: true})
+	srv := startInTempDir(t, Config{Template: true, templates: tmp})
 	require.NoError(t, srv.Stop())
 	templates, err := filepath.Glob(filepath.Join(tmp, "opbroker-pg-templates-*", "*", "postgresql.conf"))
 	require.NoError(t, err)
@@ -340,7 +370,7 @@ func TestATemplateThatDoesNotStartIsReplaced(t *testing.T) {
 	require.NoError(t, conf.Close())
 
 	var log strings.Builder
-	srv = startInTempDir(t, Config{Template: true, Logger: &log})
+	srv = startInTempDir(t, Config{Template: true, Logger: &log, templates: tmp})
 	defer srv.Stop()
 	require.Contains(t, log.String(), "embeddedpg: the server did not start on a copy of the template "+filepath.Dir(templates[0])+", which is removed; initdb runs")
 	require.NoDirExists(t, filepath.Dir(templates[0]))
@@ -389,6 +419,7 @@ func TestAsRootTheCopyIsMadeAsTheServersUser(t *testing.T) {
 // TestACopyThatCannotTakeItsPlaceIsRemoved: when the cluster's folder is taken (not
 // empty), the copy made beside it is removed.
 func TestACopyThatCannotTakeItsPlaceIsRemoved(t *testing.T) {
+	t.Parallel()
 	template := filepath.Join(openTempDir(t), "template")
 	require.NoError(t, os.Mkdir(template, 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(template, "PG_VERSION"), []byte("15\n"), 0o600))
@@ -417,11 +448,15 @@ func initdbFor(t *testing.T, binDir string) (string, *owner) {
 	return filepath.Join(wrappers, "bin", "initdb"), runAs
 }
 
+// tempRoot is the temporary directory as the tests began: while a server starts, TMPDIR
+// names a folder of its own (startKeepingLogs), and the tests run side by side.
+var tempRoot = os.TempDir()
+
 // openTempDir returns a new folder in the temporary directory that every user can
 // search, as the server's user must when we are root.
 func openTempDir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "embeddedpg-")
+	dir, err := os.MkdirTemp(tempRoot, "embeddedpg-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	require.NoError(t, os.Chmod(dir, 0o755))

@@ -23,14 +23,14 @@ const (
 
 // seed fills the new cluster folder pgData with a copy of a template cluster of the
 // binaries in binDir (version: their postgres --version), made by initdb the first time
-// and kept in the temporary directory; it returns the template's folder, or "" with an
+// and kept in the folder parent (the temporary directory when empty); it returns the template's folder, or "" with an
 // error. initdb costs
 // about a second of CPU; the copy a tenth of that. initdb is the tool that makes the
 // template: binDir's, or the privilege-dropping wrapper when we are root, and then runAs
 // is the server's user. That user owns the template and the copies, and the copy does
 // not open their files with root's rights: initdb and cp run as that user.
-func seed(pgData, binDir, version, initdb string, runAs *owner) (string, error) {
-	dir, err := templateDir(binDir, version)
+func seed(parent, pgData, binDir, version, initdb string, runAs *owner) (string, error) {
+	dir, err := templateDir(parent, binDir, version)
 	if err != nil {
 		return "", err
 	}
@@ -47,11 +47,14 @@ func seed(pgData, binDir, version, initdb string, runAs *owner) (string, error) 
 }
 
 // templateDir returns where the template of these binaries is kept: a folder of this
-// user's in the temporary directory, one cluster per binaries, version, locale and time
+// user's in parent (the temporary directory when empty), one cluster per binaries, version, locale and time
 // zone (initdb writes them into the cluster). The folder must be this user's alone, or
 // another user of the machine could plant a cluster.
-func templateDir(binDir, version string) (string, error) {
-	root := filepath.Join(os.TempDir(), fmt.Sprintf("opbroker-pg-templates-%d", os.Geteuid()))
+func templateDir(parent, binDir, version string) (string, error) {
+	if parent == "" {
+		parent = os.TempDir()
+	}
+	root := filepath.Join(parent, fmt.Sprintf("opbroker-pg-templates-%d", os.Geteuid()))
 	if err := os.Mkdir(root, 0o755); err == nil {
 		// Searchable by all, whatever the umask: as root, the server's user makes and
 		// copies the template inside.
