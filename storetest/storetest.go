@@ -10,9 +10,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	neturl "net/url"
 	"os"
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -40,6 +43,7 @@ func Main(m *testing.M) {
 // Run is Main without the exit, for a TestMain with work of its own around it; it
 // returns the exit code.
 func Run(m *testing.M) int {
+	parallelByDefault()
 	baseURL = os.Getenv(EnvDatabaseURL)
 	shared := baseURL != ""
 	if !shared {
@@ -74,6 +78,24 @@ func Run(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+// waitingTests is how many of a binary's parallel tests run at once per core, unless
+// -parallel says otherwise. go test runs one per core (GOMAXPROCS), but most of ours
+// wait more than they compute (for a lease to run out, a slow call, a server's start),
+// so that with one per core the waits, not the cores, set how long a package takes.
+const waitingTests = 4
+
+// parallelByDefault sets -parallel to waitingTests per core when it was not given.
+func parallelByDefault() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", strconv.Itoa(waitingTests*runtime.GOMAXPROCS(0)))
+	}
 }
 
 // URL returns the connection string of the test database (without a test schema).
