@@ -70,7 +70,7 @@ func TestShortChaosRun(t *testing.T) {
 	require.Positive(t, report.Recovered, "some operations went through UNKNOWN and were resolved")
 	require.Positive(t, report.Probes)
 	require.Positive(t, report.Amendments, "some amendments were recorded")
-	require.Positive(t, report.ResolvedByHand, "the operator resolved the escalations through the API")
+	require.Positive(t, report.ResolvedByHand, "the operator resolved the escalations through the API; the run's log ends:\n%s", logTail(&log, 40))
 	require.Positive(t, report.Pending, "some answers were pending")
 	require.Positive(t, report.Resent, "some operations were sent again after an answer documented as not executed")
 	for _, f := range simtarget.WebhookFaults {

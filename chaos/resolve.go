@@ -25,9 +25,12 @@ const operatorName = "oncall"
 // FAILED_TERMINAL where it did not (or where it failed). An effect the target still
 // processes may yet succeed, and a request it is still handling may yet take effect
 // (the runbook: no failure while a send can still land): the operator waits for both to
-// finish. It returns how many it resolved.
+// finish. It returns how many it resolved, and when escalations are left after its last
+// look, an error that says why they were.
 func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, error) {
 	resolved := 0
+	// What the last look left unresolved, and why.
+	left := ""
 	for attempt := 0; attempt < 150 && ctx.Err() == nil; attempt++ { // 30 s of waiting at most
 		truth := c.truth()
 		conn, err := c.client(rng)
@@ -39,17 +42,18 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 		list, err := admin.ListEscalations(callCtx, &opbrokerv1.ListEscalationsRequest{PageSize: 1000})
 		cancel()
 		if err != nil {
+			left = fmt.Sprintf("the escalations could not be listed: %v", err)
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
 		if len(list.GetEscalations()) == 0 {
 			return resolved, nil
 		}
-		waiting := false
+		var atTarget, mayLand, again int
 		for _, e := range list.GetEscalations() {
 			op := e.GetOperation()
 			if kt := truth[op.GetRemoteKey()]; kt != nil && (kt.Processing > 0 || kt.Committing > 0) {
-				waiting = true // looked at again once the target has finished
+				atTarget++ // looked at again once the target has finished
 				continue
 			}
 			req := &opbrokerv1.ResolveOperationRequest{Name: op.GetName(), Revision: op.GetRevision(),
@@ -66,18 +70,24 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 			switch code := status.Code(err); {
 			case code == codes.OK:
 				resolved++
-			case code == codes.Aborted, code == codes.Unavailable, code == codes.DeadlineExceeded: // listed again
+			case code == codes.Aborted, code == codes.Unavailable, code == codes.DeadlineExceeded:
+				again++ // listed again
 			case code == codes.FailedPrecondition && reasonOf(err) == server.ReasonSendMayStillLand:
-				waiting = true // the broker says the last send may still land: look again later
+				mayLand++ // the broker says the last send may still land: look again later
 			default:
 				return resolved, fmt.Errorf("resolving %s: %w", op.GetName(), err)
 			}
 		}
-		if waiting {
+		left = fmt.Sprintf("%d listed: %d still at their target, %d whose last send may still land, %d to be tried again",
+			len(list.GetEscalations()), atTarget, mayLand, again)
+		if atTarget+mayLand+again > 0 {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	return resolved, nil
+	if err := ctx.Err(); err != nil {
+		return resolved, err
+	}
+	return resolved, fmt.Errorf("escalations left after 150 looks; the last: %s", left)
 }
 
 // settledEffect is the id of an effect the target finished (neither processing nor
