@@ -78,14 +78,18 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 				return resolved, fmt.Errorf("resolving %s: %w", op.GetName(), err)
 			}
 		}
-		left = fmt.Sprintf("%d listed: %d still at their target, %d whose last send may still land, %d to be tried again",
-			len(list.GetEscalations()), atTarget, mayLand, again)
+		left = ""
 		if atTarget+mayLand+again > 0 {
+			left = fmt.Sprintf("%d listed: %d still at their target, %d whose last send may still land, %d to be tried again",
+				len(list.GetEscalations()), atTarget, mayLand, again)
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return resolved, err
+	switch {
+	case left == "":
+		return resolved, ctx.Err()
+	case ctx.Err() != nil:
+		return resolved, fmt.Errorf("%w; the last look: %s", ctx.Err(), left)
 	}
 	return resolved, fmt.Errorf("escalations left after 150 looks; the last: %s", left)
 }

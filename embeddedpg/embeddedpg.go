@@ -270,14 +270,23 @@ func stopOrphan(tools, pgData string) {
 	_ = exec.Command(pgCtl, "stop", "-D", pgData, "-m", "fast", "-w").Run()
 }
 
-// tmpdirMu makes starts one at a time where they change TMPDIR: two at once would each
-// put back what the other set.
+// tmpdirMu makes starts one at a time where they change TMPDIR (two at once would each
+// put back what the other set), and tempDir read it when none does.
 var tmpdirMu sync.Mutex
+
+// tempDir is the process's temporary directory, not the folder a start points TMPDIR at
+// meanwhile.
+func tempDir() string {
+	tmpdirMu.Lock()
+	defer tmpdirMu.Unlock()
+	return os.TempDir()
+}
 
 // startKeepingLogs starts ep with the process's temporary directory pointed at tmpDir,
 // emptied first: the library writes a log file there at every start and never removes
-// it. It changes the environment of the whole process while it runs, so call it before
-// other goroutines depend on TMPDIR.
+// it. It changes the environment of the whole process while it runs: this package reads
+// TMPDIR through tempDir, and a goroutine of the process that reads it otherwise may
+// find that folder.
 func startKeepingLogs(ep *embeddedpostgres.EmbeddedPostgres, tmpDir string) error {
 	tmpdirMu.Lock()
 	defer tmpdirMu.Unlock()

@@ -122,8 +122,9 @@ func TestStartsAtOnceLeaveTMPDIRAsItWas(t *testing.T) {
 	before, had := os.LookupEnv("TMPDIR")
 	var wg sync.WaitGroup
 	for range 4 {
+		dataDir := openTempDir(t)
 		wg.Go(func() {
-			srv, err := Start(context.Background(), Config{DataDir: openTempDir(t), Template: true, templates: tempRoot})
+			srv, err := Start(context.Background(), Config{DataDir: dataDir, Template: true, templates: tempRoot})
 			if assert.NoError(t, err) {
 				assert.NoError(t, srv.Stop())
 			}

@@ -47,12 +47,12 @@ func seed(parent, pgData, binDir, version, initdb string, runAs *owner) (string,
 }
 
 // templateDir returns where the template of these binaries is kept: a folder of this
-// user's in parent (the temporary directory when empty), one cluster per binaries, version, locale and time
-// zone (initdb writes them into the cluster). The folder must be this user's alone, or
+// user's in parent (the temporary directory when empty), one cluster per binaries,
+// version, locale and time zone (initdb writes them into the cluster). The folder must be this user's alone, or
 // another user of the machine could plant a cluster.
 func templateDir(parent, binDir, version string) (string, error) {
 	if parent == "" {
-		parent = os.TempDir()
+		parent = tempDir()
 	}
 	root := filepath.Join(parent, fmt.Sprintf("opbroker-pg-templates-%d", os.Geteuid()))
 	if err := os.Mkdir(root, 0o755); err == nil {

@@ -86,13 +86,22 @@ func Run(m *testing.M) int {
 // so that with one per core the waits, not the cores, set how long a package takes.
 const waitingTests = 4
 
-// parallelByDefault sets -parallel to waitingTests per core when it was not given.
+// parallelByDefault sets -parallel to waitingTests per core when it was not given, on
+// the embedded server only: a binary has that server's 200 connections to itself,
+// where one named by EnvDatabaseURL (100 by default) serves every binary at once. Not
+// when fuzzing either, where -parallel is the number of fuzzing processes, each with a
+// server of its own.
 func parallelByDefault() {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
+	if os.Getenv(EnvDatabaseURL) != "" {
+		return
+	}
 	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	flag.Visit(func(f *flag.Flag) {
+		given = given || f.Name == "test.parallel" || f.Name == "test.fuzz" || f.Name == "test.fuzzworker"
+	})
 	if !given {
 		flag.Set("test.parallel", strconv.Itoa(waitingTests*runtime.GOMAXPROCS(0)))
 	}
