@@ -379,6 +379,49 @@ func TestStopGivesBackAClaimWhoseSlotCameWithTheCut(t *testing.T) {
 	require.Zero(t, b.sim.Snapshot().Requests, "never sent")
 }
 
+// TestAClaimNotSentGivesBackItsSlotBeforeItsOutcome: a claim the dispatcher will not
+// send (here its payload no longer matches its hash) frees its slot before its outcome
+// is written, as a call does once its reply is in, so that a slow write holds up no
+// send. The outcome's write waits here on a lock the test holds on the row.
+func TestAClaimNotSentGivesBackItsSlotBeforeItsOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	contract, ok := b.targets.ByName("demo-payments")
+	require.True(t, ok)
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "not-sent", `{"amount":1}`)
+	const worker = "w"
+	asOf := time.Now()
+	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: worker, Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	claimed[0].Payload = []byte(`{"amount":999}`) // what was read no longer matches its hash
+
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(b.ctx)
+	_, err = tx.Exec(b.ctx, `SELECT 1 FROM operations WHERE operation_id = $1 FOR NO KEY UPDATE`, op.ID)
+	require.NoError(t, err)
+
+	d := b.dispatcher(t, dispatcher.Config{Worker: worker, Lease: time.Minute})
+	freed := make(chan struct{})
+	d.DeliverAfter(contract, claimed[0], asOf, func(context.Context) (func(), error) {
+		return sync.OnceFunc(func() { close(freed) }), nil // given back once, as a slot is
+	})
+	select {
+	case <-freed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slot was not given back while the outcome's write waited")
+	}
+	require.Equal(t, store.StateInFlight, b.get(t, op).State, "the outcome is not written yet")
+	require.NoError(t, tx.Rollback(b.ctx))
+	d.Stop()
+	got := b.get(t, op)
+	require.Equal(t, store.StateFailedTerminal, got.State, "%+v", got.LastObservation)
+	require.Equal(t, "PAYLOAD_INTEGRITY", got.LastObservation.Outcome)
+	require.Zero(t, b.sim.Snapshot().Requests, "never sent")
+}
+
 // silent is a target that answers nothing: it counts each request that arrives and
 // holds it until the client gives up.
 type silent struct {
