@@ -18,6 +18,10 @@ import (
 // operatorName is the run's on-call operator, a principal with every tenant.
 const operatorName = "oncall"
 
+// operatorLooks is how many times the operator lists the escalations at most: 30 s of
+// waiting, 200 ms after each look that leaves some to wait for.
+const operatorLooks = 150
+
 // resolveEscalations does what the owners of the run's escalations would: it lists the
 // escalation queue through the API, checks each operation at its target (the run's
 // ground truth, by the remote key the queue shows an operator) and records what it
@@ -31,7 +35,7 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 	resolved := 0
 	// What the last look left unresolved, and why.
 	left := ""
-	for attempt := 0; attempt < 150 && ctx.Err() == nil; attempt++ { // 30 s of waiting at most
+	for attempt := 0; attempt < operatorLooks && ctx.Err() == nil; attempt++ {
 		truth := c.truth()
 		conn, err := c.client(rng)
 		if err != nil {
@@ -91,7 +95,7 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 	case ctx.Err() != nil:
 		return resolved, fmt.Errorf("%w; the last look: %s", ctx.Err(), left)
 	}
-	return resolved, fmt.Errorf("escalations left after 150 looks; the last: %s", left)
+	return resolved, fmt.Errorf("escalations left after %d looks; the last: %s", operatorLooks, left)
 }
 
 // settledEffect is the id of an effect the target finished (neither processing nor

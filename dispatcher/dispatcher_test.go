@@ -400,8 +400,9 @@ func TestAClaimNotSentGivesBackItsSlotBeforeItsOutcome(t *testing.T) {
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(b.ctx)
-	_, err = tx.Exec(b.ctx, `SELECT 1 FROM operations WHERE operation_id = $1 FOR NO KEY UPDATE`, op.ID)
+	locked, err := tx.Exec(b.ctx, `SELECT 1 FROM operations WHERE operation_id = $1 FOR NO KEY UPDATE`, op.ID)
 	require.NoError(t, err)
+	require.EqualValues(t, 1, locked.RowsAffected())
 
 	d := b.dispatcher(t, dispatcher.Config{Worker: worker, Lease: time.Minute})
 	freed := make(chan struct{})

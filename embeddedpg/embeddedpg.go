@@ -63,7 +63,8 @@ type Config struct {
 	Logger io.Writer
 
 	// templates is the folder that holds the templates' folder; empty means the
-	// temporary directory. The tests give each their own, so that they run side by side.
+	// temporary directory. The tests that change the templates give each their own, so
+	// that they run side by side.
 	templates string
 }
 

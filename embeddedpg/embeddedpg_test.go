@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -65,7 +66,7 @@ func TestCrashRestartKeepsCommittedData(t *testing.T) {
 	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
-	srv := startInTempDir(t, Config{Restarted: true, Template: true, templates: tempRoot})
+	srv := startInTempDir(t, Config{Restarted: true, Template: true})
 	defer srv.Stop()
 	if end, ok := loopback.Range(); ok {
 		require.Less(t, int(srv.port), end, "a port no connection can take while the server is down")
@@ -124,7 +125,7 @@ func TestStartsAtOnceLeaveTMPDIRAsItWas(t *testing.T) {
 	for range 4 {
 		dataDir := openTempDir(t)
 		wg.Go(func() {
-			srv, err := Start(context.Background(), Config{DataDir: dataDir, Template: true, templates: tempRoot})
+			srv, err := Start(context.Background(), Config{DataDir: dataDir, Template: true})
 			if assert.NoError(t, err) {
 				assert.NoError(t, srv.Stop())
 			}
@@ -134,6 +135,31 @@ func TestStartsAtOnceLeaveTMPDIRAsItWas(t *testing.T) {
 	after, has := os.LookupEnv("TMPDIR")
 	require.Equal(t, had, has)
 	require.Equal(t, before, after)
+}
+
+// TestTheTemporaryDirectoryIsReadBetweenStarts: while a start has TMPDIR set to its
+// server's folder, tempDir (where the templates are looked for) waits for it to put
+// back what it found. Not parallel: it sets TMPDIR.
+func TestTheTemporaryDirectoryIsReadBetweenStarts(t *testing.T) {
+	before := os.TempDir()
+	tmpdirMu.Lock() // as startKeepingLogs holds it
+	previous, had := os.LookupEnv("TMPDIR")
+	require.NoError(t, os.Setenv("TMPDIR", openTempDir(t)))
+	read := make(chan string, 1)
+	go func() { read <- tempDir() }()
+	early := ""
+	select {
+	case early = <-read:
+	case <-time.After(100 * time.Millisecond):
+	}
+	if had {
+		os.Setenv("TMPDIR", previous)
+	} else {
+		os.Unsetenv("TMPDIR")
+	}
+	tmpdirMu.Unlock()
+	require.Empty(t, early, "read while a start had TMPDIR set")
+	require.Equal(t, before, <-read)
 }
 
 // TestPortTaken: both ways a start finds its port taken are told from other failures:

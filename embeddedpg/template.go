@@ -23,9 +23,9 @@ const (
 
 // seed fills the new cluster folder pgData with a copy of a template cluster of the
 // binaries in binDir (version: their postgres --version), made by initdb the first time
-// and kept in the folder parent (the temporary directory when empty); it returns the template's folder, or "" with an
-// error. initdb costs
-// about a second of CPU; the copy a tenth of that. initdb is the tool that makes the
+// and kept in the folder parent (the temporary directory when empty); it returns the
+// template's folder, or "" with an error. initdb costs about a second of CPU; the copy a
+// tenth of that. initdb is the tool that makes the
 // template: binDir's, or the privilege-dropping wrapper when we are root, and then runAs
 // is the server's user. That user owns the template and the copies, and the copy does
 // not open their files with root's rights: initdb and cp run as that user.

@@ -43,9 +43,9 @@ func Main(m *testing.M) {
 // Run is Main without the exit, for a TestMain with work of its own around it; it
 // returns the exit code.
 func Run(m *testing.M) int {
-	parallelByDefault()
 	baseURL = os.Getenv(EnvDatabaseURL)
 	shared := baseURL != ""
+	parallelByDefault(shared)
 	if !shared {
 		dir, err := os.MkdirTemp("", "opbroker-test-pg-")
 		if err != nil {
@@ -87,15 +87,15 @@ func Run(m *testing.M) int {
 const waitingTests = 4
 
 // parallelByDefault sets -parallel to waitingTests per core when it was not given, on
-// the embedded server only: a binary has that server's 200 connections to itself,
-// where one named by EnvDatabaseURL (100 by default) serves every binary at once. Not
-// when fuzzing either, where -parallel is the number of fuzzing processes, each with a
-// server of its own.
-func parallelByDefault() {
+// the embedded server only (not when the database is shared): a binary has that
+// server's 200 connections to itself, where one named by EnvDatabaseURL (100 by
+// default) serves every binary at once. Not when fuzzing either, where -parallel is the
+// number of fuzzing processes, each with a server of its own.
+func parallelByDefault(shared bool) {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
-	if os.Getenv(EnvDatabaseURL) != "" {
+	if shared {
 		return
 	}
 	given := false
