@@ -32,6 +32,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	embeddedpostgres "github.com/fergusstrange/embedded-postgres"
 
@@ -176,7 +177,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		epCfg = epCfg.BinariesPath(wrappers)
 		tools = wrappers
 	}
-	stopOrphan(tools, pgData)
+	stopOrphan(pgData)
 	var template string // the template pgData is a copy of
 	if cfg.Template && binDir != "" && !initialised {
 		var err error
@@ -256,20 +257,87 @@ func lockDataDir(dataDir string) (*os.File, error) {
 	return f, nil
 }
 
-// stopOrphan stops a server left running on pgData by a process that was killed. Under
-// the folder's lock no live owner can be using it.
-func stopOrphan(tools, pgData string) {
-	if _, err := os.Stat(filepath.Join(pgData, "postmaster.pid")); err != nil {
-		return
+// stopOrphan stops a server left running on pgData by a process that was killed, as
+// pg_ctl's fast stop does (SIGINT to the server, then a wait for it to end), and reports
+// whether no server runs there now. Under the folder's lock no live owner can be using
+// it. A stale pid file with no server behind it is left: PostgreSQL removes it at start.
+func stopOrphan(pgData string) bool {
+	pid, running := postmaster(pgData)
+	if !running {
+		return true
 	}
-	pgCtl := filepath.Join(tools, "bin", "pg_ctl")
-	if _, err := os.Stat(pgCtl); err != nil {
-		return
+	if err := syscall.Kill(pid, syscall.SIGINT); err != nil {
+		return errors.Is(err, syscall.ESRCH)
 	}
-	// A stale pid file with no server behind it makes pg_ctl fail; PostgreSQL itself
-	// removes such a file at start, so the error is of no interest.
-	_ = exec.Command(pgCtl, "stop", "-D", pgData, "-m", "fast", "-w").Run()
+	for deadline := time.Now().Add(orphanStopWait); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if !serves(pid, pgData) { // its pid file goes a moment before it does
+			return true
+		}
+	}
+	return false
 }
+
+// orphanStopWait bounds stopOrphan's wait for a server to end.
+const orphanStopWait = 30 * time.Second
+
+// postmaster returns the process ID in pgData's pid file, and whether that process is
+// a server of pgData: its command line names the folder (after a reboot, a stale
+// file's ID may be another process's).
+func postmaster(pgData string) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(pgData, "postmaster.pid"))
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	return pid, serves(pid, pgData)
+}
+
+// serves reports whether process pid is alive and its command line names pgData.
+func serves(pid int, pgData string) bool {
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && slices.Contains(strings.Split(string(cmdline), "\x00"), pgData)
+}
+
+// RemoveOrphans stops the servers, and removes the data folders, that processes killed
+// before they stopped their server (a test binary that panicked or ran out of time)
+// left in parent under names beginning with prefix. A folder is an orphan when it is
+// this user's, its lock (lockDataDir) was taken at least orphanAge ago, and no process
+// holds it now. Best effort: what cannot be stopped or removed is left.
+func RemoveOrphans(parent, prefix string) {
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix) {
+			continue // a link is not followed
+		}
+		dir := filepath.Join(parent, e.Name())
+		fi, err := os.Lstat(filepath.Join(dir, "lock"))
+		if err != nil || !fi.Mode().IsRegular() || time.Since(fi.ModTime()) < orphanAge {
+			continue // never started, just started, or not ours to judge
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
+			continue
+		}
+		lock, err := lockDataDir(dir)
+		if err != nil {
+			continue // its process lives
+		}
+		if stopOrphan(filepath.Join(dir, "pg", "data")) {
+			os.RemoveAll(dir)
+		}
+		lock.Close()
+	}
+}
+
+// orphanAge is how long ago a folder's lock must have been made for RemoveOrphans: a
+// process locks its folder moments after making it.
+const orphanAge = time.Minute
 
 // tmpdirMu makes starts one at a time where they change TMPDIR (two at once would each
 // put back what the other set), and tempDir read it when none does.

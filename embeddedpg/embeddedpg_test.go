@@ -162,6 +162,59 @@ func TestTheTemporaryDirectoryIsReadBetweenStarts(t *testing.T) {
 	require.Equal(t, before, <-read)
 }
 
+// TestOrphansAreStoppedAndRemoved: a folder whose process died with its server running
+// (its lock released, as the kernel releases it) is an orphan once its lock is a minute
+// old: its server is stopped and the folder removed. A folder whose lock is held, one
+// locked moments ago, and one of another name are left.
+func TestOrphansAreStoppedAndRemoved(t *testing.T) {
+	t.Parallel()
+	if InstalledBinaries() == "" {
+		t.Skip("no installed PostgreSQL binaries")
+	}
+	parent := openTempDir(t)
+	start := func(name string) (*Server, string) {
+		t.Helper()
+		dir := filepath.Join(parent, name)
+		require.NoError(t, os.Mkdir(dir, 0o755))
+		srv, err := Start(context.Background(), Config{DataDir: dir, Template: true})
+		require.NoError(t, err)
+		t.Cleanup(func() { srv.Stop() })
+		return srv, dir
+	}
+	age := func(dir string) {
+		t.Helper()
+		old := time.Now().Add(-2 * orphanAge)
+		require.NoError(t, os.Chtimes(filepath.Join(dir, "lock"), old, old))
+	}
+	orphan, orphanDir := start("test-pg-orphan")
+	require.NoError(t, orphan.lock.Close()) // its process is gone
+	age(orphanDir)
+	young, youngDir := start("test-pg-young")
+	require.NoError(t, young.lock.Close())
+	_, liveDir := start("test-pg-live")
+	age(liveDir)
+	other, otherDir := start("other-orphan")
+	require.NoError(t, other.lock.Close())
+	age(otherDir)
+
+	pid, running := postmaster(orphan.pgData)
+	require.True(t, running)
+	RemoveOrphans(parent, "test-pg-")
+	require.NoDirExists(t, orphanDir)
+	// (Not kill(pid, 0): an ended server is reparented to init, which may not reap it.)
+	require.False(t, serves(pid, orphan.pgData), "the orphan's server is stopped")
+	for _, dir := range []string{youngDir, liveDir, otherDir} {
+		require.DirExists(t, dir)
+		_, running := postmaster(filepath.Join(dir, "pg", "data"))
+		require.True(t, running, dir)
+	}
+	for _, srv := range []*Server{young, other} {
+		var err error
+		srv.lock, err = lockDataDir(filepath.Dir(filepath.Dir(srv.pgData))) // for its Stop
+		require.NoError(t, err)
+	}
+}
+
 // TestPortTaken: both ways a start finds its port taken are told from other failures:
 // the library's check before the start, and the server's bind.
 func TestPortTaken(t *testing.T) {

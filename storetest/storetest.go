@@ -29,6 +29,9 @@ import (
 	"github.com/opbroker/opbroker/store"
 )
 
+// testServerFolder begins the names of the embedded servers' folders.
+const testServerFolder = "opbroker-test-pg-"
+
 // EnvDatabaseURL names the variable that points the tests at an existing database.
 const EnvDatabaseURL = "OPBROKER_TEST_DATABASE_URL"
 
@@ -47,7 +50,10 @@ func Run(m *testing.M) int {
 	shared := baseURL != ""
 	parallelByDefault(shared)
 	if !shared {
-		dir, err := os.MkdirTemp("", "opbroker-test-pg-")
+		// The servers of earlier binaries killed before they stopped them (a panic, a
+		// timeout) would otherwise run on.
+		embeddedpg.RemoveOrphans(os.TempDir(), testServerFolder)
+		dir, err := os.MkdirTemp("", testServerFolder)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "storetest:", err)
 			return 1
