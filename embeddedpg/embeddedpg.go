@@ -134,7 +134,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 	if binDir == "" {
 		binDir = InstalledBinaries()
 	}
-	pgData := filepath.Join(dataDir, "pg", "data")
+	pgData := clusterDir(dataDir)
 	runtimeDir := filepath.Join(dataDir, "runtime")
 	tools := runtimeDir // where the library extracts downloaded binaries
 	epCfg := embeddedpostgres.DefaultConfig().
@@ -177,7 +177,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		epCfg = epCfg.BinariesPath(wrappers)
 		tools = wrappers
 	}
-	stopOrphan(pgData)
+	stopOrphan(tools, pgData)
 	var template string // the template pgData is a copy of
 	if cfg.Template && binDir != "" && !initialised {
 		var err error
@@ -246,7 +246,7 @@ func (s *Server) Stop() error {
 // (the kernel releases it however the process ends), so that two processes never run a
 // server on one folder and a server found running under the lock is an orphan.
 func lockDataDir(dataDir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dataDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(lockFile(dataDir), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("embeddedpg: %w", err)
 	}
@@ -257,11 +257,32 @@ func lockDataDir(dataDir string) (*os.File, error) {
 	return f, nil
 }
 
-// stopOrphan stops a server left running on pgData by a process that was killed, as
-// pg_ctl's fast stop does (SIGINT to the server, then a wait for it to end), and reports
-// whether no server runs there now. Under the folder's lock no live owner can be using
-// it. A stale pid file with no server behind it is left: PostgreSQL removes it at start.
-func stopOrphan(pgData string) bool {
+// clusterDir is where a data folder keeps its cluster; lockFile, its lock.
+func clusterDir(dataDir string) string { return filepath.Join(dataDir, "pg", "data") }
+func lockFile(dataDir string) string   { return filepath.Join(dataDir, "lock") }
+
+// stopOrphan stops a server left running on pgData by a process that was killed, with
+// the pg_ctl of the tools that started it. Under the folder's lock no live owner can be
+// using it.
+func stopOrphan(tools, pgData string) {
+	if _, err := os.Stat(filepath.Join(pgData, "postmaster.pid")); err != nil {
+		return
+	}
+	pgCtl := filepath.Join(tools, "bin", "pg_ctl")
+	if _, err := os.Stat(pgCtl); err != nil {
+		return
+	}
+	// A stale pid file with no server behind it makes pg_ctl fail; PostgreSQL itself
+	// removes such a file at start, so the error is of no interest.
+	_ = exec.Command(pgCtl, "stop", "-D", pgData, "-m", "fast", "-w").Run()
+}
+
+// stopServer stops the server of pgData, as pg_ctl's fast stop does (SIGINT, then a
+// wait for it to end), and reports whether none runs there now. RemoveOrphans uses it
+// rather than stopOrphan: it does not know which binaries (or, as root, which wrappers)
+// started a folder's server, and it checks, unlike pg_ctl, that the process the pid file
+// names is that server (a stale file's ID may be another process's by now).
+func stopServer(pgData string) bool {
 	pid, running := postmaster(pgData)
 	if !running {
 		return true
@@ -269,7 +290,7 @@ func stopOrphan(pgData string) bool {
 	if err := syscall.Kill(pid, syscall.SIGINT); err != nil {
 		return errors.Is(err, syscall.ESRCH)
 	}
-	for deadline := time.Now().Add(orphanStopWait); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(stopWait); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if !serves(pid, pgData) { // its pid file goes a moment before it does
 			return true
 		}
@@ -277,8 +298,8 @@ func stopOrphan(pgData string) bool {
 	return false
 }
 
-// orphanStopWait bounds stopOrphan's wait for a server to end.
-const orphanStopWait = 30 * time.Second
+// stopWait bounds stopServer's wait for a server to end.
+const stopWait = 30 * time.Second
 
 // postmaster returns the process ID in pgData's pid file, and whether that process is
 // a server of pgData: its command line names the folder (after a reboot, a stale
@@ -296,7 +317,8 @@ func postmaster(pgData string) (int, bool) {
 	return pid, serves(pid, pgData)
 }
 
-// serves reports whether process pid is alive and its command line names pgData.
+// serves reports whether process pid is alive and its command line names pgData (Linux's
+// /proc; an ended process not yet reaped has an empty one).
 func serves(pid int, pgData string) bool {
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	return err == nil && slices.Contains(strings.Split(string(cmdline), "\x00"), pgData)
@@ -304,10 +326,16 @@ func serves(pid int, pgData string) bool {
 
 // RemoveOrphans stops the servers, and removes the data folders, that processes killed
 // before they stopped their server (a test binary that panicked or ran out of time)
-// left in parent under names beginning with prefix. A folder is an orphan when it is
-// this user's, its lock (lockDataDir) was taken at least orphanAge ago, and no process
-// holds it now. Best effort: what cannot be stopped or removed is left.
+// left in parent under names beginning with prefix. A folder is an orphan when it and
+// its lock file are this user's, the lock file was made at least orphanAge ago, and no
+// process holds the lock now: for folders that one process makes, uses and leaves,
+// such as the tests' (a folder used again, such as opbroker dev's, is unlocked between
+// its uses). It needs Linux's /proc, and does nothing without it. Best effort: what
+// cannot be stopped or removed is left.
 func RemoveOrphans(parent, prefix string) {
+	if _, err := os.Stat("/proc/self/cmdline"); err != nil {
+		return
+	}
 	entries, err := os.ReadDir(parent)
 	if err != nil {
 		return
@@ -317,27 +345,37 @@ func RemoveOrphans(parent, prefix string) {
 			continue // a link is not followed
 		}
 		dir := filepath.Join(parent, e.Name())
-		fi, err := os.Lstat(filepath.Join(dir, "lock"))
-		if err != nil || !fi.Mode().IsRegular() || time.Since(fi.ModTime()) < orphanAge {
-			continue // never started, just started, or not ours to judge
-		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
+		if !ours(dir) || !ours(lockFile(dir)) {
 			continue
+		}
+		fi, err := os.Lstat(lockFile(dir))
+		if err != nil || !fi.Mode().IsRegular() || time.Since(fi.ModTime()) < orphanAge {
+			continue // never started, or just started
 		}
 		lock, err := lockDataDir(dir)
 		if err != nil {
 			continue // its process lives
 		}
-		if stopOrphan(filepath.Join(dir, "pg", "data")) {
+		if stopServer(clusterDir(dir)) {
 			os.RemoveAll(dir)
 		}
 		lock.Close()
 	}
 }
 
-// orphanAge is how long ago a folder's lock must have been made for RemoveOrphans: a
-// process locks its folder moments after making it.
+// orphanAge is how long ago a folder's lock file must have been made for RemoveOrphans:
+// a process locks its folder moments after making it.
 const orphanAge = time.Minute
+
+// ours reports whether path (not followed if a link) is this user's.
+func ours(path string) bool {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && int(st.Uid) == os.Geteuid()
+}
 
 // tmpdirMu makes starts one at a time where they change TMPDIR (two at once would each
 // put back what the other set), and tempDir read it when none does.

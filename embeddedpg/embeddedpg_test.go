@@ -33,7 +33,7 @@ func TestStartRefusesClusterOfAnotherVersion(t *testing.T) {
 	require.NoError(t, err)
 
 	dataDir := openTempDir(t)
-	pgData := filepath.Join(dataDir, "pg", "data")
+	pgData := clusterDir(dataDir)
 	require.NoError(t, os.MkdirAll(pgData, 0o700))
 	versionFile := filepath.Join(pgData, "PG_VERSION")
 	require.NoError(t, os.WriteFile(versionFile, []byte("9\n"), 0o600))
@@ -184,7 +184,7 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 	age := func(dir string) {
 		t.Helper()
 		old := time.Now().Add(-2 * orphanAge)
-		require.NoError(t, os.Chtimes(filepath.Join(dir, "lock"), old, old))
+		require.NoError(t, os.Chtimes(lockFile(dir), old, old))
 	}
 	orphan, orphanDir := start("test-pg-orphan")
 	require.NoError(t, orphan.lock.Close()) // its process is gone
@@ -196,6 +196,8 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 	other, otherDir := start("other-orphan")
 	require.NoError(t, other.lock.Close())
 	age(otherDir)
+	now := time.Now() // however long the starts took
+	require.NoError(t, os.Chtimes(lockFile(youngDir), now, now))
 
 	pid, running := postmaster(orphan.pgData)
 	require.True(t, running)
@@ -205,13 +207,8 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 	require.False(t, serves(pid, orphan.pgData), "the orphan's server is stopped")
 	for _, dir := range []string{youngDir, liveDir, otherDir} {
 		require.DirExists(t, dir)
-		_, running := postmaster(filepath.Join(dir, "pg", "data"))
+		_, running := postmaster(clusterDir(dir))
 		require.True(t, running, dir)
-	}
-	for _, srv := range []*Server{young, other} {
-		var err error
-		srv.lock, err = lockDataDir(filepath.Dir(filepath.Dir(srv.pgData))) // for its Stop
-		require.NoError(t, err)
 	}
 }
 

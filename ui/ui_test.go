@@ -215,6 +215,7 @@ func TestLiveAndQueue(t *testing.T) {
 			resp, err = c.Get(live)
 		}
 		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "the earlier streams' watches came back")
 		require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
 		first, err := bufio.NewReader(resp.Body).ReadString('\n')
 		require.NoError(t, err)
