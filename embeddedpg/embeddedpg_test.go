@@ -163,41 +163,44 @@ func TestTheTemporaryDirectoryIsReadBetweenStarts(t *testing.T) {
 }
 
 // TestOrphansAreStoppedAndRemoved: a folder whose process died with its server running
-// (its lock released, as the kernel releases it) is an orphan once its lock is a minute
-// old: its server is stopped and the folder removed. A folder whose lock is held, one
-// locked moments ago, and one of another name are left.
+// (its lock released, as the kernel releases it) is an orphan once its lock file is a
+// minute old: its server is stopped and the folder removed. A folder whose lock is held,
+// one locked moments ago, and one of another name are left.
 func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 	t.Parallel()
 	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
 	parent := openTempDir(t)
-	start := func(name string) (*Server, string) {
+	// folder makes a data folder whose lock file was made ago; its lock is held (as
+	// by a live process) when held is set, and released otherwise.
+	folder := func(name string, ago time.Duration, held bool) string {
 		t.Helper()
 		dir := filepath.Join(parent, name)
 		require.NoError(t, os.Mkdir(dir, 0o755))
-		srv, err := Start(context.Background(), Config{DataDir: dir, Template: true})
+		lock, err := lockDataDir(dir)
 		require.NoError(t, err)
-		t.Cleanup(func() { srv.Stop() })
-		return srv, dir
+		if held {
+			t.Cleanup(func() { lock.Close() })
+		} else {
+			require.NoError(t, lock.Close())
+		}
+		made := time.Now().Add(-ago)
+		require.NoError(t, os.Chtimes(lockFile(dir), made, made))
+		return dir
 	}
-	age := func(dir string) {
-		t.Helper()
-		old := time.Now().Add(-2 * orphanAge)
-		require.NoError(t, os.Chtimes(lockFile(dir), old, old))
-	}
-	orphan, orphanDir := start("test-pg-orphan")
+	orphanDir := filepath.Join(parent, "test-pg-orphan")
+	orphan, err := Start(context.Background(), Config{DataDir: orphanDir, Template: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { orphan.Stop() })
 	require.NoError(t, orphan.lock.Close()) // its process is gone
-	age(orphanDir)
-	young, youngDir := start("test-pg-young")
-	require.NoError(t, young.lock.Close())
-	_, liveDir := start("test-pg-live")
-	age(liveDir)
-	other, otherDir := start("other-orphan")
-	require.NoError(t, other.lock.Close())
-	age(otherDir)
-	now := time.Now() // however long the starts took
-	require.NoError(t, os.Chtimes(lockFile(youngDir), now, now))
+	old := time.Now().Add(-2 * orphanAge)
+	require.NoError(t, os.Chtimes(lockFile(orphanDir), old, old))
+	left := []string{
+		folder("test-pg-young", 0, false),
+		folder("test-pg-live", 2*orphanAge, true),
+		folder("other-orphan", 2*orphanAge, false),
+	}
 
 	pid, running := postmaster(orphan.pgData)
 	require.True(t, running)
@@ -205,10 +208,8 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 	require.NoDirExists(t, orphanDir)
 	// (Not kill(pid, 0): an ended server is reparented to init, which may not reap it.)
 	require.False(t, serves(pid, orphan.pgData), "the orphan's server is stopped")
-	for _, dir := range []string{youngDir, liveDir, otherDir} {
+	for _, dir := range left {
 		require.DirExists(t, dir)
-		_, running := postmaster(clusterDir(dir))
-		require.True(t, running, dir)
 	}
 }
 
