@@ -501,21 +501,24 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	replied, err := acquire(callCtx)
 	if err != nil {
 		// Cut while it waited. Its lease is given back before its outcome is written, as
-		// after a call (below).
+		// release does (it holds no slot).
 		d.leases.drop(lease)
 		d.cutBeforeSend(contract, op, sendCtx)
 		return
 	}
 	defer replied()
-	// notSent gives back the slot and the lease of a claim that will not be sent, before
-	// its outcome is written, as after a call (below).
-	notSent := func() {
+	// release gives back the claim's slot and its lease before its outcome is written:
+	// after its call, or when it will not be sent. Its lease is no longer kept (as before
+	// any call, the outcome must be written within what is left of it), so the keeper's
+	// statement never contends with the outcome's for the row (it would find the row
+	// busy, then the fence lost, and say so).
+	release := func() {
 		replied()
 		d.leases.drop(lease)
 	}
 	if !payload.Matches(op.ContentType, op.Payload, op.PayloadSHA256) {
 		log().Error("payload does not match its recorded hash; not sending")
-		notSent()
+		release()
 		d.refuse(contract, op, "PAYLOAD_INTEGRITY", "the stored payload does not match its recorded hash; nothing was sent")
 		return
 	}
@@ -529,7 +532,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	if op.DeadlineLeft != nil {
 		timeout = asOf.Add(*op.DeadlineLeft).Sub(d.cfg.Clock())
 		if timeout <= 0 {
-			notSent()
+			release()
 			d.refuse(contract, op, "DISPATCH_DEADLINE_PASSED", "the dispatch deadline passed before the send; nothing was sent")
 			return
 		}
@@ -563,13 +566,13 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		switch {
 		case contract.Conditional == nil && (op.KeyWindowLeft == nil || asOf.Add(*op.KeyWindowLeft).Sub(d.cfg.Clock()) < margin):
 			log().Warn("the key's retention window closed before the replay was sent; not sending")
-			notSent()
+			release()
 			d.record(contract, op, target.Result{Outcome: target.Unknown, Class: "REPLAY_WINDOW_CLOSED",
 				Summary: "the key's retention window, fixed when it was first sent, closed before the replay was sent; nothing was sent"})
 			return
 		case op.KeyScope != contract.KeyScope():
 			log().Warn("the contract changed since the key was first sent; not sending the replay")
-			notSent()
+			release()
 			d.record(contract, op, target.Result{Outcome: target.Unknown, Class: "KEY_SCOPE_CHANGED",
 				Summary: "the contract changed since the key was first sent (endpoint, headers, key scope or credential); nothing was sent"})
 			return
@@ -582,7 +585,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	// cut context, the request would not leave, yet be recorded UNKNOWN as one that may
 	// have: a claim never sent is given back instead.
 	if sendCtx.Err() != nil || callCtx.Err() != nil {
-		notSent()
+		release()
 		d.cutBeforeSend(contract, op, sendCtx)
 		return
 	}
@@ -601,12 +604,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 			}
 		},
 	})
-	replied()
-	// The call is over: its lease is no longer kept (as before any call, the outcome
-	// must be written within what is left of it), so the keeper's statement never
-	// contends with the outcome's for the row (it would find the row busy, then the
-	// fence lost, and say so).
-	d.leases.drop(lease)
+	release() // the call is over
 	span.SetAttributes(attribute.String("opbroker.outcome", res.Class), attribute.Bool("opbroker.sent", res.Sent))
 	if res.HTTPStatus != 0 {
 		span.SetAttributes(attribute.Int("http.response.status_code", res.HTTPStatus))

@@ -113,6 +113,17 @@ func (b *testBundle) remoteKey(t *testing.T, op store.Operation) string {
 	return storetest.RemoteKey(t, b.pool, op.ID)
 }
 
+// claimOne claims for worker, under lease, the one PREPARED operation of the demo
+// charges' target, as the dispatcher's claim loop would.
+func (b *testBundle) claimOne(t *testing.T, worker string, lease time.Duration) store.Claimed {
+	t.Helper()
+	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: worker, Lease: lease, Limit: 1, PerTenant: 1, MaxTenants: 1}))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	return claimed[0]
+}
+
 func TestDispatchSucceedsWithOneEffect(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
@@ -273,15 +284,12 @@ func TestExpiredLeaseBecomesUnknownAndStaleOutcomeIsEvidence(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "stalled", `{"amount":1}`)
-	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: "stalled-worker", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
+	claimed := b.claimOne(t, "stalled-worker", time.Minute)
 
 	require.NoError(t, b.sweeper(t).Sweep(b.ctx, time.Now().Add(2*time.Minute)))
 	require.Equal(t, store.StateUnknown, b.get(t, op).State)
 
-	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+	_, err := b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed.FenceToken,
 		State: store.StateSucceeded, RemoteRef: "ch_late", Observation: store.Observation{Outcome: "VERIFIED_SUCCESS"}, Actor: "stalled"})
 	require.ErrorIs(t, err, store.ErrFenceLost)
 	got := b.get(t, op)
@@ -362,12 +370,9 @@ func TestStopGivesBackAClaimWhoseSlotCameWithTheCut(t *testing.T) {
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "slot-at-the-cut", `{"amount":1}`)
 	const worker = "w"
 	asOf := time.Now()
-	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: worker, Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
+	claimed := b.claimOne(t, worker, time.Minute)
 	d := b.dispatcher(t, dispatcher.Config{Worker: worker, Lease: time.Minute, ShutdownGrace: 50 * time.Millisecond})
-	d.DeliverAfter(contract, claimed[0], asOf, func(ctx context.Context) (func(), error) {
+	d.DeliverAfter(contract, claimed, asOf, func(ctx context.Context) (func(), error) {
 		<-ctx.Done()          // it waits until the grace period is over
 		return func() {}, nil // and then takes the slot, not the cut
 	})
@@ -391,11 +396,8 @@ func TestAClaimNotSentGivesBackItsSlotBeforeItsOutcome(t *testing.T) {
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "not-sent", `{"amount":1}`)
 	const worker = "w"
 	asOf := time.Now()
-	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: worker, Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	claimed[0].Payload = []byte(`{"amount":999}`) // what was read no longer matches its hash
+	claimed := b.claimOne(t, worker, time.Minute)
+	claimed.Payload = []byte(`{"amount":999}`) // what was read no longer matches its hash
 
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
@@ -406,7 +408,7 @@ func TestAClaimNotSentGivesBackItsSlotBeforeItsOutcome(t *testing.T) {
 
 	d := b.dispatcher(t, dispatcher.Config{Worker: worker, Lease: time.Minute})
 	freed := make(chan struct{})
-	d.DeliverAfter(contract, claimed[0], asOf, func(context.Context) (func(), error) {
+	d.DeliverAfter(contract, claimed, asOf, func(context.Context) (func(), error) {
 		return sync.OnceFunc(func() { close(freed) }), nil // given back once, as a slot is
 	})
 	select {
@@ -655,13 +657,10 @@ func TestNoSendOnAnExpiredLease(t *testing.T) {
 		clock := clocktest.New(skew)
 		op := b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprint("late-send", skew), `{"amount":1}`)
 		asOf := clock.Now()
-		claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
-			OperationTypes: []string{simtarget.DemoCharge}, Worker: "slow", Lease: time.Second, Limit: 1, PerTenant: 1, MaxTenants: 1}))
-		require.NoError(t, err)
-		require.Len(t, claimed, 1)
+		claimed := b.claimOne(t, "slow", time.Second)
 
 		clock.Advance(time.Second) // the worker stalls past its lease
-		b.dispatcher(t, dispatcher.Config{Lease: time.Second, Clock: clock.Now}).Deliver(contract, claimed[0], asOf)
+		b.dispatcher(t, dispatcher.Config{Lease: time.Second, Clock: clock.Now}).Deliver(contract, claimed, asOf)
 		require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "skew %s: never sent", skew)
 		require.Equal(t, store.StateInFlight, b.get(t, op).State, "left to the sweeper")
 	}

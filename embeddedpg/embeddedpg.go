@@ -345,12 +345,13 @@ func RemoveOrphans(parent, prefix string) {
 			continue // a link is not followed
 		}
 		dir := filepath.Join(parent, e.Name())
-		if !ours(dir) || !ours(lockFile(dir)) {
+		folder, err := os.Lstat(dir)
+		if err != nil || !ours(folder) {
 			continue
 		}
-		fi, err := os.Lstat(lockFile(dir))
-		if err != nil || !fi.Mode().IsRegular() || time.Since(fi.ModTime()) < orphanAge {
-			continue // never started, or just started
+		lockInfo, err := os.Lstat(lockFile(dir))
+		if err != nil || !lockInfo.Mode().IsRegular() || !ours(lockInfo) || time.Since(lockInfo.ModTime()) < orphanAge {
+			continue // never started, just started, or not ours
 		}
 		lock, err := lockDataDir(dir)
 		if err != nil {
@@ -367,12 +368,8 @@ func RemoveOrphans(parent, prefix string) {
 // a process locks its folder moments after making it.
 const orphanAge = time.Minute
 
-// ours reports whether path (not followed if a link) is this user's.
-func ours(path string) bool {
-	fi, err := os.Lstat(path)
-	if err != nil {
-		return false
-	}
+// ours reports whether the file fi describes is this user's.
+func ours(fi os.FileInfo) bool {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	return ok && int(st.Uid) == os.Geteuid()
 }

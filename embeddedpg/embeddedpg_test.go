@@ -172,6 +172,11 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 		t.Skip("no installed PostgreSQL binaries")
 	}
 	parent := openTempDir(t)
+	made := func(dir string, ago time.Duration) { // the folder's lock file was made ago
+		t.Helper()
+		at := time.Now().Add(-ago)
+		require.NoError(t, os.Chtimes(lockFile(dir), at, at))
+	}
 	// folder makes a data folder whose lock file was made ago; its lock is held (as
 	// by a live process) when held is set, and released otherwise.
 	folder := func(name string, ago time.Duration, held bool) string {
@@ -185,8 +190,7 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 		} else {
 			require.NoError(t, lock.Close())
 		}
-		made := time.Now().Add(-ago)
-		require.NoError(t, os.Chtimes(lockFile(dir), made, made))
+		made(dir, ago)
 		return dir
 	}
 	orphanDir := filepath.Join(parent, "test-pg-orphan")
@@ -194,8 +198,7 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { orphan.Stop() })
 	require.NoError(t, orphan.lock.Close()) // its process is gone
-	old := time.Now().Add(-2 * orphanAge)
-	require.NoError(t, os.Chtimes(lockFile(orphanDir), old, old))
+	made(orphanDir, 2*orphanAge)
 	left := []string{
 		folder("test-pg-young", 0, false),
 		folder("test-pg-live", 2*orphanAge, true),

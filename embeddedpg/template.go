@@ -25,9 +25,8 @@ const (
 // binaries in binDir (version: their postgres --version), made by initdb the first time
 // and kept in the folder parent (the temporary directory when empty); it returns the
 // template's folder, or "" with an error. initdb costs about a second of CPU; the copy a
-// tenth of that. initdb is the tool that makes the
-// template: binDir's, or the privilege-dropping wrapper when we are root, and then runAs
-// is the server's user. That user owns the template and the copies, and the copy does
+// tenth of that. initdb is the tool that makes the template: binDir's, or the
+// privilege-dropping wrapper when we are root, and then runAs is the server's user. That user owns the template and the copies, and the copy does
 // not open their files with root's rights: initdb and cp run as that user.
 func seed(parent, pgData, binDir, version, initdb string, runAs *owner) (string, error) {
 	dir, err := templateDir(parent, binDir, version)
@@ -48,8 +47,8 @@ func seed(parent, pgData, binDir, version, initdb string, runAs *owner) (string,
 
 // templateDir returns where the template of these binaries is kept: a folder of this
 // user's in parent (the temporary directory when empty), one cluster per binaries,
-// version, locale and time zone (initdb writes them into the cluster). The folder must be this user's alone, or
-// another user of the machine could plant a cluster.
+// version, locale and time zone (initdb writes them into the cluster). The folder must
+// be this user's alone, or another user of the machine could plant a cluster.
 func templateDir(parent, binDir, version string) (string, error) {
 	if parent == "" {
 		parent = tempDir()
