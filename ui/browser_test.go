@@ -3,6 +3,8 @@ package ui_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -106,9 +108,31 @@ func TestBrowser(t *testing.T) {
 	_, err = chromedp.RunResponse(browser, chromedp.Submit(chromedp.CSS("#q")))
 	require.NoError(t, err)
 	require.Contains(t, text("main"), "Confirmation pending")
+	// The principal's two watches are taken elsewhere: the page's live stream is refused
+	// for a while, the page says so after a few tries, and once a watch comes back its
+	// stream opens and the notice goes.
+	elsewhere := f.browser(t)
+	require.Equal(t, http.StatusSeeOther, f.signIn(t, elsewhere, "acme-support"))
+	live := f.url + "/tenants/acme/operations/" + pending.ID.String() + "/live"
+	held := []io.ReadCloser{openLive(t, elsewhere, live), openLive(t, elsewhere, live)}
+	defer func() {
+		for _, h := range held {
+			h.Close()
+		}
+	}()
 	_, err = chromedp.RunResponse(browser, chromedp.Click(chromedp.CSS("td a")))
 	require.NoError(t, err)
 	require.Equal(t, "Confirmation pending: we are checking with the payment provider", text("#headline"))
+	_, err = chromedp.Run(browser, chromedp.Poll[bool](
+		`document.getElementById("live-status").textContent.startsWith("Live updates paused")`,
+		chromedp.WithPollingTimeout(15*time.Second)))
+	require.NoError(t, err, "the page says its live updates are paused")
+	for _, h := range held {
+		h.Close()
+	}
+	_, err = chromedp.Run(browser, chromedp.Poll[bool](
+		`document.getElementById("live-status").textContent === ""`, chromedp.WithPollingTimeout(15*time.Second)))
+	require.NoError(t, err, "the notice goes once the stream opens")
 
 	// The reconciler's lookup finds the charge: the page changes by itself, with no
 	// reload (a mark on the window survives).

@@ -374,6 +374,10 @@ func terminal(s opbrokerv1.Operation_State) bool {
 		s == opbrokerv1.Operation_STATE_CANCELLED
 }
 
+// busyRetry is how long, in milliseconds, a browser waits before it asks again for a
+// live stream that was refused for a while (see live).
+const busyRetry = 1000
+
 // live streams, as server-sent events, that an operation changed (its revision), from
 // the broker's watch; the page's script then fetches the page again. It ends when the
 // operation is terminal.
@@ -387,6 +391,15 @@ func (v *view) live(w http.ResponseWriter, r *http.Request, s session) {
 		return
 	}
 	first, err := stream.Recv() // the snapshot, or the refusal
+	if c := status.Code(err); c == codes.ResourceExhausted || c == codes.Unavailable {
+		// A refusal that passes: the principal's watches at their limit (a reloaded
+		// page's stream opens before the broker has seen its previous one close), the
+		// tenant's call rate, a replica going away. The stream ends at once, and the
+		// browser connects again after retry milliseconds, as after a broken stream.
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte("retry: " + strconv.Itoa(busyRetry) + "\nevent: busy\ndata: 0\n\n"))
+		return
+	}
 	if err != nil {
 		v.fail(w, r, &s, err)
 		return

@@ -206,21 +206,7 @@ func TestLiveAndQueue(t *testing.T) {
 	live := f.url + "/tenants/acme/operations/" + op.ID.String() + "/live"
 
 	for range 4 { // more than the principal's two watches, one after another
-		// A closed stream's watch comes back once the server has seen the close, which
-		// may be a moment after the next request arrives (a refusal: 429).
-		resp, err := c.Get(live)
-		for deadline := time.Now().Add(5 * time.Second); err == nil && resp.StatusCode == http.StatusTooManyRequests && time.Now().Before(deadline); {
-			resp.Body.Close()
-			time.Sleep(20 * time.Millisecond)
-			resp, err = c.Get(live)
-		}
-		require.NoError(t, err)
-		require.Equal(t, http.StatusOK, resp.StatusCode, "the earlier streams' watches came back")
-		require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
-		first, err := bufio.NewReader(resp.Body).ReadString('\n')
-		require.NoError(t, err)
-		require.Equal(t, "retry: 3000\n", first)
-		resp.Body.Close()
+		openLive(t, c, live).Close()
 	}
 
 	resp, err := c.Get(live)
@@ -260,6 +246,56 @@ func TestLiveAndQueue(t *testing.T) {
 	require.Contains(t, body, "<td>globex</td>")
 	code, _ = get(t, operator, f.url+"/search?tenant=globex&q=")
 	require.Equal(t, http.StatusSeeOther, code, "an empty reference lists the tenant's operations")
+}
+
+// openLive opens an operation's live stream. A closed stream's watch comes back once the
+// server has seen the close, which may be a moment after the next request arrives: it
+// asks again while the stream is refused for a while (a busy event), up to 5 seconds.
+func openLive(t *testing.T, c *http.Client, live string) io.ReadCloser {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		resp, err := c.Get(live)
+		require.NoError(t, err)
+		first, err := bufio.NewReader(resp.Body).ReadString('\n')
+		if err == nil && first == "retry: 3000\n" {
+			return resp.Body
+		}
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+		require.Equal(t, "retry: 1000\n", first, "a stream refused for a while")
+		require.True(t, time.Now().Before(deadline), "the earlier streams' watches came back")
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestALiveStreamRefusedForAWhileIsAskedForAgain: a live stream over the principal's
+// watch limit ends at once with a busy event and a retry the browser follows, rather
+// than a refusal (which a browser's EventSource takes as final); once a watch is given
+// back, the stream opens.
+func TestALiveStreamRefusedForAWhileIsAskedForAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	op := storetest.PrepareJSON(t, f.store, "acme", "demo.charge", "order-busy", `{"amount":1}`)
+	c := f.browser(t)
+	require.Equal(t, http.StatusSeeOther, f.signIn(t, c, "acme-support"))
+	live := f.url + "/tenants/acme/operations/" + op.ID.String() + "/live"
+
+	held := openLive(t, c, live) // the principal's two watches
+	defer held.Close()
+	defer openLive(t, c, live).Close()
+	resp, err := c.Get(live)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	require.Equal(t, "retry: 1000\nevent: busy\ndata: 0\n\n", string(body), "the stream ends at once")
+
+	held.Close()
+	openLive(t, c, live).Close()
 }
 
 // escalate takes the only PREPARED operation of its type through an unclear send to

@@ -9,6 +9,23 @@
   var shown = Number(section.dataset.revision);
   var events = null;
   var announce = document.getElementById("live-status");
+  var refused = 0; // streams refused in a row for a while (busy), answered by a retry
+  function busy() {
+    // The first refusals are a reload's own previous stream, not yet released: say
+    // nothing unless they go on.
+    refused += 1;
+    if (refused === 3 && announce) {
+      announce.textContent = "Live updates paused: the broker is busy. Trying again.";
+      announce.classList.remove("visually-hidden");
+    }
+  }
+  function resumed() {
+    if (refused >= 3 && announce) {
+      announce.textContent = "";
+      announce.classList.add("visually-hidden");
+    }
+    refused = 0;
+  }
   function stopped() {
     close();
     url = null;
@@ -42,8 +59,9 @@
     if (events || !url || document.hidden) { return; }
     events = new EventSource(url);
     ["snapshot", "change", "heartbeat"].forEach(function (name) {
-      events.addEventListener(name, function (e) { refresh(Number(e.data)); });
+      events.addEventListener(name, function (e) { resumed(); refresh(Number(e.data)); });
     });
+    events.addEventListener("busy", busy);
     events.addEventListener("end", function () { close(); url = null; });
     events.addEventListener("error", function () {
       // The browser connects again by itself after a broken stream; a refusal (the
