@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -374,9 +375,29 @@ func terminal(s opbrokerv1.Operation_State) bool {
 		s == opbrokerv1.Operation_STATE_CANCELLED
 }
 
-// busyRetry is how long, in milliseconds, a browser waits before it asks again for a
-// live stream that was refused for a while (see live).
-const busyRetry = 1000
+// retryLater reports whether err turns a live stream away for a while, and after how
+// long the browser should ask again: the principal's watches at their limit (a reloaded
+// page's new stream can arrive before the broker has seen the old one close) or the
+// tenant's call rate, after a second or the delay the refusal names; the ledger's
+// database unavailable, after 3 seconds, as after a broken stream.
+func retryLater(err error) (time.Duration, bool) {
+	st := status.Convert(err)
+	var after time.Duration
+	switch st.Code() {
+	case codes.ResourceExhausted:
+		after = time.Second
+	case codes.Unavailable:
+		after = 3 * time.Second
+	default:
+		return 0, false
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			after = max(after, ri.GetRetryDelay().AsDuration())
+		}
+	}
+	return after, true
+}
 
 // live streams, as server-sent events, that an operation changed (its revision), from
 // the broker's watch; the page's script then fetches the page again. It ends when the
@@ -386,18 +407,16 @@ func (v *view) live(w http.ResponseWriter, r *http.Request, s session) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	stream, err := v.ops.WatchOperation(ctx, &opbrokerv1.WatchOperationRequest{Name: name})
-	if err != nil {
-		v.fail(w, r, &s, err)
-		return
+	var first *opbrokerv1.WatchOperationResponse
+	if err == nil {
+		first, err = stream.Recv() // the snapshot, or the refusal
 	}
-	first, err := stream.Recv() // the snapshot, or the refusal
-	if c := status.Code(err); c == codes.ResourceExhausted || c == codes.Unavailable {
-		// A refusal that passes: the principal's watches at their limit (a reloaded
-		// page's stream opens before the broker has seen its previous one close), the
-		// tenant's call rate, a replica going away. The stream ends at once, and the
-		// browser connects again after retry milliseconds, as after a broken stream.
+	if after, ok := retryLater(err); ok {
+		// A refusal that passes ends the stream at once with a busy event: the browser
+		// connects again after retry milliseconds, as after a broken stream, where an
+		// HTTP error would make it give up.
 		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = w.Write([]byte("retry: " + strconv.Itoa(busyRetry) + "\nevent: busy\ndata: 0\n\n"))
+		_, _ = w.Write([]byte("retry: " + strconv.FormatInt(after.Milliseconds(), 10) + "\nevent: busy\ndata: 0\n\n"))
 		return
 	}
 	if err != nil {

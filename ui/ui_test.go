@@ -209,10 +209,7 @@ func TestLiveAndQueue(t *testing.T) {
 		openLive(t, c, live).Close()
 	}
 
-	resp, err := c.Get(live)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	events := bufio.NewScanner(resp.Body)
+	events := bufio.NewScanner(openLive(t, c, live))
 	next := func() string {
 		t.Helper()
 		for events.Scan() {
@@ -248,23 +245,33 @@ func TestLiveAndQueue(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, code, "an empty reference lists the tenant's operations")
 }
 
-// openLive opens an operation's live stream. A closed stream's watch comes back once the
-// server has seen the close, which may be a moment after the next request arrives: it
-// asks again while the stream is refused for a while (a busy event), up to 5 seconds.
-func openLive(t *testing.T, c *http.Client, live string) io.ReadCloser {
+// liveStream is an open live stream: its events after the first line, and its body to
+// close it.
+type liveStream struct {
+	*bufio.Reader
+	io.Closer
+}
+
+// openLive opens an operation's live stream, closed at the test's end if not before. A
+// closed stream's watch comes back once the server has seen the close, which may be a
+// moment after the next request arrives: it asks again while the stream is turned away
+// for a while (a busy event), up to 5 seconds.
+func openLive(t *testing.T, c *http.Client, live string) liveStream {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		resp, err := c.Get(live)
 		require.NoError(t, err)
-		first, err := bufio.NewReader(resp.Body).ReadString('\n')
-		if err == nil && first == "retry: 3000\n" {
-			return resp.Body
-		}
-		resp.Body.Close()
-		require.NoError(t, err)
+		t.Cleanup(func() { resp.Body.Close() })
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
-		require.Equal(t, "retry: 1000\n", first, "a stream refused for a while")
+		events := bufio.NewReader(resp.Body)
+		first, err := events.ReadString('\n')
+		require.NoError(t, err)
+		if first == "retry: 3000\n" {
+			return liveStream{events, resp.Body}
+		}
+		resp.Body.Close()
+		require.Equal(t, "retry: 1000\n", first, "a stream turned away for a while")
 		require.True(t, time.Now().Before(deadline), "the earlier streams' watches came back")
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -273,7 +280,7 @@ func openLive(t *testing.T, c *http.Client, live string) io.ReadCloser {
 // TestALiveStreamRefusedForAWhileIsAskedForAgain: a live stream over the principal's
 // watch limit ends at once with a busy event and a retry the browser follows, rather
 // than a refusal (which a browser's EventSource takes as final); once a watch is given
-// back, the stream opens.
+// back, the stream opens. A stream of an operation that does not exist is refused.
 func TestALiveStreamRefusedForAWhileIsAskedForAgain(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -283,8 +290,7 @@ func TestALiveStreamRefusedForAWhileIsAskedForAgain(t *testing.T) {
 	live := f.url + "/tenants/acme/operations/" + op.ID.String() + "/live"
 
 	held := openLive(t, c, live) // the principal's two watches
-	defer held.Close()
-	defer openLive(t, c, live).Close()
+	other := openLive(t, c, live)
 	resp, err := c.Get(live)
 	require.NoError(t, err)
 	body, err := io.ReadAll(resp.Body)
@@ -296,6 +302,10 @@ func TestALiveStreamRefusedForAWhileIsAskedForAgain(t *testing.T) {
 
 	held.Close()
 	openLive(t, c, live).Close()
+	other.Close()
+
+	code, _ := get(t, c, f.url+"/tenants/acme/operations/"+uuid.NewString()+"/live")
+	require.Equal(t, http.StatusNotFound, code, "a refusal that lasts is an HTTP error, which the page takes as final")
 }
 
 // escalate takes the only PREPARED operation of its type through an unclear send to

@@ -9,22 +9,25 @@
   var shown = Number(section.dataset.revision);
   var events = null;
   var announce = document.getElementById("live-status");
-  var refused = 0; // streams refused in a row for a while (busy), answered by a retry
+  var refused = 0; // streams turned away in a row for a while (busy), each followed by a retry
+  var paused = false; // the page says so
   function busy() {
-    // The first refusals are a reload's own previous stream, not yet released: say
+    // The first are most often a reload's own previous stream, not yet given back: say
     // nothing unless they go on.
     refused += 1;
-    if (refused === 3 && announce) {
-      announce.textContent = "Live updates paused: the broker is busy. Trying again.";
+    if (refused >= 3 && !paused && announce) {
+      paused = true;
+      announce.textContent = "Live updates paused: trying again.";
       announce.classList.remove("visually-hidden");
     }
   }
   function resumed() {
-    if (refused >= 3 && announce) {
-      announce.textContent = "";
+    refused = 0;
+    if (paused) {
+      paused = false;
+      announce.textContent = "Live updates resumed.";
       announce.classList.add("visually-hidden");
     }
-    refused = 0;
   }
   function stopped() {
     close();
@@ -52,6 +55,7 @@
   }
   function close() {
     if (events) { events.close(); events = null; }
+    refused = 0;
   }
   // A hidden page gives its connection back (a browser keeps few per server), and
   // catches up when shown again: the stream starts with a snapshot.
@@ -64,8 +68,9 @@
     events.addEventListener("busy", busy);
     events.addEventListener("end", function () { close(); url = null; });
     events.addEventListener("error", function () {
-      // The browser connects again by itself after a broken stream; a refusal (the
-      // session ended, the operation is gone) closes it for good.
+      // The browser connects again by itself after a broken stream or a busy answer
+      // (the state is then CONNECTING); a refusal (the session ended, the operation is
+      // gone) closes it for good.
       if (events && events.readyState === EventSource.CLOSED) { stopped(); }
     });
   }
