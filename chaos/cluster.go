@@ -52,6 +52,7 @@ const provisionKeyEnv = "OPCHAOS_PROVISION_API_KEY"
 type cluster struct {
 	cfg      Config
 	dir      string
+	pgDir    string               // the embedded PostgreSQL's folder
 	pg       *embeddedpg.Server   // nil when the database was given
 	ha       *formation.Formation // with Config.Failover
 	schema   string
@@ -107,6 +108,10 @@ type replica struct {
 
 var servingLine = regexp.MustCompile(`msg=serving grpc=(\S+)`)
 
+// pgFolder begins the names of the folders of the runs' embedded PostgreSQL servers: a
+// folder of its own, which embeddedpg.RemoveOrphans can tell from a live run's.
+const pgFolder = "opchaos-pg-"
+
 func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 	c = &cluster{cfg: cfg, tokens: map[string]string{},
 		conns: map[string]*grpc.ClientConn{}, faults: map[string]int{},
@@ -131,7 +136,16 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 		base = c.ha.URL()
 	}
 	if base == "" {
-		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: filepath.Join(c.dir, "pg"), Restarted: true, Template: true}); err != nil {
+		// The servers of earlier runs killed before they stopped theirs (kill -9, a test
+		// binary's timeout) would otherwise run on.
+		embeddedpg.RemoveOrphans(os.TempDir(), pgFolder)
+		if c.pgDir, err = os.MkdirTemp("", pgFolder); err != nil {
+			return c, err
+		}
+		if err := os.Chmod(c.pgDir, 0o755); err != nil {
+			return c, err
+		}
+		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: c.pgDir, Restarted: true, Template: true}); err != nil {
 			return c, err
 		}
 		base = c.pg.URL()
@@ -350,6 +364,9 @@ func (c *cluster) start(i int) error {
 		cmd.Args = append(cmd.Args, "--require-synchronous-replication")
 	}
 	cmd.Env = append(os.Environ(), provisionKeyEnv+"="+c.provisionKey)
+	// A run killed before it stopped its replicas (kill -9, a test binary's timeout)
+	// takes them with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if crash != "" {
 		cmd.Env = append(cmd.Env, crashpoint.EnvVar+"="+crash)
 	}
@@ -588,6 +605,9 @@ func (c *cluster) close() {
 	}
 	if c.pg != nil {
 		_ = c.pg.Stop()
+	}
+	if c.pgDir != "" {
+		os.RemoveAll(c.pgDir)
 	}
 	if c.ha != nil {
 		c.ha.Close()
