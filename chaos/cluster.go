@@ -603,11 +603,12 @@ func (c *cluster) close() {
 			fmt.Fprintf(c.cfg.Log, "chaos: dropping the run's schema: %v\n", err)
 		}
 	}
-	if c.pg != nil {
-		_ = c.pg.Stop()
-	}
-	if c.pgDir != "" {
-		os.RemoveAll(c.pgDir)
+	// A server that did not stop keeps its folder, unlocked: the next run stops it and
+	// removes the folder (embeddedpg.RemoveOrphans).
+	if c.pg == nil || c.pg.Stop() == nil {
+		if c.pgDir != "" {
+			os.RemoveAll(c.pgDir)
+		}
 	}
 	if c.ha != nil {
 		c.ha.Close()
