@@ -378,8 +378,8 @@ func terminal(s opbrokerv1.Operation_State) bool {
 // retryLater reports whether err turns a live stream away for a while, and after how
 // long the browser should ask again: the principal's watches at their limit (a reloaded
 // page's new stream can arrive before the broker has seen the old one close) or the
-// tenant's call rate, after a second or the delay the refusal names; the ledger's
-// database unavailable, after 3 seconds, as after a broken stream.
+// tenant's call rate, after a second (or the longer delay the refusal names); the
+// ledger's database unavailable, after 3 seconds, as after a broken stream.
 func retryLater(err error) (time.Duration, bool) {
 	st := status.Convert(err)
 	var after time.Duration
@@ -401,7 +401,8 @@ func retryLater(err error) (time.Duration, bool) {
 
 // live streams, as server-sent events, that an operation changed (its revision), from
 // the broker's watch; the page's script then fetches the page again. It ends when the
-// operation is terminal.
+// operation is terminal, or at once with a busy event when the broker turns it away for
+// a while (retryLater).
 func (v *view) live(w http.ResponseWriter, r *http.Request, s session) {
 	name := "tenants/" + r.PathValue("tenant") + "/operations/" + r.PathValue("id")
 	ctx, cancel := context.WithCancel(s.ctx)
