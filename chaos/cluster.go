@@ -52,7 +52,6 @@ const provisionKeyEnv = "OPCHAOS_PROVISION_API_KEY"
 type cluster struct {
 	cfg      Config
 	dir      string
-	pgDir    string               // the embedded PostgreSQL's folder
 	pg       *embeddedpg.Server   // nil when the database was given
 	ha       *formation.Formation // with Config.Failover
 	schema   string
@@ -109,7 +108,8 @@ type replica struct {
 var servingLine = regexp.MustCompile(`msg=serving grpc=(\S+)`)
 
 // pgFolder begins the names of the folders of the runs' embedded PostgreSQL servers: a
-// folder of its own, which embeddedpg.RemoveOrphans can tell from a live run's.
+// folder of its own (embeddedpg.StartTemp), whose orphans a later run can tell from a
+// live run's.
 const pgFolder = "opchaos-pg-"
 
 func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
@@ -137,15 +137,8 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 	}
 	if base == "" {
 		// The servers of earlier runs killed before they stopped theirs (kill -9, a test
-		// binary's timeout) would otherwise run on.
-		embeddedpg.RemoveOrphans(os.TempDir(), pgFolder)
-		if c.pgDir, err = os.MkdirTemp("", pgFolder); err != nil {
-			return c, err
-		}
-		if err := os.Chmod(c.pgDir, 0o755); err != nil {
-			return c, err
-		}
-		if c.pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: c.pgDir, Restarted: true, Template: true}); err != nil {
+		// binary's timeout) are stopped and removed first.
+		if c.pg, err = embeddedpg.StartTemp(ctx, pgFolder, embeddedpg.Config{Restarted: true, Template: true}); err != nil {
 			return c, err
 		}
 		base = c.pg.URL()
@@ -605,10 +598,8 @@ func (c *cluster) close() {
 	}
 	// A server that did not stop keeps its folder, unlocked: the next run stops it and
 	// removes the folder (embeddedpg.RemoveOrphans).
-	if c.pg == nil || c.pg.Stop() == nil {
-		if c.pgDir != "" {
-			os.RemoveAll(c.pgDir)
-		}
+	if c.pg != nil && c.pg.Stop() == nil {
+		os.RemoveAll(c.pg.Dir())
 	}
 	if c.ha != nil {
 		c.ha.Close()

@@ -81,12 +81,13 @@ var serverParameters = map[string]string{
 
 // Server is a running embedded PostgreSQL.
 type Server struct {
-	ep     *embeddedpostgres.EmbeddedPostgres
-	url    string
-	lock   *os.File
-	tools  string // the directory holding bin/pg_ctl (or its wrapper)
-	pgData string
-	port   uint32
+	ep      *embeddedpostgres.EmbeddedPostgres
+	url     string
+	dataDir string
+	lock    *os.File
+	tools   string // the directory holding bin/pg_ctl (or its wrapper)
+	pgData  string
+	port    uint32
 }
 
 // Start initialises the cluster if needed and starts the server. It blocks until the
@@ -113,9 +114,36 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		lock.Close()
 		return nil, err
 	}
-	srv.lock = lock
+	srv.dataDir, srv.lock = dataDir, lock
 	return srv, nil
 }
+
+// StartTemp starts a server of cfg in a new folder of the temporary directory, named
+// prefix and a random suffix (cfg.DataDir is not used), open to the server's user
+// (another user when we are root). First it stops and removes the orphans that killed
+// processes left under that prefix (RemoveOrphans). The caller stops the server, then
+// removes its folder (Dir).
+func StartTemp(ctx context.Context, prefix string, cfg Config) (*Server, error) {
+	parent := tempDir()
+	RemoveOrphans(parent, prefix)
+	dir, err := os.MkdirTemp(parent, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("embeddedpg: %w", err)
+	}
+	cfg.DataDir = dir
+	var srv *Server
+	if err = os.Chmod(dir, 0o755); err == nil {
+		srv, err = Start(ctx, cfg)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return srv, nil
+}
+
+// Dir is the server's data folder.
+func (s *Server) Dir() string { return s.dataDir }
 
 func start(dataDir string, cfg Config) (*Server, error) {
 	port := cfg.Port

@@ -26,8 +26,9 @@ const (
 // and kept in the folder parent (the temporary directory when empty); it returns the
 // template's folder, or "" with an error. initdb costs about a second of CPU; the copy a
 // tenth of that. initdb is the tool that makes the template: binDir's, or the
-// privilege-dropping wrapper when we are root, and then runAs is the server's user. That user owns the template and the copies, and the copy does
-// not open their files with root's rights: initdb and cp run as that user.
+// privilege-dropping wrapper when we are root, and then runAs is the server's user.
+// That user owns the template and the copies, and the copy does not open their files
+// with root's rights: initdb and cp run as that user.
 func seed(parent, pgData, binDir, version, initdb string, runAs *owner) (string, error) {
 	dir, err := templateDir(parent, binDir, version)
 	if err != nil {

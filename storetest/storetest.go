@@ -51,24 +51,13 @@ func Run(m *testing.M) int {
 	parallelByDefault(shared)
 	if !shared {
 		// The servers of earlier binaries killed before they stopped them (a panic, a
-		// timeout) would otherwise run on.
-		embeddedpg.RemoveOrphans(os.TempDir(), testServerFolder)
-		dir, err := os.MkdirTemp("", testServerFolder)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "storetest:", err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		// The server may run as another user (when tests run as root): let it in.
-		if err := os.Chmod(dir, 0o755); err != nil {
-			fmt.Fprintln(os.Stderr, "storetest:", err)
-			return 1
-		}
-		srv, err := embeddedpg.Start(context.Background(), embeddedpg.Config{DataDir: dir, Template: true})
+		// timeout) are stopped and removed first.
+		srv, err := embeddedpg.StartTemp(context.Background(), testServerFolder, embeddedpg.Config{Template: true})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "storetest: no", EnvDatabaseURL, "set and the embedded PostgreSQL did not start:", err)
 			return 1
 		}
+		defer os.RemoveAll(srv.Dir())
 		defer srv.Stop()
 		baseURL = srv.URL()
 	}
