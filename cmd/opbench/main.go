@@ -145,25 +145,22 @@ func databaseURLFlag() cli.Flag {
 }
 
 // cluster returns the URL of the PostgreSQL to measure on: url, or an embedded one
-// started for the run, with a function that stops it.
+// started for the run, with a function that stops it and removes its folder. The
+// servers that killed runs left are stopped and removed first (embeddedpg.StartTemp); a
+// server whose stop failed keeps its folder, so that the next run finds it.
 func cluster(ctx context.Context, url string) (string, func(), error) {
 	if url != "" {
 		return url, func() {}, nil
 	}
-	dir, err := os.MkdirTemp("", "opbench-pg-")
+	pg, err := embeddedpg.StartTemp(ctx, "opbench-pg-", embeddedpg.Config{})
 	if err != nil {
 		return "", nil, err
 	}
-	if err := os.Chmod(dir, 0o755); err != nil { // the server may run as another user
-		os.RemoveAll(dir)
-		return "", nil, err
-	}
-	pg, err := embeddedpg.Start(ctx, embeddedpg.Config{DataDir: dir})
-	if err != nil {
-		os.RemoveAll(dir)
-		return "", nil, err
-	}
-	return pg.URL(), func() { _ = pg.Stop(); os.RemoveAll(dir) }, nil
+	return pg.URL(), func() {
+		if pg.Stop() == nil {
+			os.RemoveAll(pg.Dir())
+		}
+	}, nil
 }
 
 // database returns a pool on a fresh, migrated schema of the cluster at url and a
