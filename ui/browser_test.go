@@ -108,8 +108,8 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, text("main"), "Confirmation pending")
 	// The principal's two watches are taken elsewhere: the page's live stream is turned
-	// away for a while, the page says so after a few tries, and once a watch comes back
-	// its stream opens and the notice goes.
+	// away for a while, the page says so after a few tries and asks less and less often,
+	// and once a watch comes back its stream opens and the notice goes.
 	elsewhere := f.browser(t)
 	require.Equal(t, http.StatusSeeOther, f.signIn(t, elsewhere, "acme-support"))
 	live := f.url + "/tenants/acme/operations/" + pending.ID.String() + "/live"
@@ -121,6 +121,11 @@ func TestBrowser(t *testing.T) {
 		`document.getElementById("live-status").textContent.startsWith("Live updates paused")`,
 		chromedp.WithPollingTimeout(15*time.Second)))
 	require.NoError(t, err, "the page says its live updates are paused")
+	// The third refusal came 1 + 2 seconds after the first; the fourth comes 4 seconds
+	// after the third (every second: three more by then).
+	time.Sleep(3500 * time.Millisecond)
+	refusals := strings.Count(f.logs.String(), `"reason":"WATCH_LIMIT"`)
+	require.LessOrEqual(t, refusals, 4, "the page waits longer after each refusal")
 	for _, h := range held {
 		h.Close()
 	}

@@ -415,9 +415,11 @@ func (v *view) live(w http.ResponseWriter, r *http.Request, s session) {
 	if after, ok := retryLater(err); ok {
 		// A refusal that passes ends the stream at once with a busy event: the browser
 		// connects again after retry milliseconds, as after a broken stream, where an
-		// HTTP error would make it give up.
+		// HTTP error would make it give up. The event carries the same wait, from which
+		// the page's script backs off when the refusals go on.
+		ms := strconv.FormatInt(after.Milliseconds(), 10)
 		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = w.Write([]byte("retry: " + strconv.FormatInt(after.Milliseconds(), 10) + "\nevent: busy\ndata: 0\n\n"))
+		_, _ = w.Write([]byte("retry: " + ms + "\nevent: busy\ndata: " + ms + "\n\n"))
 		return
 	}
 	if err != nil {

@@ -278,7 +278,7 @@ func openLive(t *testing.T, c *http.Client, live string) liveStream {
 }
 
 // TestALiveStreamRefusedForAWhileIsAskedForAgain: a live stream over the principal's
-// watch limit ends at once with a busy event and a retry the browser follows, rather
+// watch limit ends at once with a busy event and a retry, both naming the wait, rather
 // than a refusal (which a browser's EventSource takes as final); once a watch is given
 // back, the stream opens. A stream of an operation that does not exist is refused.
 func TestALiveStreamRefusedForAWhileIsAskedForAgain(t *testing.T) {
@@ -298,7 +298,7 @@ func TestALiveStreamRefusedForAWhileIsAskedForAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
-	require.Equal(t, "retry: 1000\nevent: busy\ndata: 0\n\n", string(body), "the stream ends at once")
+	require.Equal(t, "retry: 1000\nevent: busy\ndata: 1000\n\n", string(body), "the stream ends at once")
 
 	held.Close()
 	openLive(t, c, live).Close()

@@ -11,7 +11,9 @@
   var announce = document.getElementById("live-status");
   var refused = 0; // streams turned away in a row for a while (busy), each followed by a retry
   var paused = false; // the page says so
-  function busy() {
+  var retry = null; // the timer of the next try after a busy answer
+  var longestWait = 30000; // milliseconds
+  function busy(e) {
     // The first are most often a reload's own previous stream, not yet given back: say
     // nothing unless they go on.
     refused += 1;
@@ -20,6 +22,13 @@
       announce.textContent = "Live updates paused: trying again.";
       announce.classList.remove("visually-hidden");
     }
+    // The page asks again itself, after the wait the server names (in milliseconds),
+    // doubled for each further refusal in a row up to half a minute: a page left open
+    // while its principal or tenant stays at a limit asks less and less often.
+    var after = Number(e.data) > 0 ? Number(e.data) : 1000;
+    var wait = Math.max(after, Math.min(longestWait, after * Math.pow(2, refused - 1)));
+    if (events) { events.close(); events = null; }
+    retry = setTimeout(function () { retry = null; open(); }, wait);
   }
   function resumed() {
     refused = 0;
@@ -55,12 +64,13 @@
   }
   function close() {
     if (events) { events.close(); events = null; }
+    if (retry) { clearTimeout(retry); retry = null; }
     refused = 0;
   }
   // A hidden page gives its connection back (a browser keeps few per server), and
   // catches up when shown again: the stream starts with a snapshot.
   function open() {
-    if (events || !url || document.hidden) { return; }
+    if (events || retry || !url || document.hidden) { return; }
     events = new EventSource(url);
     ["snapshot", "change", "heartbeat"].forEach(function (name) {
       events.addEventListener(name, function (e) { resumed(); refresh(Number(e.data)); });
@@ -68,9 +78,9 @@
     events.addEventListener("busy", busy);
     events.addEventListener("end", function () { close(); url = null; });
     events.addEventListener("error", function () {
-      // The browser connects again by itself after a broken stream or a busy answer
-      // (the state is then CONNECTING); a refusal (the session ended, the operation is
-      // gone) closes it for good.
+      // The browser connects again by itself after a broken stream (the state is then
+      // CONNECTING); a refusal (the session ended, the operation is gone) closes it for
+      // good. After a busy answer the page has closed it and asks again itself.
       if (events && events.readyState === EventSource.CLOSED) { stopped(); }
     });
   }
