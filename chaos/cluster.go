@@ -597,9 +597,11 @@ func (c *cluster) close() {
 		}
 	}
 	// A server that did not stop keeps its folder, unlocked: the next run stops it and
-	// removes the folder (embeddedpg.RemoveOrphans).
-	if c.pg != nil && c.pg.Stop() == nil {
-		os.RemoveAll(c.pg.Dir())
+	// removes the folder.
+	if c.pg != nil {
+		if err := c.pg.StopAndRemove(); err != nil {
+			fmt.Fprintf(c.cfg.Log, "chaos: %v\n", err)
+		}
 	}
 	if c.ha != nil {
 		c.ha.Close()

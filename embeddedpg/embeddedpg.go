@@ -121,8 +121,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 // StartTemp starts a server of cfg in a new folder of the temporary directory, named
 // prefix and a random suffix (cfg.DataDir is not used), open to the server's user
 // (another user when we are root). First it stops and removes the orphans that killed
-// processes left under that prefix (RemoveOrphans). The caller stops the server, then
-// removes its folder (Dir).
+// processes left under that prefix (RemoveOrphans). The caller ends it with
+// StopAndRemove.
 func StartTemp(ctx context.Context, prefix string, cfg Config) (*Server, error) {
 	parent := tempDir()
 	RemoveOrphans(parent, prefix)
@@ -142,8 +142,15 @@ func StartTemp(ctx context.Context, prefix string, cfg Config) (*Server, error) 
 	return srv, nil
 }
 
-// Dir is the server's data folder.
-func (s *Server) Dir() string { return s.dataDir }
+// StopAndRemove stops a server of StartTemp and removes its folder. A server that did
+// not stop keeps its folder, unlocked, so that a later StartTemp of the same prefix
+// finds it, stops it and removes it (RemoveOrphans).
+func (s *Server) StopAndRemove() error {
+	if err := s.Stop(); err != nil {
+		return fmt.Errorf("%w (its folder %s is left for the next start to remove)", err, s.dataDir)
+	}
+	return os.RemoveAll(s.dataDir)
+}
 
 func start(dataDir string, cfg Config) (*Server, error) {
 	port := cfg.Port

@@ -224,6 +224,32 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 	}
 }
 
+// TestStopAndRemove: a stopped server's folder goes; one whose stop failed (its server
+// killed beneath it) stays, unlocked, for RemoveOrphans.
+func TestStopAndRemove(t *testing.T) {
+	t.Parallel()
+	if InstalledBinaries() == "" {
+		t.Skip("no installed PostgreSQL binaries")
+	}
+	parent := openTempDir(t)
+	stopped, err := Start(context.Background(), Config{DataDir: filepath.Join(parent, "stopped"), Template: true})
+	require.NoError(t, err)
+	require.NoError(t, stopped.StopAndRemove())
+	require.NoDirExists(t, stopped.dataDir)
+
+	failed, err := Start(context.Background(), Config{DataDir: filepath.Join(parent, "failed"), Template: true})
+	require.NoError(t, err)
+	pid, running := postmaster(failed.pgData)
+	require.True(t, running)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	require.Eventually(t, func() bool { return !serves(pid, failed.pgData) }, 10*time.Second, 20*time.Millisecond)
+	require.Error(t, failed.StopAndRemove())
+	require.DirExists(t, failed.dataDir, "the folder of a server that did not stop is kept")
+	lock, err := lockDataDir(failed.dataDir)
+	require.NoError(t, err, "and unlocked, for RemoveOrphans")
+	lock.Close()
+}
+
 // TestPortTaken: both ways a start finds its port taken are told from other failures:
 // the library's check before the start, and the server's bind.
 func TestPortTaken(t *testing.T) {

@@ -57,8 +57,11 @@ func Run(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "storetest: no", EnvDatabaseURL, "set and the embedded PostgreSQL did not start:", err)
 			return 1
 		}
-		defer os.RemoveAll(srv.Dir())
-		defer srv.Stop()
+		defer func() {
+			if err := srv.StopAndRemove(); err != nil {
+				fmt.Fprintln(os.Stderr, "storetest:", err)
+			}
+		}()
 		baseURL = srv.URL()
 	}
 	code := m.Run()

@@ -144,21 +144,27 @@ func databaseURLFlag() cli.Flag {
 	return &cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "default: an embedded PostgreSQL"}
 }
 
+// pgFolder begins the names of the folders of the embedded servers the runs start:
+// embeddedpg.StartTemp stops and removes the orphans under it, so no other folder's name
+// may begin with it.
+const pgFolder = "opbench-pg-"
+
 // cluster returns the URL of the PostgreSQL to measure on: url, or an embedded one
-// started for the run, with a function that stops it and removes its folder. The
-// servers that killed runs left are stopped and removed first (embeddedpg.StartTemp); a
-// server whose stop failed keeps its folder, so that the next run finds it.
+// started for the run, with a function that stops it and removes its folder
+// (embeddedpg.StopAndRemove: a server that did not stop keeps it, for the next run to
+// find). The servers that killed runs left are stopped and removed first
+// (embeddedpg.StartTemp).
 func cluster(ctx context.Context, url string) (string, func(), error) {
 	if url != "" {
 		return url, func() {}, nil
 	}
-	pg, err := embeddedpg.StartTemp(ctx, "opbench-pg-", embeddedpg.Config{})
+	pg, err := embeddedpg.StartTemp(ctx, pgFolder, embeddedpg.Config{})
 	if err != nil {
 		return "", nil, err
 	}
 	return pg.URL(), func() {
-		if pg.Stop() == nil {
-			os.RemoveAll(pg.Dir())
+		if err := pg.StopAndRemove(); err != nil {
+			fmt.Fprintln(os.Stderr, "opbench:", err)
 		}
 	}, nil
 }
