@@ -375,8 +375,9 @@ func terminal(s opbrokerv1.Operation_State) bool {
 		s == opbrokerv1.Operation_STATE_CANCELLED
 }
 
-// retryLater reports whether err turns a live stream away for a while, and after how
-// long the browser should ask again: the principal's watches at their limit (a reloaded
+// retryLater reports whether err turns a live stream away for a while, and how long the
+// browser should wait before it asks again (the page's script waits longer after each
+// further refusal in a row): the principal's watches at their limit (a reloaded
 // page's new stream can arrive before the broker has seen the old one close) or the
 // tenant's call rate, after a second (or the longer delay the refusal names); the
 // ledger's database unavailable, after 3 seconds, as after a broken stream.
@@ -413,10 +414,11 @@ func (v *view) live(w http.ResponseWriter, r *http.Request, s session) {
 		first, err = stream.Recv() // the snapshot, or the refusal
 	}
 	if after, ok := retryLater(err); ok {
-		// A refusal that passes ends the stream at once with a busy event: the browser
-		// connects again after retry milliseconds, as after a broken stream, where an
-		// HTTP error would make it give up. The event carries the same wait, from which
-		// the page's script backs off when the refusals go on.
+		// A refusal that passes ends the stream at once with a busy event, where an HTTP
+		// error would make the browser give up. The event carries the wait: the page's
+		// script closes the stream and asks again after it, longer after each further
+		// refusal in a row. The same wait as retry makes a bare EventSource connect
+		// again after it too, as after a broken stream.
 		ms := strconv.FormatInt(after.Milliseconds(), 10)
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = w.Write([]byte("retry: " + ms + "\nevent: busy\ndata: " + ms + "\n\n"))

@@ -22,12 +22,14 @@
       announce.textContent = "Live updates paused: trying again.";
       announce.classList.remove("visually-hidden");
     }
-    // The page asks again itself, after the wait the server names (in milliseconds),
-    // doubled for each further refusal in a row up to half a minute: a page left open
-    // while its principal or tenant stays at a limit asks less and less often.
+    // The page asks again itself, after the wait the server names (in milliseconds; a
+    // second if it names none), doubled for each further refusal in a row up to half a
+    // minute (or the server's wait, if longer): a page left open while its principal
+    // or tenant stays at a limit asks less and less often.
     var after = Number(e.data) > 0 ? Number(e.data) : 1000;
     var wait = Math.max(after, Math.min(longestWait, after * Math.pow(2, refused - 1)));
     if (events) { events.close(); events = null; }
+    if (retry) { clearTimeout(retry); }
     retry = setTimeout(function () { retry = null; open(); }, wait);
   }
   function resumed() {
@@ -60,7 +62,7 @@
       var headline = document.getElementById("headline");
       if (announce && headline) { announce.textContent = headline.textContent; }
       if (!fresh.dataset.live) { close(); url = null; }
-    });
+    }).catch(stopped); // the network failed
   }
   function close() {
     if (events) { events.close(); events = null; }
