@@ -596,7 +596,7 @@ func (c *cluster) close() {
 			fmt.Fprintf(c.cfg.Log, "chaos: dropping the run's schema: %v\n", err)
 		}
 	}
-	// A server that did not stop keeps its folder, unlocked: the next run stops it and
+	// A server that did not stop keeps its folder, unlocked: a later run stops it and
 	// removes the folder.
 	if c.pg != nil {
 		if err := c.pg.StopAndRemove(); err != nil {

@@ -143,11 +143,11 @@ func StartTemp(ctx context.Context, prefix string, cfg Config) (*Server, error) 
 }
 
 // StopAndRemove stops a server of StartTemp and removes its folder. A server that did
-// not stop keeps its folder, unlocked, so that a later StartTemp of the same prefix
-// finds it, stops it and removes it (RemoveOrphans).
+// not stop keeps its folder, unlocked, so that a later StartTemp of the same prefix (a
+// minute or more after this one's) finds it, stops it and removes it (RemoveOrphans).
 func (s *Server) StopAndRemove() error {
 	if err := s.Stop(); err != nil {
-		return fmt.Errorf("%w (its folder %s is left for the next start to remove)", err, s.dataDir)
+		return fmt.Errorf("%w (its folder %s is left for a later start to remove)", err, s.dataDir)
 	}
 	return os.RemoveAll(s.dataDir)
 }

@@ -225,7 +225,7 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 }
 
 // TestStopAndRemove: a stopped server's folder goes; one whose stop failed (its server
-// killed beneath it) stays, unlocked, for RemoveOrphans.
+// stopped beneath it, so that pg_ctl finds none) stays, unlocked, for RemoveOrphans.
 func TestStopAndRemove(t *testing.T) {
 	t.Parallel()
 	if InstalledBinaries() == "" {
@@ -234,20 +234,24 @@ func TestStopAndRemove(t *testing.T) {
 	parent := openTempDir(t)
 	stopped, err := Start(context.Background(), Config{DataDir: filepath.Join(parent, "stopped"), Template: true})
 	require.NoError(t, err)
+	t.Cleanup(func() { stopped.Stop() }) // if StopAndRemove failed
 	require.NoError(t, stopped.StopAndRemove())
 	require.NoDirExists(t, stopped.dataDir)
 
 	failed, err := Start(context.Background(), Config{DataDir: filepath.Join(parent, "failed"), Template: true})
 	require.NoError(t, err)
-	pid, running := postmaster(failed.pgData)
-	require.True(t, running)
-	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
-	require.Eventually(t, func() bool { return !serves(pid, failed.pgData) }, 10*time.Second, 20*time.Millisecond)
+	require.True(t, stopServer(failed.pgData))
 	require.Error(t, failed.StopAndRemove())
 	require.DirExists(t, failed.dataDir, "the folder of a server that did not stop is kept")
-	lock, err := lockDataDir(failed.dataDir)
-	require.NoError(t, err, "and unlocked, for RemoveOrphans")
-	lock.Close()
+	// (A lock released in this process stays held while another test's just-forked
+	// child has not yet run its program: TestOrphansAreStoppedAndRemoved.)
+	require.Eventually(t, func() bool {
+		lock, err := lockDataDir(failed.dataDir)
+		if err == nil {
+			lock.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond, "and unlocked, for RemoveOrphans")
 }
 
 // TestPortTaken: both ways a start finds its port taken are told from other failures:

@@ -151,8 +151,8 @@ const pgFolder = "opbench-pg-"
 
 // cluster returns the URL of the PostgreSQL to measure on: url, or an embedded one
 // started for the run, with a function that stops it and removes its folder
-// (embeddedpg.StopAndRemove: a server that did not stop keeps it, for the next run to
-// find). The servers that killed runs left are stopped and removed first
+// (embeddedpg.Server.StopAndRemove: a server that did not stop keeps it, for a later
+// run to find). The servers that killed runs left are stopped and removed first
 // (embeddedpg.StartTemp).
 func cluster(ctx context.Context, url string) (string, func(), error) {
 	if url != "" {

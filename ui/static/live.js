@@ -29,7 +29,6 @@
     var after = Number(e.data) > 0 ? Number(e.data) : 1000;
     var wait = Math.max(after, Math.min(longestWait, after * Math.pow(2, refused - 1)));
     if (events) { events.close(); events = null; }
-    if (retry) { clearTimeout(retry); }
     retry = setTimeout(function () { retry = null; open(); }, wait);
   }
   function resumed() {
