@@ -179,7 +179,9 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		Logger(logger).
 		StartParameters(serverParameters).
 		Username(superuser).
-		Password(password)
+		Password(password).
+		Encoding(clusterEncoding).
+		Locale(clusterLocale)
 
 	var version string
 	initialised := false // pgData holds a cluster; only known with installed binaries

@@ -254,6 +254,28 @@ func TestStopAndRemove(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond, "and unlocked, for RemoveOrphans")
 }
 
+// TestClustersAreUTF8WhateverTheLocale: for a user whose session sets no locale
+// (POSIX), initdb would make a SQL_ASCII cluster; the template's initdb and the
+// library's both make a UTF-8 cluster with the C locale.
+func TestClustersAreUTF8WhateverTheLocale(t *testing.T) {
+	if InstalledBinaries() == "" {
+		t.Skip("no installed PostgreSQL binaries")
+	}
+	t.Setenv("LC_ALL", "POSIX") // not parallel: the environment is the process's
+	t.Setenv("LANG", "")
+	for _, cfg := range []Config{{Template: true, templates: openTempDir(t)}, {}} {
+		srv := startInTempDir(t, cfg)
+		t.Cleanup(func() { srv.Stop() })
+		conn, err := pgx.Connect(context.Background(), srv.URL())
+		require.NoError(t, err)
+		var encoding, collate, ctype string
+		require.NoError(t, conn.QueryRow(context.Background(), `SELECT pg_encoding_to_char(encoding), datcollate, datctype
+			FROM pg_database WHERE datname = current_database()`).Scan(&encoding, &collate, &ctype))
+		require.NoError(t, conn.Close(context.Background()))
+		require.Equal(t, []string{"UTF8", "C", "C"}, []string{encoding, collate, ctype}, "template: %v", cfg.Template)
+	}
+}
+
 // TestPortTaken: both ways a start finds its port taken are told from other failures:
 // the library's check before the start, and the server's bind.
 func TestPortTaken(t *testing.T) {

@@ -21,6 +21,16 @@ const (
 	password  = "postgres"
 )
 
+// The encoding and locale of every cluster, whatever the environment says. initdb would
+// take both from LANG and LC_*, and for a user whose session sets no locale (POSIX) it
+// makes a SQL_ASCII cluster: one that stores any bytes as text unchecked, and where ICU
+// collations cannot be made. C compares text byte by byte, which for UTF-8 is the order
+// of code points, as C.UTF-8 orders it.
+const (
+	clusterEncoding = "UTF8"
+	clusterLocale   = "C"
+)
+
 // seed fills the new cluster folder pgData with a copy of a template cluster of the
 // binaries in binDir (version: their postgres --version), made by initdb the first time
 // and kept in the folder parent (the temporary directory when empty); it returns the
@@ -48,8 +58,9 @@ func seed(parent, pgData, binDir, version, initdb string, runAs *owner) (string,
 
 // templateDir returns where the template of these binaries is kept: a folder of this
 // user's in parent (the temporary directory when empty), one cluster per binaries,
-// version, locale and time zone (initdb writes them into the cluster). The folder must
-// be this user's alone, or another user of the machine could plant a cluster.
+// version and time zone (initdb writes the zone into the cluster; the locale is
+// clusterLocale). The folder must be this user's alone, or another user of the machine
+// could plant a cluster.
 func templateDir(parent, binDir, version string) (string, error) {
 	if parent == "" {
 		parent = tempDir()
@@ -72,11 +83,7 @@ func templateDir(parent, binDir, version string) (string, error) {
 	if !fi.IsDir() || !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o022 != 0 {
 		return "", fmt.Errorf("%s is not a folder of this user's alone", root)
 	}
-	key := []string{binDir, version}
-	for _, name := range []string{"LC_ALL", "LC_COLLATE", "LC_CTYPE", "LC_MESSAGES", "LC_MONETARY", "LC_NUMERIC", "LC_TIME", "LANG", "TZ"} {
-		key = append(key, os.Getenv(name))
-	}
-	sum := sha256.Sum256([]byte(strings.Join(key, "\x00")))
+	sum := sha256.Sum256([]byte(strings.Join([]string{binDir, version, clusterEncoding, clusterLocale, os.Getenv("TZ")}, "\x00")))
 	return filepath.Join(root, fmt.Sprintf("%x", sum[:8])), nil
 }
 
@@ -116,7 +123,8 @@ func makeTemplate(dir, initdb string, runAs *owner) error {
 			return err
 		}
 	}
-	out, err := exec.Command(initdb, "-A", "password", "-U", superuser, "-D", cluster, "--pwfile="+pwfile).CombinedOutput()
+	out, err := exec.Command(initdb, "-A", "password", "-U", superuser, "-D", cluster, "--pwfile="+pwfile,
+		"--encoding="+clusterEncoding, "--locale="+clusterLocale).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("initdb: %w: %s", err, out)
 	}
