@@ -54,7 +54,7 @@ type Config struct {
 	// means look for installed binaries, then download.
 	BinDir string
 	// Template makes a new cluster a copy of one kept in the temporary directory, which
-	// initdb makes once per user, binaries, locale and time zone (template.go): for the
+	// initdb makes once per user, binaries and time zone (template.go): for the
 	// tests and the chaos run, which start many servers. Such clusters share a system
 	// identifier. Without installed binaries, when the template cannot be used, or when
 	// the server does not start on the copy (the template is then removed), initdb

@@ -268,10 +268,10 @@ func TestClustersAreUTF8WhateverTheLocale(t *testing.T) {
 		t.Cleanup(func() { srv.Stop() })
 		conn, err := pgx.Connect(context.Background(), srv.URL())
 		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close(context.Background()) })
 		var encoding, collate, ctype string
 		require.NoError(t, conn.QueryRow(context.Background(), `SELECT pg_encoding_to_char(encoding), datcollate, datctype
 			FROM pg_database WHERE datname = current_database()`).Scan(&encoding, &collate, &ctype))
-		require.NoError(t, conn.Close(context.Background()))
 		require.Equal(t, []string{"UTF8", "C", "C"}, []string{encoding, collate, ctype}, "template: %v", cfg.Template)
 	}
 }
