@@ -86,9 +86,11 @@ type Server struct {
 	dataDir string
 	lock    *os.File
 	tools   string // the directory holding bin/pg_ctl (or its wrapper)
-	pgData  string
 	port    uint32
 }
+
+// pgData is the server's cluster folder.
+func (s *Server) pgData() string { return clusterDir(s.dataDir) }
 
 // Start initialises the cluster if needed and starts the server. It blocks until the
 // server accepts connections.
@@ -114,7 +116,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		lock.Close()
 		return nil, err
 	}
-	srv.dataDir, srv.lock = dataDir, lock
+	srv.lock = lock
 	return srv, nil
 }
 
@@ -238,11 +240,11 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("embeddedpg: start in %s: %w", dataDir, err)
 	}
 	return &Server{
-		ep:     ep,
-		url:    fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/postgres?sslmode=disable", superuser, password, port),
-		tools:  tools,
-		pgData: pgData,
-		port:   port,
+		ep:      ep,
+		url:     fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/postgres?sslmode=disable", superuser, password, port),
+		dataDir: dataDir,
+		tools:   tools,
+		port:    port,
 	}, nil
 }
 
@@ -252,15 +254,15 @@ func start(dataDir string, cfg Config) (*Server, error) {
 // accepts connections. For fault injection.
 func (s *Server) CrashRestart() error {
 	pgCtl := filepath.Join(s.tools, "bin", "pg_ctl")
-	if out, err := exec.Command(pgCtl, "stop", "-D", s.pgData, "-m", "immediate", "-w").CombinedOutput(); err != nil {
+	if out, err := exec.Command(pgCtl, "stop", "-D", s.pgData(), "-m", "immediate", "-w").CombinedOutput(); err != nil {
 		return fmt.Errorf("embeddedpg: immediate stop: %w: %s", err, out)
 	}
 	options := fmt.Sprintf("-p %d", s.port)
 	for _, k := range slices.Sorted(maps.Keys(serverParameters)) {
 		options += fmt.Sprintf(" -c %s='%s'", k, serverParameters[k])
 	}
-	logFile := filepath.Join(filepath.Dir(s.pgData), "restart.log")
-	if out, err := exec.Command(pgCtl, "start", "-D", s.pgData, "-w", "-o", options, "-l", logFile).CombinedOutput(); err != nil {
+	logFile := filepath.Join(filepath.Dir(s.pgData()), "restart.log")
+	if out, err := exec.Command(pgCtl, "start", "-D", s.pgData(), "-w", "-o", options, "-l", logFile).CombinedOutput(); err != nil {
 		return fmt.Errorf("embeddedpg: restart: %w: %s", err, out)
 	}
 	return nil

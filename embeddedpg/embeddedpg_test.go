@@ -206,7 +206,7 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 		folder("other-orphan", 2*orphanAge, false),
 	}
 
-	pid, running := postmaster(orphan.pgData)
+	pid, running := postmaster(orphan.pgData())
 	require.True(t, running)
 	// The kernel releases a dead process's lock at once; a lock closed here stays held a
 	// moment longer when another test of this binary has just forked (the child holds a
@@ -218,7 +218,7 @@ func TestOrphansAreStoppedAndRemoved(t *testing.T) {
 		return errors.Is(err, fs.ErrNotExist)
 	}, 10*time.Second, 50*time.Millisecond, "the orphan's folder is removed")
 	// (Not kill(pid, 0): an ended server is reparented to init, which may not reap it.)
-	require.False(t, serves(pid, orphan.pgData), "the orphan's server is stopped")
+	require.False(t, serves(pid, orphan.pgData()), "the orphan's server is stopped")
 	for _, dir := range left {
 		require.DirExists(t, dir)
 	}
@@ -240,7 +240,7 @@ func TestStopAndRemove(t *testing.T) {
 
 	failed, err := Start(context.Background(), Config{DataDir: filepath.Join(parent, "failed"), Template: true})
 	require.NoError(t, err)
-	require.True(t, stopServer(failed.pgData))
+	require.True(t, stopServer(failed.pgData()))
 	require.Error(t, failed.StopAndRemove())
 	require.DirExists(t, failed.dataDir, "the folder of a server that did not stop is kept")
 	// (A lock released in this process stays held while another test's just-forked

@@ -3,7 +3,10 @@ package logtest
 
 import (
 	"bytes"
+	"encoding/json"
+	"strings"
 	"sync"
+	"testing"
 )
 
 // Buffer is a log's destination that several goroutines write while a test reads it.
@@ -24,4 +27,19 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// Entries decodes each line of a JSON log written to b into a T, failing the test on a
+// line that is not one.
+func Entries[T any](t testing.TB, b *Buffer) []T {
+	t.Helper()
+	var entries []T
+	for line := range strings.Lines(b.String()) {
+		var entry T
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Fatalf("logtest: a line that is not JSON: %v: %s", err, line)
+		}
+		entries = append(entries, entry)
+	}
+	return entries
 }

@@ -1,13 +1,11 @@
 package server_test
 
 import (
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -49,12 +47,7 @@ func TestOneLinePerCall(t *testing.T) {
 			_, err = reflect.Recv()
 			require.True(t, errors.Is(err, io.EOF), "%v", err) // the server has logged the call
 
-			var lines []map[string]any
-			for line := range strings.Lines(logs.String()) {
-				var fields map[string]any
-				require.NoError(t, json.Unmarshal([]byte(line), &fields))
-				lines = append(lines, fields)
-			}
+			lines := logtest.Entries[map[string]any](t, logs)
 			prepare := "/" + opbrokerv1.OperationService_ServiceDesc.ServiceName + "/PrepareOperation"
 			want := []struct {
 				level, method, code, reason string

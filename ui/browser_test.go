@@ -2,7 +2,6 @@ package ui_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/opbroker/opbroker/logtest"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/storetest"
 )
@@ -127,12 +127,11 @@ func TestBrowser(t *testing.T) {
 	// (asking every second: about six).
 	time.Sleep(3500 * time.Millisecond)
 	var refusals []time.Time
-	for line := range strings.Lines(f.logs.String()) {
-		var entry struct {
-			Time   time.Time
-			Reason string
-		}
-		if json.Unmarshal([]byte(line), &entry) == nil && entry.Reason == "WATCH_LIMIT" {
+	for _, entry := range logtest.Entries[struct {
+		Time   time.Time
+		Reason string
+	}](t, f.logs) {
+		if entry.Reason == "WATCH_LIMIT" {
 			refusals = append(refusals, entry.Time)
 		}
 	}
