@@ -127,7 +127,7 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 	events, err := brokermetrics.NewEvents(mp)
 	require.NoError(t, err)
 	sent := time.Now()
-	events.Sent(ctx, payments, store.Operation{State: store.StateUnknown, LastObservation: &store.Observation{Outcome: "TIMEOUT"}})
+	events.Sent(ctx, payments, store.RecordedOutcome{State: store.StateUnknown}, "TIMEOUT")
 	events.Resolved(ctx, payments, store.Operation{State: store.StateSucceeded, FirstSentAt: &sent, UpdatedAt: sent})
 	timed, err := brokermetrics.TimeRequests(&connector{}, mp)
 	require.NoError(t, err)

@@ -2,6 +2,7 @@ package brokermetrics
 
 import (
 	"context"
+	"time"
 
 	"go.opentelemetry.io/otel/metric"
 
@@ -46,43 +47,44 @@ func NewEvents(mp metric.MeterProvider) (*Events, error) {
 	return e, nil
 }
 
-// Sent counts what a send's outcome did, given the operation as the ledger recorded it
-// (store.Scope.RecordOutcome's result): an operation that became UNKNOWN, by the class
-// of the send's observation; a same-key replay (op.Replays > 0: only a reconciler's
-// replay of an UNKNOWN operation counts one) that ended SUCCEEDED or FAILED_TERMINAL, as
-// a resolution.
-func (e *Events) Sent(ctx context.Context, contract *target.Contract, op store.Operation) {
+// Sent counts what a send's outcome did, given what the ledger recorded
+// (store.Scope.RecordOutcome's result) and cause, the class of the send's observation:
+// an operation that became UNKNOWN, by cause; a same-key replay (op.Replays > 0: only a
+// reconciler's replay of an UNKNOWN operation counts one) that ended SUCCEEDED or
+// FAILED_TERMINAL, as a resolution.
+func (e *Events) Sent(ctx context.Context, contract *target.Contract, op store.RecordedOutcome, cause string) {
 	if e == nil {
 		return
 	}
 	switch {
 	case op.State == store.StateUnknown:
-		cause := ""
-		if op.LastObservation != nil {
-			cause = op.LastObservation.Outcome
-		}
 		e.UnknownEntered(ctx, contract, cause, 1)
 	case op.Replays > 0:
-		e.Resolved(ctx, contract, op)
+		e.resolved(ctx, contract, op.State, op.FirstSentAt, op.UpdatedAt)
 	}
 }
 
 // Resolved records the resolution of an UNKNOWN operation, given the operation as the
-// ledger recorded it (store.Scope.ResolveUnknown's result, or a replay's outcome): its
-// state and the time from its first send to the resolution, both written by the
-// database. Any other state (a zero Operation included) records nothing. contract may be
-// nil: the operation's type has no contract any more.
+// ledger recorded it (store.Scope.ResolveUnknown's result): its state and the time from
+// its first send to the resolution, both written by the database. Any other state (a
+// zero Operation included) records nothing. contract may be nil: the operation's type
+// has no contract any more.
 func (e *Events) Resolved(ctx context.Context, contract *target.Contract, op store.Operation) {
-	if e == nil || op.FirstSentAt == nil {
+	e.resolved(ctx, contract, op.State, op.FirstSentAt, op.UpdatedAt)
+}
+
+// resolved records a resolution into state at the database's time at, of an operation
+// first sent at firstSent (nil: never sent, nothing is recorded).
+func (e *Events) resolved(ctx context.Context, contract *target.Contract, state store.State, firstSent *time.Time, at time.Time) {
+	if e == nil || firstSent == nil {
 		return
 	}
-	switch op.State {
+	switch state {
 	case store.StateSucceeded, store.StateFailedTerminal, store.StateEscalated:
 	default:
 		return
 	}
-	e.resolutions.Record(ctx, max(0, op.UpdatedAt.Sub(*op.FirstSentAt).Seconds()),
-		e.byState.Of(targetName(contract), string(op.State)))
+	e.resolutions.Record(ctx, max(0, at.Sub(*firstSent).Seconds()), e.byState.Of(targetName(contract), string(state)))
 }
 
 // UnknownEntered counts n operations of the contract's that became UNKNOWN because of

@@ -731,7 +731,7 @@ func (d *Dispatcher) record(contract *target.Contract, op store.Claimed, res tar
 		moved, err := d.cfg.Store.AllTenants().RecordOutcome(ctx, params)
 		switch {
 		case err == nil:
-			d.events.Sent(ctx, contract, moved)
+			d.events.Sent(ctx, contract, moved, params.Observation.Outcome)
 			return
 		case errors.Is(err, store.ErrRecordedBefore):
 			// An earlier try was applied and its answer lost; the operation has moved on

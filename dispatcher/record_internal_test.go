@@ -52,17 +52,51 @@ func TestAnOutcomeRecordedBeforeIsNotALostFence(t *testing.T) {
 
 	require.Contains(t, logs.String(), "outcome recorded by an earlier try")
 	require.NotContains(t, logs.String(), "fence lost")
+	require.Equal(t, map[string]int64{"TIMEOUT": 1}, enteredUnknown(t, reader), "the UNKNOWN the first try made is counted")
+}
+
+// TestAnUnknownOutcomeIsCountedByItsCause: a send recorded UNKNOWN counts once, by the
+// class of its observation.
+func TestAnUnknownOutcomeIsCountedByItsCause(t *testing.T) {
+	t.Parallel()
+	st, _ := storetest.NewStore(t)
+	_, targets := targettest.Demo(t, simtarget.Config{})
+	reader := sdkmetric.NewManualReader()
+	d, err := New(Config{Store: st, Targets: targets, Connector: target.NewConnector(),
+		Logger: slog.New(slog.DiscardHandler), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	require.NoError(t, err)
+	contract, ok := targets.ForType(simtarget.DemoCharge)
+	require.True(t, ok)
+
+	ctx := context.Background()
+	op := storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, "order-1", `{"amount":1}`)
+	claimed, err := st.AllTenants().Claim(ctx, targettest.Claim(t, targets, contract.Name, store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	d.record(contract, claimed[0], target.Result{Outcome: target.Unknown, Class: "HTTP_5XX", HTTPStatus: 503, Sent: true})
+
+	got, err := st.AllTenants().Get(ctx, "acme", op.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateUnknown, got.State)
+	require.Equal(t, map[string]int64{"HTTP_5XX": 1}, enteredUnknown(t, reader))
+}
+
+// enteredUnknown returns the counts of operations that became UNKNOWN, by cause.
+func enteredUnknown(t *testing.T, reader sdkmetric.Reader) map[string]int64 {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(ctx, &rm))
-	var entered int64
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	entered := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "opbroker.unknown.entered" {
 				for _, dp := range sum.DataPoints {
-					entered += dp.Value
+					cause, _ := dp.Attributes.Value("cause")
+					entered[cause.AsString()] += dp.Value
 				}
 			}
 		}
 	}
-	require.Equal(t, int64(1), entered, "the UNKNOWN the first try made is counted")
+	return entered
 }

@@ -106,10 +106,10 @@ func (b *bundle) unknown(t testing.TB, tenant, intent string, amount int) store.
 	t.Helper()
 	op := b.prepare(t, tenant, intent, amount)
 	c := b.claim(t, op)
-	op, err := b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: tenant, ID: op.ID, Fence: c.FenceToken,
+	_, err := b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: tenant, ID: op.ID, Fence: c.FenceToken,
 		State: store.StateUnknown, Observation: store.Observation{Source: "DISPATCH", Outcome: "TIMEOUT"}, Actor: "test"})
 	require.NoError(t, err)
-	return op
+	return b.get(t, op)
 }
 
 func (b *bundle) get(t testing.TB, op store.Operation) store.Operation {

@@ -379,49 +379,70 @@ func (p OutcomeParams) sent() bool { return !p.NotSent && !p.NotExecuted }
 // ErrFenceLost when the fence had moved on: the outcome is then kept as evidence in
 // stale_outcomes (the first one recorded for the fence) and the operation is untouched.
 //
+// It answers with what the outcome left of the operation (RecordedOutcome), not the
+// whole row: read the operation for the rest.
+//
 // Outcomes recorded at the same time are written together, in one statement and one
 // commit (at most maxOutcomeBatch, by at most outcomeWriters statements at once): a
 // caller waits while the statements before it run, and the outcomes that arrive
 // meanwhile join its statement (see combiner). Each keeps its own fence check, and an
 // outcome the statement cannot write fails alone (recordOutcomes).
-func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (Operation, error) {
+func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (RecordedOutcome, error) {
 	if p.State != StateSucceeded && p.State != StateFailedTerminal && p.State != StateUnknown && p.State != StatePrepared {
-		return Operation{}, fmt.Errorf("store: record outcome: %s is not an outcome of a send", p.State)
+		return RecordedOutcome{}, fmt.Errorf("store: record outcome: %s is not an outcome of a send", p.State)
 	}
 	if p.State == StatePrepared && !p.NotExecuted {
-		return Operation{}, fmt.Errorf("store: record outcome: only an answer documented as not executed sends again")
+		return RecordedOutcome{}, fmt.Errorf("store: record outcome: only an answer documented as not executed sends again")
 	}
 	if p.State == StateSucceeded && p.RemoteRef == "" {
-		return Operation{}, fmt.Errorf("store: record outcome: SUCCEEDED needs the target's reference")
+		return RecordedOutcome{}, fmt.Errorf("store: record outcome: SUCCEEDED needs the target's reference")
 	}
 	if q.tenants == "" {
-		return Operation{}, ErrNoScope
+		return RecordedOutcome{}, ErrNoScope
 	}
 	// Outcomes are combined only with outcomes in the same scope.
 	recorded, i, err := q.s.outcomes.do(ctx, q.tenants, p, q.recordOutcomes)
 	if err != nil {
-		return Operation{}, err
+		return RecordedOutcome{}, err
 	}
 	return recorded.answer(i, p)
+}
+
+// RecordedOutcome is the operation as an outcome left it, in the columns the outcomes'
+// statement returns. Whole rows (27 columns, and the payload among the statement's own
+// rows) cost a burn-down about a tenth of the broker's CPU (docs/benchmarks.md).
+type RecordedOutcome struct {
+	State       State
+	Revision    int64
+	FenceToken  int64
+	Replays     int32 // same-key replays of the operation: only a reconciler's replay counts one
+	FirstSentAt *time.Time
+	UpdatedAt   time.Time
+}
+
+// recordedOutcomeOf returns what the outcome that left op as it is returns of it.
+func recordedOutcomeOf(op Operation) RecordedOutcome {
+	return RecordedOutcome{State: op.State, Revision: op.Revision, FenceToken: op.FenceToken, Replays: op.Replays,
+		FirstSentAt: op.FirstSentAt, UpdatedAt: op.UpdatedAt}
 }
 
 // recordedOutcomes is what the statements of a batch of outcomes did: the operations
 // they moved, and each outcome's own error, if any, by its index in the batch (nil when
 // there is none).
 type recordedOutcomes struct {
-	moved map[OperationKey]*Operation
+	moved map[OperationKey]RecordedOutcome
 	errs  []error
 }
 
 // answer is RecordOutcome's answer for p, the outcome at index i of the batch.
-func (r recordedOutcomes) answer(i int, p OutcomeParams) (Operation, error) {
+func (r recordedOutcomes) answer(i int, p OutcomeParams) (RecordedOutcome, error) {
 	if op, ok := r.applied(p); ok {
 		return op, nil
 	}
 	if r.errs != nil && r.errs[i] != nil {
-		return Operation{}, r.errs[i]
+		return RecordedOutcome{}, r.errs[i]
 	}
-	return Operation{}, ErrFenceLost
+	return RecordedOutcome{}, ErrFenceLost
 }
 
 // failed records err as the error of the outcomes from index i to j; r.errs is made
@@ -436,12 +457,12 @@ func (r *recordedOutcomes) failed(n, i, j int, err error) {
 }
 
 // applied returns the operation as p's outcome left it, if p's fence held.
-func (r recordedOutcomes) applied(p OutcomeParams) (Operation, bool) {
+func (r recordedOutcomes) applied(p OutcomeParams) (RecordedOutcome, bool) {
 	op, ok := r.moved[OperationKey{TenantID: p.TenantID, ID: p.ID}]
 	if !ok || op.FenceToken != p.Fence {
-		return Operation{}, false
+		return RecordedOutcome{}, false
 	}
-	return *op, true
+	return op, true
 }
 
 // At most maxOutcomeBatch outcomes per statement, and outcomeWriters statements at once,
@@ -468,10 +489,12 @@ var recordOutcomesSQL = compileNamed(`
 				next_check_at = CASE u.state WHEN 'UNKNOWN' THEN now() WHEN 'PREPARED' THEN now() + u.send_again_after END
 			FROM u
 			WHERE o.tenant_id = u.tenant_id AND o.operation_id = u.operation_id AND o.state = 'IN_FLIGHT' AND o.fence_token = u.fence
-			RETURNING o.*, u.actor AS outcome_actor, u.outcome AS outcome_reason, u.sent AS outcome_sent
+			RETURNING o.tenant_id, o.operation_id, o.revision, o.state, o.fence_token, o.remote_ref, o.last_observation,
+				o.attempt_count, o.escalation, o.updated_at, o.replays, o.first_sent_at,
+				u.actor AS outcome_actor, u.outcome AS outcome_reason, u.sent AS outcome_sent
 		), ev AS (`+outcomeEventsFrom("upd", "'IN_FLIGHT'", "outcome_actor", "outcome_reason", "last_observation", "outcome_sent")+`
 		)
-		SELECT `+operationColumns+` FROM upd`,
+		SELECT tenant_id, operation_id, state, revision, fence_token, replays, first_sent_at, updated_at FROM upd`,
 	"tenant_ids", "operation_ids", "fences", "states", "remote_refs", "observations", "actors", "outcomes",
 	"sent", "not_executed", "send_again_after")
 
@@ -498,7 +521,7 @@ func (q Scope) recordOutcomes(ctx context.Context, ps []OutcomeParams) (recorded
 	if err == nil || len(ps) == 1 || !byOneOutcome(err) {
 		return recorded, err
 	}
-	recorded = recordedOutcomes{moved: make(map[OperationKey]*Operation, len(ps))}
+	recorded = recordedOutcomes{moved: make(map[OperationKey]RecordedOutcome, len(ps))}
 	for _, half := range [][2]int{{0, len(ps) / 2}, {len(ps) / 2, len(ps)}} {
 		from, to := half[0], half[1]
 		r, err := q.recordOutcomes(ctx, ps[from:to])
@@ -553,13 +576,21 @@ func (q Scope) recordTogether(ctx context.Context, ps []OutcomeParams) (recorded
 		"tenant_ids": c.tenants, "operation_ids": c.ids, "fences": c.fences, "states": c.states,
 		"remote_refs": c.refs, "observations": c.observations, "actors": c.actors, "outcomes": c.outcomes,
 		"sent": c.sent, "not_executed": c.notExecuted, "send_again_after": c.waits})...)
-	moved, err := pgx.AppendRows(make([]Operation, 0, len(ps)), rows, scanOperation)
+	type movedRow struct {
+		key OperationKey
+		op  RecordedOutcome
+	}
+	moved, err := pgx.AppendRows(make([]movedRow, 0, len(ps)), rows, func(row pgx.CollectableRow) (r movedRow, err error) {
+		err = row.Scan(&r.key.TenantID, (*[16]byte)(&r.key.ID), &r.op.State, &r.op.Revision, &r.op.FenceToken, &r.op.Replays,
+			&r.op.FirstSentAt, &r.op.UpdatedAt)
+		return r, err
+	})
 	if err != nil {
 		return recordedOutcomes{}, fmt.Errorf("store: record outcome: %w", translate(err))
 	}
-	recorded := recordedOutcomes{moved: make(map[OperationKey]*Operation, len(moved))}
-	for i := range moved {
-		recorded.moved[OperationKey{TenantID: moved[i].TenantID, ID: moved[i].ID}] = &moved[i]
+	recorded := recordedOutcomes{moved: make(map[OperationKey]RecordedOutcome, len(moved))}
+	for _, m := range moved {
+		recorded.moved[m.key] = m.op
 	}
 	if len(moved) > 0 {
 		q.s.events.signal()
@@ -595,7 +626,7 @@ func (q Scope) settleStale(ctx context.Context, recorded *recordedOutcomes, n in
 		switch {
 		case !ok:
 		case b.op.Revision == b.revision && b.op.FenceToken == p.Fence: // as the earlier try left it (a reconciler's claim takes the fence, not the revision)
-			recorded.moved[OperationKey{TenantID: p.TenantID, ID: p.ID}] = &b.op
+			recorded.moved[OperationKey{TenantID: p.TenantID, ID: p.ID}] = recordedOutcomeOf(b.op)
 		default:
 			recorded.failed(n, at[k], at[k]+1, ErrRecordedBefore)
 		}

@@ -211,9 +211,13 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	op, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: first.ID, Fence: 1,
 		State: store.StateSucceeded, RemoteRef: "ch_1", Observation: obs, Actor: "dispatcher:test"})
 	require.NoError(t, err)
-	require.Equal(t, store.StateSucceeded, op.State)
-	require.Equal(t, "ch_1", op.RemoteRef)
-	require.Equal(t, "VERIFIED_SUCCESS", op.LastObservation.Outcome)
+	got, err := b.all.Get(b.ctx, "acme", first.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateSucceeded, got.State)
+	require.Equal(t, "ch_1", got.RemoteRef)
+	require.Equal(t, "VERIFIED_SUCCESS", got.LastObservation.Outcome)
+	require.NotNil(t, got.FirstSentAt)
+	require.Equal(t, store.RecordedOutcomeOf(got), op, "answered with the operation as the outcome left it")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1 AND from_state = 'IN_FLIGHT'
 		AND fence_token = 1 AND sent AND remote_ref = 'ch_1' AND (observation->>'http_status')::int = 200`, first.ID))
 
@@ -268,10 +272,10 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrFenceLost)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1`, first.ID))
 
-	got, err := b.all.ExtendLeases(b.ctx, []store.HeldLease{{OperationKey: store.OperationKey{TenantID: "acme", ID: second.ID}, Fence: 1}}, time.Minute)
+	extended, err := b.all.ExtendLeases(b.ctx, []store.HeldLease{{OperationKey: store.OperationKey{TenantID: "acme", ID: second.ID}, Fence: 1}}, time.Minute)
 	require.NoError(t, err)
-	require.Empty(t, got.Left, "a swept claim's lease is not extended")
-	require.Empty(t, got.Busy)
+	require.Empty(t, extended.Left, "a swept claim's lease is not extended")
+	require.Empty(t, extended.Busy)
 }
 
 // TestAnOutcomeTriedAgainAfterTheOperationMovedOn: an outcome tried again after its
@@ -364,8 +368,11 @@ func TestAnOutcomeAtFaultFailsAlone(t *testing.T) {
 			require.ErrorIs(t, errs[i], store.ErrFenceLost)
 		default:
 			require.NoError(t, errs[i], "outcome %d failed with the one at fault", i)
-			require.Equal(t, store.StateSucceeded, ops[i].State)
-			require.Equal(t, ps[i].RemoteRef, ops[i].RemoteRef)
+			op, err := b.all.Get(b.ctx, "acme", claimed[i].ID)
+			require.NoError(t, err)
+			require.Equal(t, store.StateSucceeded, op.State)
+			require.Equal(t, ps[i].RemoteRef, op.RemoteRef)
+			require.Equal(t, store.RecordedOutcomeOf(op), ops[i], "outcome %d answered with another's operation", i)
 		}
 	}
 }
@@ -608,9 +615,12 @@ func TestNotExecutedGoesBackToPrepared(t *testing.T) {
 	b := setup(t)
 	id := b.prepareN(t, "acme", 1)[0]
 	notExecuted := func(c store.Claimed, state store.State, wait time.Duration) (store.Operation, error) {
-		return b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+		if _, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
 			State: state, NotExecuted: true, SendAgainAfter: wait, Actor: "test",
-			Observation: store.Observation{Outcome: "NOT_EXECUTED", HTTPStatus: 429}})
+			Observation: store.Observation{Outcome: "NOT_EXECUTED", HTTPStatus: 429}}); err != nil {
+			return store.Operation{}, err
+		}
+		return b.all.Get(b.ctx, c.TenantID, c.ID)
 	}
 	claimOne := func() []store.Claimed {
 		claimed, err := b.all.Claim(b.ctx, claimParams(10))

@@ -32,11 +32,14 @@ func (s *Store) PrepareTogether(ctx context.Context, ps []PrepareParams, allTena
 	return ops, created, errs
 }
 
+// RecordedOutcomeOf is what RecordOutcome answers of an operation its outcome left as op is.
+var RecordedOutcomeOf = recordedOutcomeOf
+
 // RecordOutcomesTogether records outcomes as one combined statement would, as if they
 // had arrived at the same time, and returns each one's answer, as RecordOutcome would.
-func (q Scope) RecordOutcomesTogether(ctx context.Context, ps []OutcomeParams) (ops []Operation, errs []error) {
+func (q Scope) RecordOutcomesTogether(ctx context.Context, ps []OutcomeParams) (ops []RecordedOutcome, errs []error) {
 	recorded, err := q.recordOutcomes(ctx, ps)
-	ops, errs = make([]Operation, len(ps)), make([]error, len(ps))
+	ops, errs = make([]RecordedOutcome, len(ps)), make([]error, len(ps))
 	for i, p := range ps {
 		if err != nil {
 			errs[i] = err

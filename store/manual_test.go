@@ -18,10 +18,8 @@ func (b *testBundle) unknownOp(t *testing.T, intent string) store.Operation {
 	claimed, err := b.all.Claim(b.ctx, claimParams(1))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
-	got, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+	return b.recordOutcome(t, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
 		State: store.StateUnknown, Actor: "test", Observation: store.Observation{Outcome: "TIMEOUT"}})
-	require.NoError(t, err)
-	return got
 }
 
 // TestResolveManually: an operator resolves an UNKNOWN operation with evidence; the

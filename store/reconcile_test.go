@@ -27,8 +27,7 @@ func unknownAfter(t *testing.T, b *testBundle, tenant, intent string, outcome st
 	for _, c := range claimed {
 		if c.ID == op.ID {
 			outcome.TenantID, outcome.ID, outcome.Fence, outcome.State, outcome.Actor = tenant, op.ID, c.FenceToken, store.StateUnknown, "test"
-			got, err := b.all.RecordOutcome(b.ctx, outcome)
-			require.NoError(t, err)
+			got := b.recordOutcome(t, outcome)
 			require.NotNil(t, got.NextCheckAt, "entering UNKNOWN schedules a check")
 			return got
 		}

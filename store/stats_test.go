@@ -46,9 +46,7 @@ func (b statsBundle) claim(typ string, want ...uuid.UUID) map[uuid.UUID]store.Cl
 func (b statsBundle) record(c store.Claimed, p store.OutcomeParams) store.Operation {
 	b.t.Helper()
 	p.TenantID, p.ID, p.Fence, p.Actor = c.TenantID, c.ID, c.FenceToken, "test"
-	op, err := b.all.RecordOutcome(b.ctx, p)
-	require.NoError(b.t, err)
-	return op
+	return b.recordOutcome(b.t, p)
 }
 
 // entered returns when the operation entered its current state, by its events.

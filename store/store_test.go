@@ -31,6 +31,16 @@ type testBundle struct {
 	app   *pgxpool.Pool // the broker's role, bound by row-level security
 }
 
+// recordOutcome records p and returns the operation as it left it.
+func (b *testBundle) recordOutcome(t testing.TB, p store.OutcomeParams) store.Operation {
+	t.Helper()
+	_, err := b.all.RecordOutcome(b.ctx, p)
+	require.NoError(t, err)
+	op, err := b.all.Get(b.ctx, p.TenantID, p.ID)
+	require.NoError(t, err)
+	return op
+}
+
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	url := storetest.Schema(t)
