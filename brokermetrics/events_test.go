@@ -27,9 +27,8 @@ func TestEventsCountUnknownAndItsResolutions(t *testing.T) {
 	payments, _ := demoTargets(t).ByName("demo-payments")
 
 	firstSent := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	op := func(state store.State, replays int32, after time.Duration, outcome string) store.Operation {
-		return store.Operation{State: state, Replays: replays, FirstSentAt: &firstSent, UpdatedAt: firstSent.Add(after),
-			LastObservation: &store.Observation{Outcome: outcome}}
+	op := func(state store.State, after time.Duration) store.Operation {
+		return store.Operation{State: state, FirstSentAt: &firstSent, UpdatedAt: firstSent.Add(after)}
 	}
 	recorded := func(state store.State, replays int32, after time.Duration) store.RecordedOutcome {
 		return store.RecordedOutcome{State: state, Replays: replays, FirstSentAt: &firstSent, UpdatedAt: firstSent.Add(after)}
@@ -39,14 +38,14 @@ func TestEventsCountUnknownAndItsResolutions(t *testing.T) {
 	dispatcher.Sent(ctx, payments, recorded(store.StateUnknown, 0, time.Second), "HTTP_5XX")
 	dispatcher.Sent(ctx, payments, recorded(store.StateSucceeded, 0, time.Second), "VERIFIED_SUCCESS")    // a first send: no resolution
 	dispatcher.Sent(ctx, payments, recorded(store.StateSucceeded, 2, 90*time.Second), "VERIFIED_SUCCESS") // a replay's success
-	reconciler.Resolved(ctx, payments, op(store.StateSucceeded, 0, 30*time.Minute, "FOUND"))              // a lookup's
-	reconciler.Resolved(ctx, payments, op(store.StateUnknown, 0, 30*time.Minute, "NOT_FOUND"))            // a look: no resolution
+	reconciler.Resolved(ctx, payments, op(store.StateSucceeded, 30*time.Minute))                          // a lookup's
+	reconciler.Resolved(ctx, payments, op(store.StateUnknown, 30*time.Minute))                            // a look: no resolution
 	reconciler.Resolved(ctx, payments, store.Operation{})                                                 // nothing recorded
-	reconciler.Resolved(ctx, nil, op(store.StateEscalated, 0, 73*time.Hour, "ESCALATED"))                 // no contract any more
+	reconciler.Resolved(ctx, nil, op(store.StateEscalated, 73*time.Hour))                                 // no contract any more
 	reconciler.UnknownEntered(ctx, payments, "LEASE_EXPIRED", 3)                                          // as a sweeper would
 	var none *brokermetrics.Events
 	none.Sent(ctx, payments, recorded(store.StateUnknown, 0, time.Second), "TIMEOUT")
-	none.Resolved(ctx, payments, op(store.StateSucceeded, 1, time.Second, "FOUND"))
+	none.Resolved(ctx, payments, op(store.StateSucceeded, time.Second))
 
 	got := scrapeNow()
 	require.Equal(t, scrape{

@@ -409,11 +409,11 @@ func (q Scope) RecordOutcome(ctx context.Context, p OutcomeParams) (RecordedOutc
 }
 
 // RecordedOutcome is the operation as an outcome left it, in the columns the outcomes'
-// statement returns. Whole rows (27 columns, and the payload among the statement's own
-// rows) cost a burn-down about a tenth of the broker's CPU (docs/benchmarks.md).
+// statement returns: what the dispatcher reads. Whole rows (27 columns, and the payload
+// among the statement's own rows) cost a burn-down about a tenth of the broker's CPU
+// (docs/benchmarks.md).
 type RecordedOutcome struct {
 	State       State
-	Revision    int64
 	FenceToken  int64
 	Replays     int32 // same-key replays of the operation: only a reconciler's replay counts one
 	FirstSentAt *time.Time
@@ -422,8 +422,8 @@ type RecordedOutcome struct {
 
 // recordedOutcomeOf returns what the outcome that left op as it is returns of it.
 func recordedOutcomeOf(op Operation) RecordedOutcome {
-	return RecordedOutcome{State: op.State, Revision: op.Revision, FenceToken: op.FenceToken, Replays: op.Replays,
-		FirstSentAt: op.FirstSentAt, UpdatedAt: op.UpdatedAt}
+	return RecordedOutcome{State: op.State, FenceToken: op.FenceToken, Replays: op.Replays, FirstSentAt: op.FirstSentAt,
+		UpdatedAt: op.UpdatedAt}
 }
 
 // recordedOutcomes is what the statements of a batch of outcomes did: the operations
@@ -494,7 +494,7 @@ var recordOutcomesSQL = compileNamed(`
 				u.actor AS outcome_actor, u.outcome AS outcome_reason, u.sent AS outcome_sent
 		), ev AS (`+outcomeEventsFrom("upd", "'IN_FLIGHT'", "outcome_actor", "outcome_reason", "last_observation", "outcome_sent")+`
 		)
-		SELECT tenant_id, operation_id, state, revision, fence_token, replays, first_sent_at, updated_at FROM upd`,
+		SELECT tenant_id, operation_id, state, fence_token, replays, first_sent_at, updated_at FROM upd`,
 	"tenant_ids", "operation_ids", "fences", "states", "remote_refs", "observations", "actors", "outcomes",
 	"sent", "not_executed", "send_again_after")
 
@@ -581,8 +581,8 @@ func (q Scope) recordTogether(ctx context.Context, ps []OutcomeParams) (recorded
 		op  RecordedOutcome
 	}
 	moved, err := pgx.AppendRows(make([]movedRow, 0, len(ps)), rows, func(row pgx.CollectableRow) (r movedRow, err error) {
-		err = row.Scan(&r.key.TenantID, (*[16]byte)(&r.key.ID), &r.op.State, &r.op.Revision, &r.op.FenceToken, &r.op.Replays,
-			&r.op.FirstSentAt, &r.op.UpdatedAt)
+		err = row.Scan(&r.key.TenantID, (*[16]byte)(&r.key.ID), &r.op.State, &r.op.FenceToken, &r.op.Replays, &r.op.FirstSentAt,
+			&r.op.UpdatedAt)
 		return r, err
 	})
 	if err != nil {

@@ -349,7 +349,13 @@ func TestAnOutcomeAtFaultFailsAlone(t *testing.T) {
 		ps[i] = store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken, State: store.StateSucceeded,
 			RemoteRef: fmt.Sprintf("ch_%d", i), Observation: obs, Actor: "dispatcher:test"}
 	}
-	const faulty, oversized, stale = 4, 6, 1
+	const faulty, oversized, stale, sentAgain = 4, 6, 1, 5
+	// The outcomes applied leave their operations in four states, so that each answer
+	// is told from the others.
+	for i, state := range map[int]store.State{2: store.StateFailedTerminal, 3: store.StateUnknown, sentAgain: store.StatePrepared} {
+		ps[i].State, ps[i].RemoteRef = state, ""
+	}
+	ps[sentAgain].NotExecuted, ps[sentAgain].SendAgainAfter = true, time.Hour           // an answer documented as not executed
 	ps[faulty].RemoteRef = "ch_\x00"                                                    // refused as data
 	ps[oversized].RemoteRef = "ch_" + base64.StdEncoding.EncodeToString(uuidBytes(450)) // past the index entry's size
 	ps[stale].Fence++
@@ -370,7 +376,7 @@ func TestAnOutcomeAtFaultFailsAlone(t *testing.T) {
 			require.NoError(t, errs[i], "outcome %d failed with the one at fault", i)
 			op, err := b.all.Get(b.ctx, "acme", claimed[i].ID)
 			require.NoError(t, err)
-			require.Equal(t, store.StateSucceeded, op.State)
+			require.Equal(t, ps[i].State, op.State)
 			require.Equal(t, ps[i].RemoteRef, op.RemoteRef)
 			require.Equal(t, store.RecordedOutcomeOf(op), ops[i], "outcome %d answered with another's operation", i)
 		}

@@ -165,9 +165,13 @@ func TestPeriodStats(t *testing.T) {
 		replay, err := b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: replayed.ID, Fence: held[0].FenceToken,
 			Worker: "rec", Lease: time.Minute})
 		require.NoError(t, err)
-		_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: replayed.ID, Fence: replay.FenceToken,
+		answer, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: replayed.ID, Fence: replay.FenceToken,
 			State: state, RemoteRef: "ch_r", Actor: "test", Observation: store.Observation{Outcome: "TEST"}})
 		require.NoError(t, err)
+		got, err := b.all.Get(b.ctx, "acme", replayed.ID)
+		require.NoError(t, err)
+		require.EqualValues(t, i+1, got.Replays)
+		require.Equal(t, store.RecordedOutcomeOf(got), answer, "a replay's outcome is answered with its count of replays")
 	}
 	b.unknownOp(t, "stats-open")
 	_, _, err = b.all.Prepare(b.ctx, prepareParams("acme", "stats-open", `{"amount":2}`))
