@@ -352,8 +352,10 @@ func TestAnOutcomeAtFaultFailsAlone(t *testing.T) {
 	const faulty, oversized, stale, sentAgain = 4, 6, 1, 5
 	// The outcomes applied leave their operations in four states, so that each answer
 	// is told from the others.
+	classes := map[store.State]string{store.StateFailedTerminal: "HTTP_4XX", store.StateUnknown: "TIMEOUT",
+		store.StatePrepared: "NOT_EXECUTED"}
 	for i, state := range map[int]store.State{2: store.StateFailedTerminal, 3: store.StateUnknown, sentAgain: store.StatePrepared} {
-		ps[i].State, ps[i].RemoteRef = state, ""
+		ps[i].State, ps[i].RemoteRef, ps[i].Observation.Outcome = state, "", classes[state]
 	}
 	ps[sentAgain].NotExecuted, ps[sentAgain].SendAgainAfter = true, time.Hour           // an answer documented as not executed
 	ps[faulty].RemoteRef = "ch_\x00"                                                    // refused as data
