@@ -39,7 +39,11 @@ func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, 
 		truth := c.truth()
 		conn, err := c.client(rng)
 		if err != nil {
-			return resolved, err
+			// Every replica is down: the run's end stops those still armed with a crash
+			// point (restartArmed), and the supervisor starts them again a moment later.
+			left = err.Error()
+			time.Sleep(200 * time.Millisecond)
+			continue
 		}
 		admin := opbrokerv1.NewAdminServiceClient(conn)
 		callCtx, cancel := context.WithTimeout(c.asOperator(ctx), 10*time.Second)

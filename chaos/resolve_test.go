@@ -1,0 +1,28 @@
+package chaos
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestTheOperatorWaitsForAReplica: an operator who finds every replica down (the end of
+// a run stops those armed with a crash point, and the supervisor starts them again a
+// moment later) keeps looking until a replica serves, rather than leaving the
+// escalations unresolved.
+func TestTheOperatorWaitsForAReplica(t *testing.T) {
+	t.Parallel()
+	down := &replica{exited: make(chan struct{})}
+	close(down.exited)
+	c := &cluster{replicas: []*replica{down}}
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.resolveEscalations(ctx, rand.New(rand.NewPCG(1, 2)))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "no replica is running")
+	require.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond, "it looked until its time was up")
+}
