@@ -64,9 +64,9 @@ func (e *Events) Sent(ctx context.Context, contract *target.Contract, op store.R
 	}
 }
 
-// Resolved records the resolution of an UNKNOWN operation, given the operation as the
-// ledger recorded it (store.Scope.ResolveUnknown's result): its state and the time from
-// its first send to the resolution, both written by the database. Any other state (a
+// Resolved records the resolution of an UNKNOWN operation, given the operation as its
+// resolution left it (by the reconciler, an operator or a target's event): its state and
+// the time from its first send to the resolution, both written by the database. Any other state (a
 // zero Operation included) records nothing. contract may be nil: the operation's type
 // has no contract any more.
 func (e *Events) Resolved(ctx context.Context, contract *target.Contract, op store.Operation) {

@@ -19,7 +19,8 @@ import (
 const operatorName = "oncall"
 
 // operatorLooks is how many times the operator lists the escalations at most: 30 s of
-// waiting, 200 ms after each look that leaves some to wait for.
+// waiting, 200 ms after each look that leaves some to wait for or finds no replica
+// serving.
 const operatorLooks = 150
 
 // resolveEscalations does what the owners of the run's escalations would: it lists the
@@ -29,22 +30,23 @@ const operatorLooks = 150
 // FAILED_TERMINAL where it did not (or where it failed). An effect the target still
 // processes may yet succeed, and a request it is still handling may yet take effect
 // (the runbook: no failure while a send can still land): the operator waits for both to
-// finish. It returns how many it resolved, and when escalations are left after its last
-// look, an error that says why they were.
+// finish, and for a replica to serve when none does. It returns how many it resolved,
+// and when escalations are left after its last look (or may be: no replica served), an
+// error that says why they were.
 func (c *cluster) resolveEscalations(ctx context.Context, rng *rand.Rand) (int, error) {
 	resolved := 0
 	// What the last look left unresolved, and why.
 	left := ""
 	for attempt := 0; attempt < operatorLooks && ctx.Err() == nil; attempt++ {
-		truth := c.truth()
 		conn, err := c.client(rng)
 		if err != nil {
 			// Every replica is down: the run's end stops those still armed with a crash
 			// point (restartArmed), and the supervisor starts them again a moment later.
-			left = err.Error()
+			left = "no replica to list them with: " + err.Error()
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
+		truth := c.truth()
 		admin := opbrokerv1.NewAdminServiceClient(conn)
 		callCtx, cancel := context.WithTimeout(c.asOperator(ctx), 10*time.Second)
 		list, err := admin.ListEscalations(callCtx, &opbrokerv1.ListEscalationsRequest{PageSize: 1000})

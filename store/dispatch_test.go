@@ -622,13 +622,10 @@ func TestNotExecutedGoesBackToPrepared(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id := b.prepareN(t, "acme", 1)[0]
-	notExecuted := func(c store.Claimed, state store.State, wait time.Duration) (store.Operation, error) {
-		if _, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
-			State: state, NotExecuted: true, SendAgainAfter: wait, Actor: "test",
-			Observation: store.Observation{Outcome: "NOT_EXECUTED", HTTPStatus: 429}}); err != nil {
-			return store.Operation{}, err
-		}
-		return b.all.Get(b.ctx, c.TenantID, c.ID)
+	notExecuted := func(c store.Claimed, wait time.Duration) store.Operation {
+		return b.recordOutcome(t, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+			State: store.StatePrepared, NotExecuted: true, SendAgainAfter: wait, Actor: "test",
+			Observation: store.Observation{Outcome: "NOT_EXECUTED", HTTPStatus: 429}})
 	}
 	claimOne := func() []store.Claimed {
 		claimed, err := b.all.Claim(b.ctx, claimParams(10))
@@ -638,8 +635,7 @@ func TestNotExecutedGoesBackToPrepared(t *testing.T) {
 
 	first := claimOne()
 	require.Len(t, first, 1)
-	op, err := notExecuted(first[0], store.StatePrepared, time.Hour)
-	require.NoError(t, err)
+	op := notExecuted(first[0], time.Hour)
 	require.Equal(t, store.StatePrepared, op.State)
 	require.EqualValues(t, 1, op.AttemptCount)
 	require.EqualValues(t, 1, op.NotExecuted)
@@ -648,7 +644,7 @@ func TestNotExecutedGoesBackToPrepared(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operation_events WHERE operation_id = $1 AND from_state = 'IN_FLIGHT' AND NOT sent`, id),
 		"an attempt documented as not executed counts as one that had no effect")
 
-	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() WHERE operation_id = $1`, id)
+	_, err := b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() WHERE operation_id = $1`, id)
 	require.NoError(t, err)
 	second := claimOne()
 	require.Len(t, second, 1, "claimed again once its time has come")
@@ -670,8 +666,7 @@ func TestNotExecutedGoesBackToPrepared(t *testing.T) {
 	other := b.prepareN(t, "globex", 1)[0]
 	c := claimOne()
 	require.Len(t, c, 1)
-	_, err = notExecuted(c[0], store.StatePrepared, 0)
-	require.NoError(t, err)
+	notExecuted(c[0], 0)
 	cancelled, err := b.all.Cancel(b.ctx, store.CancelParams{TenantID: "globex", ID: other, Actor: "test"})
 	require.NoError(t, err)
 	require.Equal(t, store.StateCancelled, cancelled.State)
