@@ -66,9 +66,9 @@ func (e *Events) Sent(ctx context.Context, contract *target.Contract, op store.R
 
 // Resolved records the resolution of an UNKNOWN operation, given the operation as its
 // resolution left it (by the reconciler, an operator or a target's event): its state and
-// the time from its first send to the resolution, both written by the database. Any other state (a
-// zero Operation included) records nothing. contract may be nil: the operation's type
-// has no contract any more.
+// the time from its first send to the resolution, both written by the database. Any
+// other state (a zero Operation included) records nothing. contract may be nil: the
+// operation's type has no contract any more.
 func (e *Events) Resolved(ctx context.Context, contract *target.Contract, op store.Operation) {
 	e.resolved(ctx, contract, op.State, op.FirstSentAt, op.UpdatedAt)
 }

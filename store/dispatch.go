@@ -420,7 +420,8 @@ type RecordedOutcome struct {
 	UpdatedAt   time.Time
 }
 
-// recordedOutcomeOf returns what the outcome that left op as it is returns of it.
+// recordedOutcomeOf is RecordOutcome's answer for an outcome that left the operation as
+// op is.
 func recordedOutcomeOf(op Operation) RecordedOutcome {
 	return RecordedOutcome{State: op.State, FenceToken: op.FenceToken, Replays: op.Replays, FirstSentAt: op.FirstSentAt,
 		UpdatedAt: op.UpdatedAt}

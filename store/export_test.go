@@ -32,7 +32,8 @@ func (s *Store) PrepareTogether(ctx context.Context, ps []PrepareParams, allTena
 	return ops, created, errs
 }
 
-// RecordedOutcomeOf is what RecordOutcome answers of an operation its outcome left as op is.
+// RecordedOutcomeOf is RecordOutcome's answer for an outcome that left the operation as
+// op is.
 var RecordedOutcomeOf = recordedOutcomeOf
 
 // RecordOutcomesTogether records outcomes as one combined statement would, as if they
