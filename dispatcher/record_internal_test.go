@@ -23,63 +23,67 @@ import (
 // logged as such, not as a lost fence, and the UNKNOWN it made is counted.
 func TestAnOutcomeRecordedBeforeIsNotALostFence(t *testing.T) {
 	t.Parallel()
-	st, _ := storetest.NewStore(t)
-	_, targets := targettest.Demo(t, simtarget.Config{})
 	var logs logtest.Buffer
-	reader := sdkmetric.NewManualReader()
-	d, err := New(Config{Store: st, Targets: targets, Connector: target.NewConnector(),
-		Logger: slog.New(slog.NewTextHandler(&logs, nil)), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
-	require.NoError(t, err)
-	contract, ok := targets.ForType(simtarget.DemoCharge)
-	require.True(t, ok)
-
-	ctx := context.Background()
-	storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, "order-1", `{"amount":1}`)
-	claimed, err := st.AllTenants().Claim(ctx, targettest.Claim(t, targets, contract.Name, store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	c := claimed[0]
+	f := claimOneCharge(t, slog.New(slog.NewTextHandler(&logs, nil)))
+	st, c, ctx := f.st, f.claimed, context.Background()
 	// The first try, recorded; its answer never reached the dispatcher.
-	_, err = st.AllTenants().RecordOutcome(ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+	_, err := st.AllTenants().RecordOutcome(ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
 		State: store.StateUnknown, Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "TIMEOUT"},
 		Actor: "dispatcher:w"})
 	require.NoError(t, err)
 	_, err = st.AllTenants().ClaimUnknown(ctx, store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "r",
 		Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}) // the operation moves on
 	require.NoError(t, err)
-	d.record(contract, c, target.Result{Outcome: target.Unknown, Class: "TIMEOUT", Sent: true}) // the try again
+	f.d.record(f.contract, c, target.Result{Outcome: target.Unknown, Class: "TIMEOUT", Sent: true}) // the try again
 
 	require.Contains(t, logs.String(), "outcome recorded by an earlier try")
 	require.NotContains(t, logs.String(), "fence lost")
-	require.Equal(t, map[string]int64{"TIMEOUT": 1}, enteredUnknown(t, reader), "the UNKNOWN the first try made is counted")
+	require.Equal(t, map[string]int64{"TIMEOUT": 1}, enteredUnknown(t, f.reader), "the UNKNOWN the first try made is counted")
 }
 
 // TestAnUnknownOutcomeIsCountedByItsCause: a send recorded UNKNOWN counts once, by the
 // class of its observation.
 func TestAnUnknownOutcomeIsCountedByItsCause(t *testing.T) {
 	t.Parallel()
+	f := claimOneCharge(t, slog.New(slog.DiscardHandler))
+	f.d.record(f.contract, f.claimed, target.Result{Outcome: target.Unknown, Class: "HTTP_5XX", HTTPStatus: 503, Sent: true})
+
+	got, err := f.st.AllTenants().Get(context.Background(), "acme", f.claimed.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateUnknown, got.State)
+	require.Equal(t, map[string]int64{"HTTP_5XX": 1}, enteredUnknown(t, f.reader))
+}
+
+// recordFixture is a dispatcher on a ledger of its own, the reader of its metrics, and
+// the one demo charge it has claimed (tenant acme, worker w).
+type recordFixture struct {
+	d        *Dispatcher
+	st       *store.Store
+	contract *target.Contract
+	reader   *sdkmetric.ManualReader
+	claimed  store.Claimed
+}
+
+// claimOneCharge prepares a demo charge and claims it for a dispatcher logging to logger.
+func claimOneCharge(t *testing.T, logger *slog.Logger) recordFixture {
+	t.Helper()
 	st, _ := storetest.NewStore(t)
 	_, targets := targettest.Demo(t, simtarget.Config{})
-	reader := sdkmetric.NewManualReader()
-	d, err := New(Config{Store: st, Targets: targets, Connector: target.NewConnector(),
-		Logger: slog.New(slog.DiscardHandler), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	f := recordFixture{st: st, reader: sdkmetric.NewManualReader()}
+	var err error
+	f.d, err = New(Config{Store: st, Targets: targets, Connector: target.NewConnector(), Logger: logger,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(f.reader))})
 	require.NoError(t, err)
-	contract, ok := targets.ForType(simtarget.DemoCharge)
+	var ok bool
+	f.contract, ok = targets.ForType(simtarget.DemoCharge)
 	require.True(t, ok)
-
-	ctx := context.Background()
-	op := storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, "order-1", `{"amount":1}`)
-	claimed, err := st.AllTenants().Claim(ctx, targettest.Claim(t, targets, contract.Name, store.FairClaim{
+	storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, "order-1", `{"amount":1}`)
+	claimed, err := st.AllTenants().Claim(context.Background(), targettest.Claim(t, targets, f.contract.Name, store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
-	d.record(contract, claimed[0], target.Result{Outcome: target.Unknown, Class: "HTTP_5XX", HTTPStatus: 503, Sent: true})
-
-	got, err := st.AllTenants().Get(ctx, "acme", op.ID)
-	require.NoError(t, err)
-	require.Equal(t, store.StateUnknown, got.State)
-	require.Equal(t, map[string]int64{"HTTP_5XX": 1}, enteredUnknown(t, reader))
+	f.claimed = claimed[0]
+	return f
 }
 
 // enteredUnknown returns the counts of operations that became UNKNOWN, by cause.
