@@ -580,7 +580,7 @@ func TestPayloadIntegrityFailureIsNotSent(t *testing.T) {
 // with the call; the outcome must then be written within two thirds of a lease, which a
 // loaded test machine did not always do with a lease of 300 ms, nor once with 600 ms
 // under the race detector with the whole suite running. And an extension must land
-// before the lease's end less its margin, or the claim's timer cuts the call as it
+// before the lease's end less its margin, or the cut timer cuts the call as it
 // must: with a lease of 1 s a machine whose disk stalled was too slow twice in CI on
 // 2026-12-04, and the call ended UNKNOWN.)
 func TestLongCallKeepsItsLease(t *testing.T) {

@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,10 +19,12 @@ import (
 //
 // A call must end before its lease does, though the database may not answer at all:
 // another replica's sweeper makes the operation UNKNOWN once the lease is over, and its
-// reconciler may then ask the target while this request is still there. So each held
-// claim has a timer of its own, at its lease's end less the send's margin, which cuts it
-// unless the keeper extended its lease meanwhile (then the timer waits for the new
-// end). The keeper's statement, however long it takes, never delays a cut.
+// reconciler may then ask the target while this request is still there. So one timer
+// fires at the earliest end, less the send's margin, of the leases held, and cuts every
+// claim whose lease the keeper has not extended past that meanwhile; then it waits for
+// the next earliest. The keeper's statement, however long it takes, never delays a cut.
+// (A timer per claim did the same, and cost a burn-down's sends a timer started and
+// stopped each.)
 //
 // The keeper, a goroutine, starts with the first claim held and returns at the first
 // tick that finds none held; once the dispatcher stopped (wait), as soon as none is
@@ -36,6 +39,13 @@ type leases struct {
 	stopped bool          // from wait to resume: the keeper returns as soon as nothing is held
 	wake    chan struct{} // has the keeper look at once (one buffered)
 	done    chan struct{} // the running keeper's, closed when it returns; nil while none runs
+
+	// replaced holds the claims still held whose operation another held claim took the
+	// place of in held (claimed again under a newer fence): they are cut all the same.
+	replaced []*lease
+	cuts     *time.Timer // runs cutDue; made at the first hold
+	cutsSet  bool        // cuts is set to fire at cutsAt
+	cutsAt   time.Time   // by the dispatcher's clock
 }
 
 // lease is one held claim's.
@@ -44,9 +54,8 @@ type lease struct {
 	target  string
 	expires time.Time // by the dispatcher's clock; guarded by leases.mu
 	cut     context.CancelFunc
-	lost    bool        // cut already; guarded by leases.mu
-	dropped bool        // no longer held; guarded by leases.mu
-	timer   *time.Timer // cuts the claim at expires less the margin (expire)
+	lost    bool // cut already; guarded by leases.mu
+	dropped bool // no longer held; guarded by leases.mu
 }
 
 // hold keeps the claim's lease, which ends at expires on the dispatcher's clock, until
@@ -59,8 +68,11 @@ func (ls *leases) hold(op store.Claimed, target string, expires time.Time, cut c
 	if ls.held == nil {
 		ls.held = map[store.OperationKey]*lease{}
 	}
+	if old := ls.held[l.op.OperationKey]; old != nil {
+		ls.replaced = append(ls.replaced, old)
+	}
 	ls.held[l.op.OperationKey] = l
-	l.timer = time.AfterFunc(ls.untilCut(l), func() { ls.expire(l) })
+	ls.cutBy(ls.cutAt(l))
 	if ls.done == nil {
 		ls.done = make(chan struct{})
 		if ls.wake == nil {
@@ -79,36 +91,66 @@ func (ls *leases) drop(l *lease) {
 		delete(ls.held, l.op.OperationKey)
 	}
 	l.dropped = true
-	l.timer.Stop()
 	if len(ls.held) == 0 && ls.stopped {
 		ls.wakeKeeper()
 	}
 }
 
-// untilCut is how long until l is cut, unless its lease is extended: its lease's end
-// less the send's margin; ls.mu is held.
-func (ls *leases) untilCut(l *lease) time.Duration {
-	return l.expires.Sub(ls.d.cfg.Clock()) - ls.d.margin()
+// cutAt is when l is cut, unless its lease is extended: its lease's end less the send's
+// margin, by the dispatcher's clock; ls.mu is held.
+func (ls *leases) cutAt(l *lease) time.Time {
+	return l.expires.Add(-ls.d.margin())
 }
 
-// expire is l's timer: it cuts l, still held and not extended since the timer was set,
-// or sets the timer again for its lease's new end. (A claim of an operation whose
-// newer claim took its place among the held is still cut by its own timer.)
-func (ls *leases) expire(l *lease) {
+// cutBy sets the timer to fire at at, unless it is set to fire before; ls.mu is held.
+func (ls *leases) cutBy(at time.Time) {
+	if ls.cutsSet && !at.Before(ls.cutsAt) {
+		return
+	}
+	ls.cutsSet, ls.cutsAt = true, at
+	if wait := at.Sub(ls.d.cfg.Clock()); ls.cuts == nil {
+		ls.cuts = time.AfterFunc(wait, ls.cutDue)
+	} else {
+		ls.cuts.Reset(wait)
+	}
+}
+
+// cutDue is the timer's: it cuts every claim held that is due (cutAt), and sets the
+// timer for the earliest of the others. A lease extended since the timer was set is
+// due later, so the timer may find nothing to cut.
+func (ls *leases) cutDue() {
 	ls.mu.Lock()
-	if l.dropped || l.lost {
-		ls.mu.Unlock()
-		return
+	ls.cutsSet = false
+	now := ls.d.cfg.Clock()
+	var due []*lease
+	var next time.Time
+	left := func(l *lease) bool { // whether l is still to be cut later
+		if l.dropped || l.lost {
+			return false
+		}
+		at := ls.cutAt(l)
+		if !at.After(now) {
+			l.lost = true
+			l.cut()
+			due = append(due, l)
+			return false
+		}
+		if next.IsZero() || at.Before(next) {
+			next = at
+		}
+		return true
 	}
-	if left := ls.untilCut(l); left > 0 {
-		l.timer.Reset(left)
-		ls.mu.Unlock()
-		return
+	for _, l := range ls.held {
+		left(l)
 	}
-	l.lost = true
-	l.cut()
+	ls.replaced = slices.DeleteFunc(ls.replaced, func(l *lease) bool { return !left(l) })
+	if !next.IsZero() {
+		ls.cutBy(next)
+	}
 	ls.mu.Unlock() // logged after: in an outage every held claim comes here
-	ls.d.opLog(l.target, l.op).Warn("lease not renewed before it nears its end; cutting its call")
+	for _, l := range due {
+		ls.d.opLog(l.target, l.op).Warn("lease not renewed before it nears its end; cutting its call")
+	}
 }
 
 // wakeKeeper has the running keeper, if any, look at once whether anything is held;
@@ -166,11 +208,11 @@ func (ls *leases) resume() {
 }
 
 // extended applies what an extension of batch, asked for at asked, did: an extended
-// claim's timer waits for its lease's new end; a claim whose fence was lost is cut; a
+// claim is cut only near its lease's new end; a claim whose fence was lost is cut; a
 // claim dropped meanwhile is left alone (its call returned, and its outcome, which
 // holds its row, is being written or was). It reports whether a claim still held was
 // busy (its row locked by another transaction: an amendment, a webhook's settlement):
-// its timer stands, and the next statement is to come soon.
+// it is still cut near its lease's old end, and the next statement is to come soon.
 func (ls *leases) extended(batch []*lease, got store.Extended, asked time.Time) (busy bool) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -179,7 +221,7 @@ func (ls *leases) extended(batch []*lease, got store.Extended, asked time.Time) 
 		switch {
 		case l.lost || l.dropped:
 		case ok:
-			l.expires = asked.Add(extended) // its timer waits for the new end
+			l.expires = asked.Add(extended) // cut later: the timer finds it not due
 		case got.Busy[l.op.OperationKey]:
 			busy = true
 		default:
@@ -227,17 +269,17 @@ func (ls *leases) keep(done chan struct{}) {
 		got, err := d.cfg.Store.AllTenants().ExtendLeases(ctx, held, d.cfg.Lease)
 		cancel()
 		if err != nil {
-			// Each claim's timer cuts it if no extension comes in time; try again soon.
+			// The cut timer cuts each claim if no extension comes in time; try again soon.
 			d.log.Warn("leases not extended; retrying", "claims", len(batch), "error", err)
 			timer.Reset(every / 4)
 			continue
 		}
-		if ls.extended(batch, got, asked) { // a busy claim's timer runs: try again soon
+		if ls.extended(batch, got, asked) { // a busy claim is still due: try again soon
 			timer.Reset(every / 4)
 			continue
 		}
 		// The next a period after this one began, so a slow statement does not push back
-		// the claims it did not carry, whose timers run meanwhile.
+		// the claims it did not carry, which come due meanwhile.
 		timer.Reset(max(every-time.Since(started), 0))
 	}
 }

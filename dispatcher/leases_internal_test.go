@@ -140,8 +140,8 @@ func TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase(t *testing.T) {
 }
 
 // TestAClaimReplacedAmongTheHeldIsStillCut: a claim whose operation was claimed again
-// under a newer fence (the newer one takes its place among the held) is still cut by
-// its own timer, though the keeper no longer extends it.
+// under a newer fence (the newer one takes its place among the held) is still cut near
+// its lease's end, though the keeper no longer extends it.
 func TestAClaimReplacedAmongTheHeldIsStillCut(t *testing.T) {
 	t.Parallel()
 	// A lease of 3 s: the keeper's first tick, which would need a store, comes after
@@ -165,9 +165,9 @@ func TestAClaimReplacedAmongTheHeldIsStillCut(t *testing.T) {
 
 // TestABusyRowDelaysOnlyItsOwnExtension: while another transaction holds one held
 // claim's row locked (its outcome being written, say), the keeper extends the other
-// claims, and does not take the locked one for lost: its timer alone cuts it, near its
-// lease's end. (A keeper whose statement waited for the row, or failed for it, extended
-// nothing: every claim was cut.)
+// claims, and does not take the locked one for lost: the cut timer alone cuts it, near
+// its lease's end. (A keeper whose statement waited for the row, or failed for it,
+// extended nothing: every claim was cut.)
 func TestABusyRowDelaysOnlyItsOwnExtension(t *testing.T) {
 	t.Parallel()
 	const length = 3 * time.Second // the keeper extends at 1 s
@@ -208,7 +208,7 @@ func TestABusyRowDelaysOnlyItsOwnExtension(t *testing.T) {
 	select {
 	case at := <-cuts[0]:
 		require.GreaterOrEqual(t, at.Sub(began), length-ls.d.margin()-50*time.Millisecond,
-			"the locked claim was cut before its timer: taken for lost")
+			"the locked claim was cut before its lease's end: taken for lost")
 	case <-time.After(2 * length):
 		t.Fatal("the locked claim was not cut near its lease's end")
 	}
