@@ -70,7 +70,8 @@ type Config struct {
 	// ShutdownGrace is how long calls in progress may run after Stop
 	// (DefaultShutdownGrace).
 	ShutdownGrace time.Duration
-	// RecordTimeout bounds writing one outcome, retries included (default 15s).
+	// RecordTimeout bounds writing one outcome, retries included (default 15s; up to a
+	// hundredth more, see recordContext).
 	RecordTimeout time.Duration
 	// MaxResends caps how many answers documented as not executed one operation may get
 	// (DefaultMaxResends): each is sent again after max(Retry-After, backoff with
@@ -158,6 +159,10 @@ type Dispatcher struct {
 	cancelSends context.CancelFunc // cuts calls in progress after the grace period
 	inFlight    sync.WaitGroup
 	freed       chan struct{} // a send or a record finished: capacity may be free
+
+	actor     string // the outcomes' actor: "dispatcher:" and the worker
+	recordMu  sync.Mutex
+	recordCtx atomic.Pointer[sharedDeadline] // what outcomes are written on now (recordContext)
 }
 
 // New returns a stopped dispatcher.
@@ -175,6 +180,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		freed:   make(chan struct{}, 1),
 		tracer:  cfg.TracerProvider.Tracer("github.com/opbroker/opbroker/dispatcher"),
 		sendsBy: brokermetrics.NewPairs("target", "class"),
+		actor:   "dispatcher:" + cfg.Worker,
 	}
 	var err error
 	if d.sends, err = meter.Int64Counter("opbroker.dispatch.sends",
@@ -591,10 +597,15 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	}
 	credential := d.cfg.Connector.CredentialVersion(contract)
 	var sentErr atomic.Pointer[error] // set on the transport's goroutine
-	callCtx, span := d.tracer.Start(callCtx, "opbroker.dispatch.send", append(tracing.LinkTo(op.TraceParent),
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attribute.String("opbroker.target", contract.Name),
+	// The link goes in at the start, where a sampler can see it; the attributes only
+	// when the span is recorded: built for every send, they were a tenth of the
+	// allocations of a burn-down's sends with tracing off.
+	callCtx, span := d.tracer.Start(callCtx, "opbroker.dispatch.send", append(tracing.LinkTo(op.TraceParent), sendSpanKind)...)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("opbroker.target", contract.Name),
 			attribute.String("opbroker.operation", op.ID.String()), attribute.Int64("opbroker.fence", op.FenceToken),
-			attribute.Int("opbroker.attempt", int(op.AttemptCount))))...)
+			attribute.Int("opbroker.attempt", int(op.AttemptCount)))
+	}
 	res := d.cfg.Connector.Send(callCtx, target.Request{
 		Contract: contract, Payload: op.Payload, ContentType: op.ContentType,
 		RemoteKey: op.RemoteKey, Fence: op.FenceToken, Timeout: timeout,
@@ -605,9 +616,11 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		},
 	})
 	release() // the call is over
-	span.SetAttributes(attribute.String("opbroker.outcome", res.Class), attribute.Bool("opbroker.sent", res.Sent))
-	if res.HTTPStatus != 0 {
-		span.SetAttributes(attribute.Int("http.response.status_code", res.HTTPStatus))
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("opbroker.outcome", res.Class), attribute.Bool("opbroker.sent", res.Sent))
+		if res.HTTPStatus != 0 {
+			span.SetAttributes(attribute.Int("http.response.status_code", res.HTTPStatus))
+		}
 	}
 	span.End()
 	var hitErr error
@@ -627,6 +640,9 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	d.record(contract, op, res)
 	_ = crashpoint.Hit(crashpoint.DispatchAfterRecord)
 }
+
+// sendSpanKind is the send span's kind, made once.
+var sendSpanKind = trace.WithSpanKind(trace.SpanKindClient)
 
 // cutBeforeSend ends a claim cut before its send, which was never made. If the broker
 // stopped (sendCtx, the calls' context, is cancelled when the grace period is over), it
@@ -701,6 +717,36 @@ func (d *Dispatcher) notExecuted(op store.Claimed, res target.Result, params *st
 	}
 }
 
+// recordContext returns the context an outcome is written on: shutdown does not cancel
+// it, and it ends RecordTimeout from now, or up to a hundredth of that later. The
+// outcomes that begin within that hundredth share one context and its timer, rather than
+// each making its own (a burn-down records thousands a second).
+func (d *Dispatcher) recordContext() context.Context {
+	now := time.Now()
+	if r := d.recordCtx.Load(); r != nil && now.Before(r.until) {
+		return r.ctx
+	}
+	d.recordMu.Lock()
+	defer d.recordMu.Unlock()
+	if r := d.recordCtx.Load(); r != nil && now.Before(r.until) {
+		return r.ctx
+	}
+	slack := d.cfg.RecordTimeout / 100
+	r := &sharedDeadline{until: now.Add(slack)}
+	r.ctx, r.cancel = context.WithDeadline(context.Background(), now.Add(d.cfg.RecordTimeout+slack))
+	d.recordCtx.Store(r)
+	return r.ctx
+}
+
+// sharedDeadline is a context that the outcomes begun before until are written on.
+type sharedDeadline struct {
+	ctx   context.Context
+	until time.Time
+	// cancel is never called: outcomes may still be written on ctx after another
+	// replaced it, and its deadline ends it.
+	cancel context.CancelFunc
+}
+
 // record writes a send's outcome on a context that shutdown does not cancel, retrying
 // while the database is unreachable. If it cannot, the lease expires and the sweeper
 // makes the operation UNKNOWN: never a wrong state, only a slower one.
@@ -712,14 +758,12 @@ func (d *Dispatcher) record(contract *target.Contract, op store.Claimed, res tar
 	case target.Rejected:
 		state = store.StateFailedTerminal
 	}
-	sendCtx, _ := d.calls()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(sendCtx), d.cfg.RecordTimeout)
-	defer cancel()
+	ctx := d.recordContext()
 	params := store.OutcomeParams{
 		TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken, State: state, RemoteRef: res.RemoteRef, NotSent: !res.Sent,
 		Observation: store.Observation{ObservedAt: d.cfg.Clock(), Source: "DISPATCH", Outcome: res.Class,
 			HTTPStatus: res.HTTPStatus, Summary: res.Summary},
-		Actor: "dispatcher:" + d.cfg.Worker,
+		Actor: d.actor,
 	}
 	if res.Outcome == target.NotExecuted {
 		d.notExecuted(op, res, &params)

@@ -104,3 +104,47 @@ func enteredUnknown(t *testing.T, reader sdkmetric.Reader) map[string]int64 {
 	}
 	return entered
 }
+
+// TestAnOutcomeIsWrittenWithinTheRecordTimeout: an outcome whose database is out of
+// reach is written once it is back within RecordTimeout, and given up at about
+// RecordTimeout when it is not (its statement may still be written later; if not, the
+// lease ends and the sweeper makes the operation UNKNOWN), not waited for as long as a
+// statement may take.
+func TestAnOutcomeIsWrittenWithinTheRecordTimeout(t *testing.T) {
+	t.Parallel()
+	const recordTimeout = 2 * time.Second
+	st, _, proxy := storetest.NewStoreBehindProxy(t)
+	t.Cleanup(proxy.Thaw)
+	_, targets := targettest.Demo(t, simtarget.Config{})
+	contract, ok := targets.ForType(simtarget.DemoCharge)
+	require.True(t, ok)
+	d, err := New(Config{Store: st, Targets: targets, Connector: target.NewConnector(), Logger: slog.New(slog.DiscardHandler),
+		MeterProvider: sdkmetric.NewMeterProvider(), RecordTimeout: recordTimeout})
+	require.NoError(t, err)
+	for _, intent := range []string{"order-1", "order-2"} {
+		storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, intent, `{"amount":1}`)
+	}
+	claimed, err := st.AllTenants().Claim(context.Background(), targettest.Claim(t, targets, contract.Name, store.FairClaim{
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 2, PerTenant: 2, MaxTenants: 1}))
+	require.NoError(t, err)
+	require.Len(t, claimed, 2)
+	succeeded := target.Result{Outcome: target.Succeeded, Class: "SUCCEEDED", RemoteRef: "ch_1", Sent: true}
+	state := func(c store.Claimed) store.State {
+		got, err := st.AllTenants().Get(context.Background(), c.TenantID, c.ID)
+		require.NoError(t, err)
+		return got.State
+	}
+
+	proxy.Freeze()
+	time.AfterFunc(recordTimeout/4, proxy.Thaw)
+	d.record(contract, claimed[0], succeeded)
+	require.Equal(t, store.StateSucceeded, state(claimed[0]), "written once the database was back")
+
+	proxy.Freeze()
+	began := time.Now()
+	d.record(contract, claimed[1], succeeded)
+	took := time.Since(began)
+	proxy.Thaw()
+	require.Less(t, took, 2*recordTimeout, "given up at about the record timeout")
+	require.GreaterOrEqual(t, took, recordTimeout)
+}

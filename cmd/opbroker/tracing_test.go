@@ -76,7 +76,8 @@ func startReceiver(t *testing.T) (*receiver, string) {
 // trace), for its claim, for its send (linked to the caller's trace, its traceparent
 // sent to the target), and for its reconciliation and lookup after the send's
 // connection was reset; and no span carries the payload, the tenant, the intent, the
-// key or the target's reference.
+// key or the target's reference. The send's span names its target, operation, fence and
+// attempt, and its outcome.
 func TestTracesFollowAnOperation(t *testing.T) {
 	t.Parallel()
 	collector, collectorAt := startReceiver(t)
@@ -120,6 +121,14 @@ func TestTracesFollowAnOperation(t *testing.T) {
 	require.Len(t, sends, 1)
 	require.Len(t, sends[0].GetLinks(), 1)
 	require.Equal(t, callerTrace, hex.EncodeToString(sends[0].GetLinks()[0].GetTraceId()), "the send links to the caller's trace")
+	sendAttributes := map[string]string{}
+	for _, a := range sends[0].GetAttributes() {
+		sendAttributes[a.GetKey()] = a.GetValue().String()
+	}
+	for _, key := range []string{"opbroker.target", "opbroker.operation", "opbroker.fence", "opbroker.attempt",
+		"opbroker.outcome", "opbroker.sent"} {
+		require.Contains(t, sendAttributes, key, "the send's span says what was sent and how it ended")
+	}
 	mu.Lock()
 	require.Contains(t, sent[http.MethodPost], traceOf(sends[0]), "the target got the send's trace context")
 	mu.Unlock()
