@@ -611,7 +611,8 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		RemoteKey: op.RemoteKey, Fence: op.FenceToken, Timeout: timeout,
 		OnSent: func() {
 			if err := crashpoint.Hit(crashpoint.DispatchAfterSend); err != nil {
-				sentErr.Store(&err)
+				hit := err // a copy: taking err's address put every send's err on the heap
+				sentErr.Store(&hit)
 			}
 		},
 	})
