@@ -70,8 +70,9 @@ type Config struct {
 	// ShutdownGrace is how long calls in progress may run after Stop
 	// (DefaultShutdownGrace).
 	ShutdownGrace time.Duration
-	// RecordTimeout bounds writing one outcome, retries included (default 15s; up to a
-	// hundredth more, see recordContext).
+	// RecordTimeout bounds writing one outcome, retries included (default 15s). An
+	// outcome may take up to a hundredth of it longer: the outcomes that begin within
+	// that hundredth share one deadline.
 	RecordTimeout time.Duration
 	// MaxResends caps how many answers documented as not executed one operation may get
 	// (DefaultMaxResends): each is sent again after max(Retry-After, backoff with
@@ -155,7 +156,7 @@ type Dispatcher struct {
 	life sync.Mutex
 
 	mu          sync.Mutex
-	sendCtx     context.Context    // calls and their records; replaced when a stopped dispatcher starts again
+	sendCtx     context.Context    // calls; replaced when a stopped dispatcher starts again
 	cancelSends context.CancelFunc // cuts calls in progress after the grace period
 	inFlight    sync.WaitGroup
 	freed       chan struct{} // a send or a record finished: capacity may be free
@@ -252,7 +253,7 @@ func (d *Dispatcher) Stop() {
 	d.leases.wait()
 }
 
-// calls returns the context of calls and their records, and what cancels it.
+// calls returns the context of calls, and what cancels it.
 func (d *Dispatcher) calls() (context.Context, context.CancelFunc) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -723,12 +724,12 @@ func (d *Dispatcher) notExecuted(op store.Claimed, res target.Result, params *st
 // outcomes that begin within that hundredth share one context and its timer, rather than
 // each making its own (a burn-down records thousands a second).
 func (d *Dispatcher) recordContext() context.Context {
-	now := time.Now()
-	if r := d.recordCtx.Load(); r != nil && now.Before(r.until) {
+	if r := d.recordCtx.Load(); r != nil && time.Now().Before(r.until) {
 		return r.ctx
 	}
 	d.recordMu.Lock()
 	defer d.recordMu.Unlock()
+	now := time.Now() // read after the lock: the wait for it is not to shorten the deadline
 	if r := d.recordCtx.Load(); r != nil && now.Before(r.until) {
 		return r.ctx
 	}
@@ -743,8 +744,9 @@ func (d *Dispatcher) recordContext() context.Context {
 type sharedDeadline struct {
 	ctx   context.Context
 	until time.Time
-	// cancel is never called: outcomes may still be written on ctx after another
-	// replaced it, and its deadline ends it.
+	// cancel is kept, not called: outcomes may still be written on ctx after another
+	// replaced it, and its deadline ends it and frees its timer. (Dropped, it would fail
+	// go vet's check that a context's cancel function is used.)
 	cancel context.CancelFunc
 }
 

@@ -102,7 +102,9 @@ func (ls *leases) cutAt(l *lease) time.Time {
 	return l.expires.Add(-ls.d.margin())
 }
 
-// cutBy sets the timer to fire at at, unless it is set to fire before; ls.mu is held.
+// cutBy sets the timer to fire at at, unless it is set to fire at or before it; ls.mu
+// is held. (A test's clock moved forward while the timer waits makes it fire late by as
+// much; the clocks the broker runs on move with real time.)
 func (ls *leases) cutBy(at time.Time) {
 	if ls.cutsSet && !at.Before(ls.cutsAt) {
 		return
@@ -183,8 +185,9 @@ func (ls *leases) end(l *lease) time.Time {
 	return l.expires
 }
 
-// wait returns once nothing is held and no keeper runs. Until resume, a keeper returns
-// as soon as nothing is held.
+// wait returns once nothing is held and no keeper runs; the cut timer is stopped if no
+// replaced claim is still held either. Until resume, a keeper returns as soon as
+// nothing is held.
 func (ls *leases) wait() {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -197,6 +200,10 @@ func (ls *leases) wait() {
 		ls.mu.Unlock()
 		<-done
 		ls.mu.Lock()
+	}
+	if ls.cutsSet && !slices.ContainsFunc(ls.replaced, func(l *lease) bool { return !l.dropped && !l.lost }) {
+		ls.cuts.Stop()
+		ls.cutsSet, ls.replaced = false, nil
 	}
 }
 
@@ -221,7 +228,9 @@ func (ls *leases) extended(batch []*lease, got store.Extended, asked time.Time) 
 		switch {
 		case l.lost || l.dropped:
 		case ok:
-			l.expires = asked.Add(extended) // cut later: the timer finds it not due
+			// Cut later: the timer finds it not due. (An extension never brings a lease's
+			// end forward, so the timer never has to.)
+			l.expires = asked.Add(extended)
 		case got.Busy[l.op.OperationKey]:
 			busy = true
 		default:

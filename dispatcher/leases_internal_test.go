@@ -19,7 +19,7 @@ import (
 // when what is held empties between claims (it was started again for most operations of
 // a burn-down), it returns at the first tick that finds nothing held, and once the
 // dispatcher stopped, Stop's wait does not wait for that tick: it returns as soon as
-// nothing is held, until the dispatcher starts again.
+// nothing is held (and stops the cut timer), until the dispatcher starts again.
 func TestLeaseKeeperOutlivesGapsAndStopsOnWait(t *testing.T) {
 	t.Parallel()
 	newLeases := func(lease time.Duration) *leases {
@@ -57,6 +57,9 @@ func TestLeaseKeeperOutlivesGapsAndStopsOnWait(t *testing.T) {
 	}
 	within(waited(ls), "wait waited for the keeper's tick with nothing held")
 	require.False(t, keeping(ls))
+	ls.mu.Lock()
+	require.False(t, ls.cutsSet, "the cut timer is stopped once nothing is held")
+	ls.mu.Unlock()
 
 	held := claim(ls)
 	done := waited(ls)

@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -68,22 +69,33 @@ type recordFixture struct {
 func claimOneCharge(t *testing.T, logger *slog.Logger) recordFixture {
 	t.Helper()
 	st, _ := storetest.NewStore(t)
+	f, claimed := claimCharges(t, st, Config{Logger: logger}, 1)
+	f.claimed = claimed[0]
+	return f
+}
+
+// claimCharges prepares n demo charges in st and claims them for a dispatcher of cfg,
+// with the demo targets and a metrics reader; f.claimed is left for the caller.
+func claimCharges(t *testing.T, st *store.Store, cfg Config, n int) (recordFixture, []store.Claimed) {
+	t.Helper()
 	_, targets := targettest.Demo(t, simtarget.Config{})
 	f := recordFixture{st: st, reader: sdkmetric.NewManualReader()}
+	cfg.Store, cfg.Targets, cfg.Connector = st, targets, target.NewConnector()
+	cfg.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(f.reader))
 	var err error
-	f.d, err = New(Config{Store: st, Targets: targets, Connector: target.NewConnector(), Logger: logger,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(f.reader))})
+	f.d, err = New(cfg)
 	require.NoError(t, err)
 	var ok bool
 	f.contract, ok = targets.ForType(simtarget.DemoCharge)
 	require.True(t, ok)
-	storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, "order-1", `{"amount":1}`)
+	for i := range n {
+		storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, fmt.Sprintf("order-%d", i+1), `{"amount":1}`)
+	}
 	claimed, err := st.AllTenants().Claim(context.Background(), targettest.Claim(t, targets, f.contract.Name, store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
+		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: n, PerTenant: n, MaxTenants: 1}))
 	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	f.claimed = claimed[0]
-	return f
+	require.Len(t, claimed, n)
+	return f, claimed
 }
 
 // enteredUnknown returns the counts of operations that became UNKNOWN, by cause.
@@ -115,19 +127,8 @@ func TestAnOutcomeIsWrittenWithinTheRecordTimeout(t *testing.T) {
 	const recordTimeout = 2 * time.Second
 	st, _, proxy := storetest.NewStoreBehindProxy(t)
 	t.Cleanup(proxy.Thaw)
-	_, targets := targettest.Demo(t, simtarget.Config{})
-	contract, ok := targets.ForType(simtarget.DemoCharge)
-	require.True(t, ok)
-	d, err := New(Config{Store: st, Targets: targets, Connector: target.NewConnector(), Logger: slog.New(slog.DiscardHandler),
-		MeterProvider: sdkmetric.NewMeterProvider(), RecordTimeout: recordTimeout})
-	require.NoError(t, err)
-	for _, intent := range []string{"order-1", "order-2"} {
-		storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, intent, `{"amount":1}`)
-	}
-	claimed, err := st.AllTenants().Claim(context.Background(), targettest.Claim(t, targets, contract.Name, store.FairClaim{
-		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 2, PerTenant: 2, MaxTenants: 1}))
-	require.NoError(t, err)
-	require.Len(t, claimed, 2)
+	f, claimed := claimCharges(t, st, Config{Logger: slog.New(slog.DiscardHandler), RecordTimeout: recordTimeout}, 2)
+	d, contract := f.d, f.contract
 	succeeded := target.Result{Outcome: target.Succeeded, Class: "SUCCEEDED", RemoteRef: "ch_1", Sent: true}
 	state := func(c store.Claimed) store.State {
 		got, err := st.AllTenants().Get(context.Background(), c.TenantID, c.ID)
@@ -147,4 +148,27 @@ func TestAnOutcomeIsWrittenWithinTheRecordTimeout(t *testing.T) {
 	proxy.Thaw()
 	require.Less(t, took, 2*recordTimeout, "given up at about the record timeout")
 	require.GreaterOrEqual(t, took, recordTimeout)
+}
+
+// TestOutcomesBegunTogetherShareADeadline: the outcomes that begin within a hundredth of
+// RecordTimeout are written on one context, each with at least RecordTimeout left; a
+// later one gets a context of its own, which ends later.
+func TestOutcomesBegunTogetherShareADeadline(t *testing.T) {
+	t.Parallel()
+	const recordTimeout = 2 * time.Second // a hundredth: 20 ms
+	d := &Dispatcher{cfg: Config{RecordTimeout: recordTimeout}}
+	first, made := d.recordContext(), time.Now()
+	time.Sleep(5 * time.Millisecond)
+	second, at := d.recordContext(), time.Now()
+	require.Equal(t, first, second, "begun within the hundredth: one context")
+	deadline, ok := second.Deadline()
+	require.True(t, ok)
+	require.GreaterOrEqual(t, deadline.Sub(at), recordTimeout, "the later of the two still has the whole timeout")
+	require.LessOrEqual(t, deadline.Sub(made), recordTimeout+recordTimeout/100, "and at most a hundredth more")
+
+	time.Sleep(30 * time.Millisecond)
+	third := d.recordContext()
+	require.NotEqual(t, first, third, "begun after the hundredth: a context of its own")
+	later, _ := third.Deadline()
+	require.True(t, later.After(deadline))
 }
