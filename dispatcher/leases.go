@@ -40,8 +40,9 @@ type leases struct {
 	wake    chan struct{} // has the keeper look at once (one buffered)
 	done    chan struct{} // the running keeper's, closed when it returns; nil while none runs
 
-	// replaced holds the claims still held whose operation another held claim took the
-	// place of in held (claimed again under a newer fence): they are cut all the same.
+	// replaced holds the claims whose operation another held claim took the place of in
+	// held (claimed again under a newer fence): they are cut all the same. The timer
+	// removes those dropped or cut since.
 	replaced []*lease
 	cuts     *time.Timer // runs cutDue; made at the first hold
 	cutsSet  bool        // cuts is set to fire at cutsAt
@@ -228,9 +229,11 @@ func (ls *leases) extended(batch []*lease, got store.Extended, asked time.Time) 
 		switch {
 		case l.lost || l.dropped:
 		case ok:
-			// Cut later: the timer finds it not due. (An extension never brings a lease's
-			// end forward, so the timer never has to.)
+			// Mostly later, and the timer finds it not due; but a claim taken under a
+			// longer lease (a reconciler's replay, under --reconcile-lease) ends sooner
+			// once the keeper extends it by the dispatcher's, and the timer comes forward.
 			l.expires = asked.Add(extended)
+			ls.cutBy(ls.cutAt(l))
 		case got.Busy[l.op.OperationKey]:
 			busy = true
 		default:

@@ -144,7 +144,8 @@ func TestCallsAreCutBeforeTheirLeasesEndWithoutTheDatabase(t *testing.T) {
 
 // TestAClaimReplacedAmongTheHeldIsStillCut: a claim whose operation was claimed again
 // under a newer fence (the newer one takes its place among the held) is still cut near
-// its lease's end, though the keeper no longer extends it.
+// its lease's end, though the keeper no longer extends it, and though the dispatcher
+// stopped meanwhile; so is a claim held after the stop.
 func TestAClaimReplacedAmongTheHeldIsStillCut(t *testing.T) {
 	t.Parallel()
 	// A lease of 3 s: the keeper's first tick, which would need a store, comes after
@@ -156,13 +157,25 @@ func TestAClaimReplacedAmongTheHeldIsStillCut(t *testing.T) {
 		time.Now().Add(500*time.Millisecond), func() { close(cut) })
 	newer := ls.hold(store.Claimed{Operation: store.Operation{TenantID: "t", ID: id, FenceToken: 2}}, "target",
 		time.Now().Add(3*time.Second), func() {})
+	ls.drop(newer)
+	ls.wait() // the dispatcher stops while the older claim is still held
 	select {
 	case <-cut:
 	case <-time.After(900 * time.Millisecond):
 		t.Error("the older claim was not cut")
 	}
 	ls.drop(older)
-	ls.drop(newer)
+
+	// A claim held after the stop (a reconciler's replay) is cut as well.
+	lateCut := make(chan struct{})
+	late := ls.hold(store.Claimed{Operation: store.Operation{TenantID: "t", ID: uuid.New(), FenceToken: 1}}, "target",
+		time.Now().Add(600*time.Millisecond), func() { close(lateCut) })
+	select {
+	case <-lateCut:
+	case <-time.After(900 * time.Millisecond):
+		t.Error("a claim held after the stop was not cut")
+	}
+	ls.drop(late)
 	ls.wait()
 }
 
@@ -258,6 +271,32 @@ func TestExtendedClaims(t *testing.T) {
 
 	got.Busy = map[store.OperationKey]bool{droppedBusy.op.OperationKey: true}
 	require.False(t, ls.extended(all, got, asked), "a dropped claim's busy row is no reason to come back soon")
+}
+
+// TestAnExtensionThatShortensALeaseBringsItsCutForward: a claim taken under a longer
+// lease than the dispatcher's (a reconciler's replay) ends sooner once the keeper
+// extends it by the dispatcher's lease, and is cut before that new end, not near the
+// old one.
+func TestAnExtensionThatShortensALeaseBringsItsCutForward(t *testing.T) {
+	t.Parallel()
+	// A lease of 3 s: a cut comes 300 ms before a lease's end, and the keeper's first
+	// tick, which would need a store, after the test.
+	ls := testLeases(3*time.Second, nil)
+	cut := make(chan time.Time, 1)
+	l := ls.hold(store.Claimed{Operation: store.Operation{TenantID: "t", ID: uuid.New(), FenceToken: 1}}, "target",
+		time.Now().Add(time.Minute), func() { cut <- time.Now() })
+	defer func() {
+		ls.drop(l)
+		ls.wait()
+	}()
+	asked := time.Now()
+	ls.extended([]*lease{l}, store.Extended{Left: map[store.OperationKey]time.Duration{l.op.OperationKey: 500 * time.Millisecond}}, asked)
+	select {
+	case at := <-cut:
+		require.True(t, at.Before(asked.Add(500*time.Millisecond)), "cut before the new end")
+	case <-time.After(900 * time.Millisecond):
+		t.Fatal("not cut before its shortened lease ended")
+	}
 }
 
 // testLeases is the leases of a dispatcher with only a lease, the real clock, the store
