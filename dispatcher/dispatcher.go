@@ -599,8 +599,8 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	credential := d.cfg.Connector.CredentialVersion(contract)
 	var sentErr atomic.Pointer[error] // set on the transport's goroutine
 	// The link goes in at the start, where a sampler can see it; the attributes only
-	// when the span is recorded: built for every send, they were a tenth of the
-	// allocations of a burn-down's sends with tracing off.
+	// when the span is recorded: built for every send, they cost allocations with
+	// tracing off too.
 	callCtx, span := d.tracer.Start(callCtx, "opbroker.dispatch.send", append(tracing.LinkTo(op.TraceParent), sendSpanKind)...)
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("opbroker.target", contract.Name),

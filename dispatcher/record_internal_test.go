@@ -155,20 +155,19 @@ func TestAnOutcomeIsWrittenWithinTheRecordTimeout(t *testing.T) {
 // later one gets a context of its own, which ends later.
 func TestOutcomesBegunTogetherShareADeadline(t *testing.T) {
 	t.Parallel()
-	const recordTimeout = 2 * time.Second // a hundredth: 20 ms
+	const recordTimeout = 20 * time.Second // a hundredth: 200 ms
 	d := &Dispatcher{cfg: Config{RecordTimeout: recordTimeout}}
 	first, made := d.recordContext(), time.Now()
-	time.Sleep(5 * time.Millisecond)
 	second, at := d.recordContext(), time.Now()
-	require.Equal(t, first, second, "begun within the hundredth: one context")
+	require.Same(t, first, second, "begun within the hundredth: one context")
 	deadline, ok := second.Deadline()
 	require.True(t, ok)
 	require.GreaterOrEqual(t, deadline.Sub(at), recordTimeout, "the later of the two still has the whole timeout")
 	require.LessOrEqual(t, deadline.Sub(made), recordTimeout+recordTimeout/100, "and at most a hundredth more")
 
-	time.Sleep(30 * time.Millisecond)
+	time.Sleep(recordTimeout/100 + 50*time.Millisecond)
 	third := d.recordContext()
-	require.NotEqual(t, first, third, "begun after the hundredth: a context of its own")
+	require.NotSame(t, first, third, "begun after the hundredth: a context of its own")
 	later, _ := third.Deadline()
 	require.True(t, later.After(deadline))
 }

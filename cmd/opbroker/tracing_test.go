@@ -77,7 +77,7 @@ func startReceiver(t *testing.T) (*receiver, string) {
 // sent to the target), and for its reconciliation and lookup after the send's
 // connection was reset; and no span carries the payload, the tenant, the intent, the
 // key or the target's reference. The send's span names its target, operation, fence and
-// attempt, and its outcome.
+// attempt, its outcome, and whether it was sent.
 func TestTracesFollowAnOperation(t *testing.T) {
 	t.Parallel()
 	collector, collectorAt := startReceiver(t)
