@@ -66,6 +66,7 @@ echo '{"jobs":50,"seconds":0.01,"river":"v0.0.0-fake","workers":2000,"fetch_cool
 	require.Regexp(t, `(?m)^2 +opbroker +\S+ +5000 +\d+ +\d+\.\d{3}  River `+cost+`; opbroker `+cost+`$`, out.String())
 	require.Regexp(t, `(?m)^median +5000 +\d+ +\d+\.\d{3}  River PostgreSQL CPU \d+\.\d{3} ms, WAL \d+ B, client CPU \d+\.\d{3} ms; `+
 		`opbroker PostgreSQL CPU \d+\.\d{3} ms, WAL [1-9]\d* B, client CPU \d+\.\d{3} ms$`, out.String())
+	require.Regexp(t, `(?m)^  by the CPU both sides spend per unit \(the medians of PostgreSQL's and the client's\): \d+\.\d\d$`, out.String())
 	require.Contains(t, out.String(), "River v0.0.0-fake: its library and pgx driver (bench/river), MaxWorkers 2000")
 	require.Contains(t, out.String(), "the PostgreSQL of --database-url: autovacuum ")
 
@@ -115,7 +116,7 @@ func TestMeasureCostCountsToTheEnd(t *testing.T) {
 }
 
 // TestSummarize checks the comparison's arithmetic: the median of an even number of
-// rounds is the mean of the middle two.
+// rounds is the mean of the middle two; the ratio by CPU per unit is the medians'.
 func TestSummarize(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, spread{median: 2, min: 1, max: 9}, summarize([]float64{9, 1, 2}))
@@ -129,6 +130,15 @@ func TestSummarize(t *testing.T) {
 	require.Equal(t, "PostgreSQL CPU -, WAL 1800-2000 B, client CPU 0.010-0.030 ms",
 		sideCosts(2, []float64{0.04}, []float64{1800, 2000}, []float64{0.01, 0.03}, spread.format),
 		"a CPU unknown in a round is not summarized from the others")
+
+	// (0.064 + 0.025) / (0.090 + 0.033): the medians, not the rounds' own ratios.
+	// The rounds' own ratios are 0.72, 0.64 and 0.64.
+	ratio, ok := cpuRatio(3, [2][]float64{{0.064, 0.070, 0.060}, {0.090, 0.120, 0.080}},
+		[2][]float64{{0.025, 0.020, 0.030}, {0.033, 0.020, 0.060}})
+	require.True(t, ok)
+	require.InDelta(t, 0.089/0.123, ratio, 1e-9)
+	_, ok = cpuRatio(3, [2][]float64{{0.064, 0.070, 0.060}, {0.090, 0.120}}, [2][]float64{{0.025, 0.020, 0.030}, {0.033, 0.033, 0.040}})
+	require.False(t, ok, "not known unless every round measured every part")
 }
 
 func TestWatchBenchRuns(t *testing.T) {

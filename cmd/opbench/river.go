@@ -109,6 +109,9 @@ func benchCompareRiver(ctx context.Context, cmd *cli.Command) error {
 		"median", "", "", r.median, o.median, q.median, costs(0, median), costs(1, median))
 	fmt.Fprintf(out, "%-5s  %-8s  %-8s  %14s  %14s  %14s  River %s; opbroker %s\n",
 		"range", "", "", r.format("%.0f"), o.format("%.0f"), q.format("%.3f"), costs(0, spread.format), costs(1, spread.format))
+	if ratio, ok := cpuRatio(len(ratios), cpus, clients); ok {
+		fmt.Fprintf(out, "  by the CPU both sides spend per unit (the medians of PostgreSQL's and the client's): %.2f\n", ratio)
+	}
 	fmt.Fprintf(out, "  River %s: its library and pgx driver (bench/river), MaxWorkers %d, FetchCooldown %s, FetchPollInterval %s, pool of %d connections;\n",
 		riverRun.River, riverRun.Workers, riverRun.FetchCooldown, riverRun.FetchPollInterval, riverRun.MaxConns)
 	fmt.Fprintf(out, "    jobs inserted with InsertMany, timed from Client.Start to the last job-completed event (sent after the completion's commit)\n")
@@ -134,6 +137,21 @@ func sideCosts(rounds int, cpu, wal, client []float64, of func(spread, string) s
 		return of(summarize(xs), verb) + unit
 	}
 	return fmt.Sprintf("PostgreSQL CPU %s, WAL %s, client CPU %s", val(cpu, "%.3f", " ms"), val(wal, "%.0f", " B"), val(client, "%.3f", " ms"))
+}
+
+// cpuRatio is the two sides' ratio by the CPU each spends per unit, from the medians
+// over rounds rounds: River's PostgreSQL CPU and its program's per job, over
+// opbroker's PostgreSQL CPU and its process's per operation. Both burn-downs keep the
+// machine's cores busy, so it is what the ratio of the rates comes to without the
+// rounds' noise. It is not known unless every round measured all four.
+func cpuRatio(rounds int, cpus, clients [2][]float64) (float64, bool) {
+	for i := range 2 {
+		if len(cpus[i]) < rounds || len(clients[i]) < rounds {
+			return 0, false
+		}
+	}
+	per := func(i int) float64 { return summarize(cpus[i]).median + summarize(clients[i]).median }
+	return per(0) / per(1), true
 }
 
 // spread is the median and range of a measurement over the rounds.
