@@ -724,26 +724,38 @@ func (d *Dispatcher) notExecuted(op store.Claimed, res target.Result, params *st
 // outcomes that begin within that hundredth share one context and its timer, rather than
 // each making its own (a burn-down records thousands a second).
 func (d *Dispatcher) recordContext() context.Context {
-	if r := d.recordCtx.Load(); r != nil && time.Now().Before(r.until) {
-		return r.ctx
+	if ctx := d.sharedRecordContext(time.Now()); ctx != nil {
+		return ctx
 	}
 	d.recordMu.Lock()
 	defer d.recordMu.Unlock()
 	now := time.Now() // read after the lock: the wait for it is not to shorten the deadline
-	if r := d.recordCtx.Load(); r != nil && now.Before(r.until) {
-		return r.ctx
+	if ctx := d.sharedRecordContext(now); ctx != nil {
+		return ctx
 	}
-	slack := d.cfg.RecordTimeout / 100
-	r := &sharedDeadline{until: now.Add(slack)}
-	r.ctx, r.cancel = context.WithDeadline(context.Background(), now.Add(d.cfg.RecordTimeout+slack))
+	r := &sharedDeadline{}
+	r.ctx, r.cancel = context.WithDeadline(context.Background(), now.Add(d.cfg.RecordTimeout+d.cfg.RecordTimeout/100))
 	d.recordCtx.Store(r)
 	return r.ctx
 }
 
-// sharedDeadline is a context that the outcomes begun before until are written on.
+// sharedRecordContext returns the shared context of outcomes if it leaves an outcome
+// that begins at now the whole RecordTimeout, or nil.
+func (d *Dispatcher) sharedRecordContext(now time.Time) context.Context {
+	r := d.recordCtx.Load()
+	if r == nil {
+		return nil
+	}
+	if deadline, _ := r.ctx.Deadline(); deadline.Sub(now) < d.cfg.RecordTimeout {
+		return nil
+	}
+	return r.ctx
+}
+
+// sharedDeadline is the context outcomes are written on, shared by those that begin
+// while it leaves them the whole RecordTimeout.
 type sharedDeadline struct {
-	ctx   context.Context
-	until time.Time
+	ctx context.Context
 	// cancel is kept, not called: outcomes may still be written on ctx after another
 	// replaced it, and its deadline ends it and frees its timer. (Dropped, it would fail
 	// go vet's check that a context's cancel function is used.)

@@ -59,11 +59,15 @@ type lease struct {
 	dropped bool // no longer held; guarded by leases.mu
 }
 
+// live reports whether l is still held and not cut yet: it is to be cut if its lease
+// is not extended in time; guarded by leases.mu.
+func (l *lease) live() bool { return !l.dropped && !l.lost }
+
 // hold keeps the claim's lease, which ends at expires on the dispatcher's clock, until
 // drop; cut ends the claim's call, or its wait for one.
 func (ls *leases) hold(op store.Claimed, target string, expires time.Time, cut context.CancelFunc) *lease {
 	l := &lease{op: store.HeldLease{OperationKey: store.OperationKey{TenantID: op.TenantID, ID: op.ID}, Fence: op.FenceToken},
-		target: target, expires: expires, cut: cut}
+		target: target, cut: cut}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.held == nil {
@@ -73,7 +77,7 @@ func (ls *leases) hold(op store.Claimed, target string, expires time.Time, cut c
 		ls.replaced = append(ls.replaced, old)
 	}
 	ls.held[l.op.OperationKey] = l
-	ls.cutBy(ls.cutAt(l))
+	ls.endsAt(l, expires)
 	if ls.done == nil {
 		ls.done = make(chan struct{})
 		if ls.wake == nil {
@@ -95,6 +99,13 @@ func (ls *leases) drop(l *lease) {
 	if len(ls.held) == 0 && ls.stopped {
 		ls.wakeKeeper()
 	}
+}
+
+// endsAt makes expires the end of l's lease, and brings the timer forward if l is to be
+// cut before it fires: a lease's end and its cut always move together; ls.mu is held.
+func (ls *leases) endsAt(l *lease, expires time.Time) {
+	l.expires = expires
+	ls.cutBy(ls.cutAt(l))
 }
 
 // cutAt is when l is cut, unless its lease is extended: its lease's end less the send's
@@ -128,7 +139,7 @@ func (ls *leases) cutDue() {
 	var due []*lease
 	var next time.Time
 	left := func(l *lease) bool { // whether l is still to be cut later
-		if l.dropped || l.lost {
+		if !l.live() {
 			return false
 		}
 		at := ls.cutAt(l)
@@ -202,7 +213,7 @@ func (ls *leases) wait() {
 		<-done
 		ls.mu.Lock()
 	}
-	if ls.cutsSet && !slices.ContainsFunc(ls.replaced, func(l *lease) bool { return !l.dropped && !l.lost }) {
+	if ls.cutsSet && !slices.ContainsFunc(ls.replaced, (*lease).live) {
 		ls.cuts.Stop()
 		ls.cutsSet, ls.replaced = false, nil
 	}
@@ -227,13 +238,13 @@ func (ls *leases) extended(batch []*lease, got store.Extended, asked time.Time) 
 	for _, l := range batch {
 		extended, ok := got.Left[l.op.OperationKey]
 		switch {
-		case l.lost || l.dropped:
+		case !l.live():
 		case ok:
 			// Mostly later, and the timer finds it not due; but a claim taken under a
 			// longer lease (a reconciler's replay, under --reconcile-lease) ends sooner
-			// once the keeper extends it by the dispatcher's, and the timer comes forward.
-			l.expires = asked.Add(extended)
-			ls.cutBy(ls.cutAt(l))
+			// once the keeper extends it by the dispatcher's, and endsAt brings the
+			// timer forward.
+			ls.endsAt(l, asked.Add(extended))
 		case got.Busy[l.op.OperationKey]:
 			busy = true
 		default:
