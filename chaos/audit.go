@@ -309,6 +309,10 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 		default:
 			fail("I9", "%s: %s after healing", op.Name, op.State)
 		}
+		// I16: the operator resolved every escalation once the work had settled.
+		if op.State == "ESCALATED" {
+			fail("I16", "%s: still ESCALATED at the end of the run", op.Name)
+		}
 		r.ByState[op.State]++
 		if slices.ContainsFunc(op.Events, func(e ledgerEvent) bool { return e.To == "ESCALATED" }) {
 			r.Escalated++ // ever: the run's operator resolves them at the end
@@ -359,13 +363,16 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 		fail("I12", "%s", v)
 	}
 	auditEvidence(r, ops, truth, ev.sent, ev.kept, ev.reports, fail)
+	if r.EscalationsLeft != "" {
+		fail("I16", "the operator: %s", r.EscalationsLeft)
+	}
 
 	slices.Sort(resolutions)
 	if n := len(resolutions); n > 0 {
 		r.UnknownToResolution = Durations{Median: resolutions[n/2].Round(time.Millisecond), Worst: resolutions[n-1].Round(time.Millisecond)}
 	}
 	r.AmendmentsWaited = h.amendmentsWaited
-	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "I11", "I12", "I13", "I14", "I15"} {
+	for _, id := range []string{"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "I11", "I12", "I13", "I14", "I15", "I16"} {
 		res := Invariant{ID: id, Name: invariantNames[id], Held: len(inv[id]) == 0}
 		res.Violations = inv[id][:min(len(inv[id]), 20)]
 		r.Invariants = append(r.Invariants, res)
@@ -497,4 +504,5 @@ var invariantNames = map[string]string{
 	"I13": "every resolution by a person names the operator, the reason and the evidence",
 	"I14": "no quarantined, unverified or fabricated event changed an operation",
 	"I15": "every matched event's operation is consistent with the target's ground truth",
+	"I16": "after the work settles, the operator resolves every escalation through the API",
 }

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -171,4 +172,40 @@ func TestEveryWebhookFaultOnTwoCharges(t *testing.T) {
 	}
 	require.Equal(t, -1, webhookFaultOf(0))
 	require.Equal(t, -1, webhookFaultOf(len(simtarget.WebhookFaults)+1), "the amended intent")
+}
+
+// TestAuditFailsOnEscalationsLeft: I16 breaks when an operation is still ESCALATED at
+// the audit, and when the operator says it left escalations (or may have), even with
+// none in the ledger it read.
+func TestAuditFailsOnEscalationsLeft(t *testing.T) {
+	state := func(s string) *string { return &s }
+	escalated := []ledgerEvent{
+		{Revision: 1, To: "PREPARED"},
+		{Revision: 2, From: state("PREPARED"), To: "IN_FLIGHT", Fence: 1},
+		{Revision: 3, From: state("IN_FLIGHT"), To: "UNKNOWN", Fence: 1},
+		{Revision: 4, From: state("UNKNOWN"), To: "ESCALATED", Fence: 1},
+	}
+	resolved := append(slices.Clone(escalated), ledgerEvent{Revision: 5, From: state("ESCALATED"), To: "FAILED_TERMINAL", Fence: 1,
+		Actor: "operator:on-call", Reason: "MANUAL_RESOLUTION", Summary: "checked", Evidence: "the target's record"})
+	for name, c := range map[string]struct {
+		op   ledgerOp
+		left string
+		want string
+	}{
+		"every escalation resolved":        {ledgerOp{Name: "op", State: "FAILED_TERMINAL", RemoteKey: "k1", Events: resolved}, "", ""},
+		"an escalation left in the ledger": {ledgerOp{Name: "op", State: "ESCALATED", Escalated: true, RemoteKey: "k1", Events: escalated}, "", "op: still ESCALATED"},
+		"the operator gave up":             {ledgerOp{Name: "op", State: "FAILED_TERMINAL", RemoteKey: "k1", Events: resolved}, "escalations left after 150 looks", "the operator: escalations left after 150 looks"},
+	} {
+		r := &Report{Faults: map[string]int{}, ByState: map[string]int{}, Evidence: EvidenceCounts{Quarantined: map[string]int{}}, EscalationsLeft: c.left}
+		audit(r, map[string]*ledgerOp{"op": &c.op}, map[string]*simtarget.KeyTruth{}, &history{}, nil, evidenceAudit{})
+		i := slices.IndexFunc(r.Invariants, func(i Invariant) bool { return i.ID == "I16" })
+		require.GreaterOrEqual(t, i, 0, "I16 is audited")
+		if c.want == "" {
+			require.True(t, r.Invariants[i].Held, "%s: %v", name, r.Invariants[i].Violations)
+			continue
+		}
+		require.False(t, r.Invariants[i].Held, name)
+		require.Len(t, r.Invariants[i].Violations, 1, name)
+		require.Contains(t, r.Invariants[i].Violations[0], c.want, name)
+	}
 }

@@ -145,11 +145,13 @@ type Report struct {
 	// PreconditionRefusals, conditional resends the target refused because the object
 	// existed.
 	// ResolvedByHand counts escalations the run's operator resolved with
-	// ResolveOperation after checking the target.
-	ResolvedByHand       int `json:"resolved_by_hand"`
-	Pending              int `json:"pending"`
-	Resent               int `json:"resent_after_not_executed"`
-	PreconditionRefusals int `json:"precondition_refusals"`
+	// ResolveOperation after checking the target; EscalationsLeft says why it left
+	// some, or may have (empty when it left none).
+	ResolvedByHand       int    `json:"resolved_by_hand"`
+	EscalationsLeft      string `json:"escalations_left,omitempty"`
+	Pending              int    `json:"pending"`
+	Resent               int    `json:"resent_after_not_executed"`
+	PreconditionRefusals int    `json:"precondition_refusals"`
 	// The four that must be zero.
 	Lost        int `json:"lost"`
 	Duplicated  int `json:"duplicated"`
@@ -281,9 +283,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	settled := c.settle(ctx, cfg.SettleBound)
 	evidenceSettled := c.settleEvidence(ctx, cfg.SettleBound)
 	// The owners of the escalations check their targets and record what they found.
-	resolvedByHand, err := c.resolveEscalations(ctx, rand.New(rand.NewPCG(cfg.Seed, 13)))
-	if err != nil {
-		fmt.Fprintf(cfg.Log, "chaos: resolving escalations: %v\n", err)
+	resolvedByHand, resolveErr := c.resolveEscalations(ctx, rand.New(rand.NewPCG(cfg.Seed, 13)))
+	if resolveErr != nil {
+		fmt.Fprintf(cfg.Log, "chaos: resolving escalations: %v\n", resolveErr)
 	}
 	stopSupervising()
 	c.stopReplicas()
@@ -314,6 +316,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	r.ResolvedByHand = resolvedByHand
+	if resolveErr != nil {
+		r.EscalationsLeft = resolveErr.Error()
+	}
 	r.Failovers = slices.Clone(c.failovers)
 	c.probes.windows(r.Failovers)
 	audit(r, ops, truth, h, leaks, evidenceAudit{sent: c.charge.Snapshot().Webhooks, kept: kept, reports: reports})
@@ -354,6 +359,9 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  answered pending %d, sent again after an answer documented as not executed %d, conditional resends refused %d\n",
 		r.Pending, r.Resent, r.PreconditionRefusals)
 	fmt.Fprintf(w, "  escalations resolved by the operator after checking the target %d\n", r.ResolvedByHand)
+	if r.EscalationsLeft != "" {
+		fmt.Fprintf(w, "    and left: %s\n", r.EscalationsLeft)
+	}
 	if len(r.Failovers) > 0 {
 		fmt.Fprintf(w, "  failovers %d (new primary after; unavailable from the first failed PrepareOperation to the first acknowledged one):\n", len(r.Failovers))
 		for _, f := range r.Failovers {

@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 // every fault of the targets, crash points, kill -9, SIGSTOP past the lease,
 // pg_terminate_backend, a rotation of a target's credential and (on the embedded
 // PostgreSQL) an immediate restart, every fault of the charge target's webhooks, then
-// the audit of I1–I15.
+// the audit of I1–I16.
 func TestShortChaosRun(t *testing.T) {
 	var log bytes.Buffer
 	report, err := chaos.Run(context.Background(), chaos.Config{
