@@ -68,7 +68,7 @@ test-ha:
 	OPBROKER_TEST_FORMATION=1 go test -p 1 -count=1 -timeout 15m -run 'TestAcknowledgedCommitsSurviveAFailover|TestShortChaosRunWithFailovers' ./formation ./chaos
 
 # The chaos run (package chaos): replicas as processes, every fault, then the audit of
-# invariants I1-I10. SEED and DURATION pick the run; it exits non-zero if an invariant broke.
+# invariants I1-I16. SEED and DURATION pick the run; it exits non-zero if an invariant broke.
 SEED ?= 1
 DURATION ?= 10m
 chaos: build-chaos

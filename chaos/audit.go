@@ -251,7 +251,7 @@ type evidenceAudit struct {
 	reports []report
 }
 
-// audit checks invariants I1–I15 (docs/testing.md#the-chaos-run) and fills the report's
+// audit checks invariants I1–I16 (docs/testing.md#the-chaos-run) and fills the report's
 // counts; leaks are I12's violations (credentialLeaks).
 func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyTruth, h *history, leaks []string, ev evidenceAudit) {
 	inv := map[string][]string{}
@@ -309,8 +309,9 @@ func audit(r *Report, ops map[string]*ledgerOp, truth map[string]*simtarget.KeyT
 		default:
 			fail("I9", "%s: %s after healing", op.Name, op.State)
 		}
-		// I16: the operator resolved every escalation once the work had settled.
-		if op.State == "ESCALATED" {
+		// I16: the operator resolved every escalation once the work had settled. Work
+		// that did not settle may still escalate after the operator's last look.
+		if op.State == "ESCALATED" && r.Settled {
 			fail("I16", "%s: still ESCALATED at the end of the run", op.Name)
 		}
 		r.ByState[op.State]++

@@ -4,7 +4,7 @@
 // (one rotated mid-run), the broker's crash points, kill -9 and SIGSTOP of replicas,
 // PostgreSQL restarted in immediate mode and its connections terminated, while clients
 // prepare, retry, duplicate, amend and probe other tenants. Then everything heals, the
-// run waits for the work to settle, and the audit checks invariants I1–I13
+// run waits for the work to settle, and the audit checks invariants I1–I16
 // (docs/testing.md#the-chaos-run) against the targets' ground truth, the ledger, the
 // clients' history and the replicas' logs. A run is reproducible from its seed as far as
 // the workload, the fault schedule and the targets' faults go; processes and the network

@@ -35,7 +35,7 @@ func main() {
 func newApp() *cli.Command {
 	return &cli.Command{
 		Name:  "opchaos",
-		Usage: "run the broker through faults and audit its promise (invariants I1-I13)",
+		Usage: "run the broker through faults and audit its promise (invariants I1-I16)",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "broker", Value: "bin/opbroker-chaos", Usage: "the opbroker binary the replicas run, built with -tags " + crashpoint.BuildTag},
 			&cli.StringFlag{Name: "database-url", Sources: cli.EnvVars("DATABASE_URL"), Usage: "an administrator's connection string; default: an embedded PostgreSQL (then also restarted as a fault)"},
