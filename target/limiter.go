@@ -9,34 +9,39 @@ import (
 // default. A first send, a same-key replay and a lookup each hold one while their
 // request is out, so a target never receives more requests at once from this process
 // than its contract allows, whichever component makes them. It is safe for concurrent
-// use.
+// use: the slots of the targets it was built with are found without a lock, since every
+// send takes and frees one.
 type Limiter struct {
 	def   int
+	known map[string]chan struct{} // the targets it was built with: never written after NewLimiter
 	mu    sync.Mutex
-	slots map[string]chan struct{}
+	other map[string]chan struct{} // any other target's, made at its first use
 }
 
 // NewLimiter returns the slots of targets: a contract's concurrency, or def where the
 // contract sets none or more than def.
 func NewLimiter(targets *Targets, def int) *Limiter {
-	l := &Limiter{def: def, slots: map[string]chan struct{}{}}
+	l := &Limiter{def: def, known: map[string]chan struct{}{}, other: map[string]chan struct{}{}}
 	for _, c := range targets.All() {
 		n := c.Concurrency
 		if n <= 0 || n > def {
 			n = def
 		}
-		l.slots[c.Name] = make(chan struct{}, n)
+		l.known[c.Name] = make(chan struct{}, n)
 	}
 	return l
 }
 
 func (l *Limiter) of(name string) chan struct{} {
+	if s, ok := l.known[name]; ok {
+		return s
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s, ok := l.slots[name]
+	s, ok := l.other[name]
 	if !ok { // a target the limiter was not built with gets the default
 		s = make(chan struct{}, l.def)
-		l.slots[name] = s
+		l.other[name] = s
 	}
 	return s
 }
