@@ -52,6 +52,7 @@ const provisionKeyEnv = "OPCHAOS_PROVISION_API_KEY"
 type cluster struct {
 	cfg      Config
 	dir      string
+	dirLock  *os.File             // held while the run lives (makeRunFolder)
 	pg       *embeddedpg.Server   // nil when the database was given
 	ha       *formation.Formation // with Config.Failover
 	schema   string
@@ -112,6 +113,32 @@ var servingLine = regexp.MustCompile(`msg=serving grpc=(\S+)`)
 // live run's.
 const pgFolder = "opchaos-pg-"
 
+// runFolder begins the names of the runs' own folders (the targets' secrets, the
+// principals, the formation's nodes), each locked for its run's life.
+const runFolder = "opchaos-run-"
+
+// makeRunFolder removes the folders of earlier runs killed before they removed theirs
+// (kill -9, a test binary's timeout; embeddedpg.RemoveOrphans), then makes this run's,
+// readable by PostgreSQL where it runs as another user, and locks it.
+func makeRunFolder() (string, *os.File, error) {
+	embeddedpg.RemoveOrphans(os.TempDir(), runFolder)
+	dir, err := os.MkdirTemp("", runFolder)
+	if err != nil {
+		return "", nil, err
+	}
+	lock, err := embeddedpg.LockFolder(dir)
+	if err == nil {
+		if err = os.Chmod(dir, 0o755); err != nil {
+			lock.Close()
+		}
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return dir, lock, nil
+}
+
 func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 	c = &cluster{cfg: cfg, tokens: map[string]string{},
 		conns: map[string]*grpc.ClientConn{}, faults: map[string]int{},
@@ -121,10 +148,7 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 			c.close()
 		}
 	}()
-	if c.dir, err = os.MkdirTemp("", "opchaos-"); err != nil {
-		return c, err
-	}
-	if err := os.Chmod(c.dir, 0o755); err != nil { // PostgreSQL may run as another user
+	if c.dir, c.dirLock, err = makeRunFolder(); err != nil {
 		return c, err
 	}
 	base := cfg.DatabaseURL
@@ -608,5 +632,6 @@ func (c *cluster) close() {
 	}
 	if c.dir != "" {
 		os.RemoveAll(c.dir)
+		c.dirLock.Close()
 	}
 }

@@ -281,6 +281,12 @@ func (s *Server) Stop() error {
 	return nil
 }
 
+// LockFolder locks dir as RemoveOrphans reads it: a folder that one process makes, uses
+// and removes, and whose lock the kernel releases however that process ends, so that a
+// later RemoveOrphans of its prefix removes it if the process left it behind. Close the
+// file once the folder is removed.
+func LockFolder(dir string) (*os.File, error) { return lockDataDir(dir) }
+
 // lockDataDir takes an exclusive lock on the data folder for the life of the process
 // (the kernel releases it however the process ends), so that two processes never run a
 // server on one folder and a server found running under the lock is an orphan.
