@@ -121,8 +121,9 @@ const runFolder = "opchaos-run-"
 // (kill -9, a test binary's timeout; embeddedpg.RemoveOrphans), then makes this run's,
 // readable by PostgreSQL where it runs as another user, and locks it.
 func makeRunFolder() (string, *os.File, error) {
-	embeddedpg.RemoveOrphans(os.TempDir(), runFolder)
-	dir, err := os.MkdirTemp("", runFolder)
+	parent := os.TempDir()
+	embeddedpg.RemoveOrphans(parent, runFolder)
+	dir, err := os.MkdirTemp(parent, runFolder)
 	if err != nil {
 		return "", nil, err
 	}

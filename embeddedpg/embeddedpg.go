@@ -285,21 +285,27 @@ func (s *Server) Stop() error {
 // and removes, and whose lock the kernel releases however that process ends, so that a
 // later RemoveOrphans of its prefix removes it if the process left it behind. Close the
 // file once the folder is removed.
-func LockFolder(dir string) (*os.File, error) { return lockDataDir(dir) }
-
-// lockDataDir takes an exclusive lock on the data folder for the life of the process
-// (the kernel releases it however the process ends), so that two processes never run a
-// server on one folder and a server found running under the lock is an orphan.
-func lockDataDir(dataDir string) (*os.File, error) {
-	f, err := os.OpenFile(lockFile(dataDir), os.O_CREATE|os.O_RDWR, 0o600)
+func LockFolder(dir string) (*os.File, error) {
+	f, err := os.OpenFile(lockFile(dir), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("embeddedpg: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("embeddedpg: %s is in use by another process (another opbroker dev?)", dataDir)
+		return nil, fmt.Errorf("embeddedpg: lock %s: %w", dir, err)
 	}
 	return f, nil
+}
+
+// lockDataDir takes an exclusive lock on the data folder for the life of the process
+// (the kernel releases it however the process ends), so that two processes never run a
+// server on one folder and a server found running under the lock is an orphan.
+func lockDataDir(dataDir string) (*os.File, error) {
+	f, err := LockFolder(dataDir)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil, fmt.Errorf("embeddedpg: %s is in use by another process (another opbroker dev?)", dataDir)
+	}
+	return f, err
 }
 
 // clusterDir is where a data folder keeps its cluster; lockFile, its lock.
