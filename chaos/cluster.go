@@ -52,7 +52,7 @@ const provisionKeyEnv = "OPCHAOS_PROVISION_API_KEY"
 type cluster struct {
 	cfg      Config
 	dir      string
-	dirLock  *os.File             // held while the run lives (makeRunFolder)
+	dirLock  *os.File             // held while the run lives (embeddedpg.TempFolder)
 	pg       *embeddedpg.Server   // nil when the database was given
 	ha       *formation.Formation // with Config.Failover
 	schema   string
@@ -114,31 +114,9 @@ var servingLine = regexp.MustCompile(`msg=serving grpc=(\S+)`)
 const pgFolder = "opchaos-pg-"
 
 // runFolder begins the names of the runs' own folders (the targets' secrets, the
-// principals, the formation's nodes), each locked for its run's life.
+// principals, the formation's nodes), each locked for its run's life so that a later
+// run removes those of killed runs (embeddedpg.TempFolder).
 const runFolder = "opchaos-run-"
-
-// makeRunFolder removes the folders of earlier runs killed before they removed theirs
-// (kill -9, a test binary's timeout; embeddedpg.RemoveOrphans), then makes this run's,
-// readable by PostgreSQL where it runs as another user, and locks it.
-func makeRunFolder() (string, *os.File, error) {
-	parent := os.TempDir()
-	embeddedpg.RemoveOrphans(parent, runFolder)
-	dir, err := os.MkdirTemp(parent, runFolder)
-	if err != nil {
-		return "", nil, err
-	}
-	lock, err := embeddedpg.LockFolder(dir)
-	if err == nil {
-		if err = os.Chmod(dir, 0o755); err != nil {
-			lock.Close()
-		}
-	}
-	if err != nil {
-		os.RemoveAll(dir)
-		return "", nil, err
-	}
-	return dir, lock, nil
-}
 
 func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 	c = &cluster{cfg: cfg, tokens: map[string]string{},
@@ -149,7 +127,7 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 			c.close()
 		}
 	}()
-	if c.dir, c.dirLock, err = makeRunFolder(); err != nil {
+	if c.dir, c.dirLock, err = embeddedpg.TempFolder(runFolder); err != nil {
 		return c, err
 	}
 	base := cfg.DatabaseURL

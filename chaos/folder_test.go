@@ -19,25 +19,23 @@ import (
 func TestARunRemovesTheFoldersOfKilledRuns(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
-	folder := func(name string, age time.Duration) string {
+	folder := func(name string, old time.Duration) string {
 		dir := filepath.Join(tmp, name)
 		require.NoError(t, os.Mkdir(dir, 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "principals.yaml"), []byte("secret"), 0o600))
-		lock := filepath.Join(dir, "lock")
-		require.NoError(t, os.WriteFile(lock, nil, 0o600))
-		at := time.Now().Add(-age)
-		require.NoError(t, os.Chtimes(lock, at, at))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "lock"), nil, 0o600))
+		age(t, dir, old)
 		return dir
 	}
-	killed := folder(runFolder+"killed", 2*time.Minute)
-	live := folder(runFolder+"live", 2*time.Minute)
-	held, err := embeddedpg.LockFolder(live)
+	live, held, err := embeddedpg.TempFolder(runFolder)
 	require.NoError(t, err)
 	defer held.Close()
+	age(t, live, 2*time.Minute)
+	killed := folder(runFolder+"killed", 2*time.Minute)
 	begun := folder(runFolder+"begun", 0)
 	other := folder(pgFolder+"other", 2*time.Minute)
 
-	dir, lock, err := makeRunFolder()
+	dir, lock, err := embeddedpg.TempFolder(runFolder)
 	require.NoError(t, err)
 	defer lock.Close()
 	require.NoDirExists(t, killed, "a killed run's folder is removed")
@@ -49,6 +47,13 @@ func TestARunRemovesTheFoldersOfKilledRuns(t *testing.T) {
 	fi, err := os.Stat(dir)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o755), fi.Mode().Perm(), "PostgreSQL may run as another user")
-	_, err = embeddedpg.LockFolder(dir)
-	require.Error(t, err, "the new run's folder is locked")
+	age(t, dir, 2*time.Minute)
+	embeddedpg.RemoveOrphans(tmp, runFolder)
+	require.DirExists(t, dir, "the new run's folder is locked")
+}
+
+// age makes the lock file of dir as old as RemoveOrphans asks of a killed run's.
+func age(t *testing.T, dir string, by time.Duration) {
+	at := time.Now().Add(-by)
+	require.NoError(t, os.Chtimes(filepath.Join(dir, "lock"), at, at))
 }

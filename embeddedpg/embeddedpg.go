@@ -126,22 +126,50 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 // processes left under that prefix (RemoveOrphans). The caller ends it with
 // StopAndRemove.
 func StartTemp(ctx context.Context, prefix string, cfg Config) (*Server, error) {
-	parent := tempDir()
-	RemoveOrphans(parent, prefix)
-	dir, err := os.MkdirTemp(parent, prefix)
+	dir, err := newTempFolder(prefix)
 	if err != nil {
-		return nil, fmt.Errorf("embeddedpg: %w", err)
+		return nil, err
 	}
 	cfg.DataDir = dir
-	var srv *Server
-	if err = os.Chmod(dir, 0o755); err == nil {
-		srv, err = Start(ctx, cfg)
-	}
+	srv, err := Start(ctx, cfg)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
 	return srv, nil
+}
+
+// TempFolder is StartTemp's folder without a server, for a process that keeps its own
+// files there: it removes prefix's orphans (RemoveOrphans), makes the folder and locks
+// it for the process's life, as RemoveOrphans reads it (the kernel releases the lock
+// however the process ends). Remove the folder, then close the lock.
+func TempFolder(prefix string) (string, *os.File, error) {
+	dir, err := newTempFolder(prefix)
+	if err != nil {
+		return "", nil, err
+	}
+	lock, err := lockDataDir(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return dir, lock, nil
+}
+
+// newTempFolder removes prefix's orphans in the temporary directory, then makes a new
+// folder of prefix there, searchable by all: as root, the server runs as another user.
+func newTempFolder(prefix string) (string, error) {
+	parent := tempDir()
+	RemoveOrphans(parent, prefix)
+	dir, err := os.MkdirTemp(parent, prefix)
+	if err != nil {
+		return "", fmt.Errorf("embeddedpg: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("embeddedpg: %w", err)
+	}
+	return dir, nil
 }
 
 // StopAndRemove stops a server of StartTemp and removes its folder. A server that did
@@ -281,31 +309,22 @@ func (s *Server) Stop() error {
 	return nil
 }
 
-// LockFolder locks dir as RemoveOrphans reads it: a folder that one process makes, uses
-// and removes, and whose lock the kernel releases however that process ends, so that a
-// later RemoveOrphans of its prefix removes it if the process left it behind. Close the
-// file once the folder is removed.
-func LockFolder(dir string) (*os.File, error) {
-	f, err := os.OpenFile(lockFile(dir), os.O_CREATE|os.O_RDWR, 0o600)
+// lockDataDir takes an exclusive lock on the data folder for the life of the process
+// (the kernel releases it however the process ends), so that two processes never run a
+// server on one folder and a server found running under the lock is an orphan.
+func lockDataDir(dataDir string) (*os.File, error) {
+	f, err := os.OpenFile(lockFile(dataDir), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("embeddedpg: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("embeddedpg: lock %s: %w", dir, err)
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("embeddedpg: %s is in use by another process (another opbroker dev?)", dataDir)
+		}
+		return nil, fmt.Errorf("embeddedpg: lock %s: %w", dataDir, err)
 	}
 	return f, nil
-}
-
-// lockDataDir takes an exclusive lock on the data folder for the life of the process
-// (the kernel releases it however the process ends), so that two processes never run a
-// server on one folder and a server found running under the lock is an orphan.
-func lockDataDir(dataDir string) (*os.File, error) {
-	f, err := LockFolder(dataDir)
-	if errors.Is(err, syscall.EWOULDBLOCK) {
-		return nil, fmt.Errorf("embeddedpg: %s is in use by another process (another opbroker dev?)", dataDir)
-	}
-	return f, err
 }
 
 // clusterDir is where a data folder keeps its cluster; lockFile, its lock.
