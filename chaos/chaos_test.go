@@ -5,39 +5,40 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/opbroker/opbroker/brokertest"
 	"github.com/opbroker/opbroker/chaos"
-	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/formation"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/storetest"
 )
 
-var broker string
+// build is the opbroker the tests run as processes, and broker its path.
+var (
+	build  *brokertest.Binary
+	broker string
+)
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "opchaos-bin-")
-	if err != nil {
+	var err error
+	if build, err = brokertest.Build("../cmd/opbroker", "opchaos-bin-"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	broker = filepath.Join(dir, "opbroker")
-	// With its crash points, which the release build does not have.
-	if out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-ldflags=-s -w", "-o", broker, "../cmd/opbroker").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building opbroker: %v\n%s", err, out)
-		os.Exit(1)
-	}
+	broker = build.Path
 	code := m.Run()
-	os.RemoveAll(dir)
+	build.Remove()
 	os.Exit(code)
 }
+
+// TestTheBuildFolderIsLockedForTheRun: a later test binary's removal of the folders
+// killed ones left leaves the folder of a binary still running.
+func TestTheBuildFolderIsLockedForTheRun(t *testing.T) { brokertest.RequireLocked(t, build) }
 
 // TestShortChaosRun is the short, fixed-seed chaos run: three replicas as processes,
 // every fault of the targets, crash points, kill -9, SIGSTOP past the lease,

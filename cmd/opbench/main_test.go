@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/opbroker/opbroker/embeddedpg"
 	"github.com/opbroker/opbroker/storetest"
 )
 
@@ -181,4 +183,30 @@ func TestLedgerBenchRuns(t *testing.T) {
 	for _, size := range []string{"0", "200", "2000"} {
 		require.Regexp(t, `(?m)^`+size+` +\d+ .*ms +\d+\.\d+ms +\d+\.\d+ms +\d+\.\d+ms +\d+\.\d+ms$`, out.String(), "a row at %s operations", size)
 	}
+}
+
+// TestRiversProgramIsBuiltIntoALockedFolder: compare-river builds River's program into
+// a folder locked while the run lives, so that a later run removes it only if this one
+// was killed, and removes it itself when done. A module of one empty command stands in
+// for bench/river.
+func TestRiversProgramIsBuiltIntoALockedFolder(t *testing.T) {
+	root, tmp := t.TempDir(), t.TempDir()
+	module := filepath.Join(root, "bench", "river")
+	require.NoError(t, os.MkdirAll(module, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(module, "go.mod"), []byte("module river\n\ngo 1.26\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(module, "main.go"), []byte("package main\n\nfunc main() {}\n"), 0o644))
+	t.Chdir(root)
+	t.Setenv("TMPDIR", tmp)
+
+	bin, remove, err := riverProgram(context.Background(), "", io.Discard)
+	require.NoError(t, err)
+	require.FileExists(t, bin)
+	dir := filepath.Dir(bin)
+	require.Equal(t, tmp, filepath.Dir(dir))
+	old := time.Now().Add(-2 * time.Minute) // as old as a killed run's
+	require.NoError(t, os.Chtimes(filepath.Join(dir, "lock"), old, old))
+	embeddedpg.RemoveOrphans(tmp, riverFolder)
+	require.FileExists(t, bin, "a live run's folder is kept")
+	remove()
+	require.NoDirExists(t, dir)
 }

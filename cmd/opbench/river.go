@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
+
+	"github.com/opbroker/opbroker/embeddedpg"
 )
 
 // benchCompareRiver burns down the same number of no-op jobs with River's engine (the
@@ -259,26 +261,35 @@ func talkToRiver(ctx context.Context, admin *pgxpool.Pool, pid int, out *bufio.S
 	return res, cost, nil
 }
 
+// riverFolder begins the names of the folders River's program is built into.
+const riverFolder = "opbench-river-"
+
 // riverProgram returns the River burn-down program: path when given, else one built
 // from ./bench/river (the working directory is the repository's root, as in make bench)
-// into a temporary directory, with a function that removes it.
+// into a temporary folder, with a function that removes it. The folder is locked while
+// this process lives (embeddedpg.TempFolder): a later run removes it if this one is
+// killed before it does.
 func riverProgram(ctx context.Context, path string, errOut io.Writer) (string, func(), error) {
 	if path != "" {
 		return path, func() {}, nil
 	}
-	dir, err := os.MkdirTemp("", "opbench-river-")
+	dir, lock, err := embeddedpg.TempFolder(riverFolder)
 	if err != nil {
 		return "", nil, err
+	}
+	remove := func() {
+		os.RemoveAll(dir)
+		lock.Close()
 	}
 	bin := filepath.Join(dir, "river")
 	build := exec.CommandContext(ctx, "go", "build", "-ldflags=-s -w", "-o", bin, ".")
 	build.Dir = filepath.Join("bench", "river")
 	build.Stdout, build.Stderr = errOut, errOut
 	if err := build.Run(); err != nil {
-		os.RemoveAll(dir)
+		remove()
 		return "", nil, fmt.Errorf("building ./bench/river (run from the repository's root, or pass --river-bench): %w", err)
 	}
-	return bin, func() { os.RemoveAll(dir) }, nil
+	return bin, remove, nil
 }
 
 // pgSettings describes the server and the settings that change a burn-down, beyond

@@ -27,32 +27,35 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection/grpc_reflection_v1"
 
-	"github.com/opbroker/opbroker/crashpoint"
+	"github.com/opbroker/opbroker/brokertest"
 	"github.com/opbroker/opbroker/gcpace"
 	opbrokerv1 "github.com/opbroker/opbroker/gen/opbroker/v1"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/storetest"
 )
 
-// binary is the opbroker command built for these tests, with its crash points (the
-// release build has none): they run it as a real process.
-var binary string
+// built is the opbroker command built for these tests, and binary its path: they run it
+// as a real process.
+var (
+	built  *brokertest.Binary
+	binary string
+)
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "opbroker-bin-")
-	if err != nil {
+	var err error
+	if built, err = brokertest.Build(".", "opbroker-bin-"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "opbroker")
-	if out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-ldflags=-s -w", "-o", binary, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building opbroker: %v\n%s", err, out)
-		os.Exit(1)
-	}
+	binary = built.Path
 	code := storetest.Run(m)
-	os.RemoveAll(dir)
+	built.Remove()
 	os.Exit(code)
 }
+
+// TestTheBuildFolderIsLockedForTheRun: a later test binary's removal of the folders
+// killed ones left leaves the folder of a binary still running.
+func TestTheBuildFolderIsLockedForTheRun(t *testing.T) { brokertest.RequireLocked(t, built) }
 
 // process is a running opbroker and what it printed.
 type process struct {
