@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/fetch"
 	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
@@ -193,14 +195,64 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(f.url+"/tenants/acme/operations/"+uuid.NewString())))
 	require.Contains(t, text("main"), "There is no such operation")
 
+	// A change the page cannot fetch (the network fails): the page stops its live
+	// updates, says to reload, and keeps what it showed.
+	// (Another type than the others', so that only it is claimed and resolved.)
+	unfetched := storetest.PrepareJSON(t, f.store, "acme", "demo.notify", "order-1043", `{"amount":4343}`)
+	storetest.ToUnknown(t, f.store, unfetched)
+	unfetchedPage := f.url + "/tenants/acme/operations/" + unfetched.ID.String()
+	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(unfetchedPage)))
+	shown := text("#headline")
+	require.Contains(t, shown, "Confirmation pending")
+	failLoads(t, browser, unfetchedPage)
+	storetest.ResolveUnknown(t, f.store, unfetched, store.ResolveParams{State: store.StateSucceeded, RemoteRef: "ch_1043",
+		Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "test"})
+	_, err = chromedp.Run(browser, chromedp.Poll[bool](`(s => s.textContent ===
+		"Live updates stopped: reload the page to see the latest." && !s.classList.contains("visually-hidden"))(
+		document.getElementById("live-status"))`, chromedp.WithPollingTimeout(15*time.Second)))
+	require.NoError(t, err, "the page says its live updates stopped")
+	require.Equal(t, shown, text("#headline"))
+
 	mu.Lock()
 	defer mu.Unlock()
 	var unexpected []string
 	for _, p := range problems {
-		// The refused writes and pages above are logged by the browser as failed loads.
-		if !strings.Contains(p, "status of 405") && !strings.Contains(p, "status of 403") && !strings.Contains(p, "status of 404") {
+		// The refused writes and pages above are logged by the browser as failed loads,
+		// and so is the fetch made to fail.
+		if !strings.Contains(p, "status of 405") && !strings.Contains(p, "status of 403") && !strings.Contains(p, "status of 404") &&
+			!(strings.Contains(p, "net::ERR_FAILED") && strings.Contains(p, unfetched.ID.String())) {
 			unexpected = append(unexpected, p)
 		}
 	}
 	require.Empty(t, unexpected, "no content security policy violation, script error or failed load")
+}
+
+// failLoads makes every later request for url fail, as when the network fails; other
+// requests (the page's event stream) go through.
+func failLoads(t *testing.T, browser context.Context, url string) {
+	t.Helper()
+	listening, stop := context.WithCancel(browser)
+	t.Cleanup(stop)
+	paused := make(chan fetch.RequestID, 16)
+	require.NoError(t, chromedp.Listen(listening, func(ev any) {
+		if ev, ok := ev.(*fetch.EventRequestPaused); ok {
+			select {
+			case paused <- ev.RequestID:
+			default:
+			}
+		}
+	}))
+	go func() {
+		for {
+			select {
+			case <-listening.Done():
+				return
+			case id := <-paused:
+				_, _ = chromedp.Call(listening, fetch.FailRequest, fetch.FailRequestParams{RequestID: id, ErrorReason: network.ErrorReasonFailed})
+			}
+		}
+	}()
+	_, err := chromedp.Call(browser, fetch.Enable, fetch.EnableParams{
+		Patterns: []*fetch.RequestPattern{{URLPattern: url}}})
+	require.NoError(t, err)
 }
