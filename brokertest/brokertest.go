@@ -7,8 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"testing"
-	"time"
 
 	"github.com/opbroker/opbroker/crashpoint"
 	"github.com/opbroker/opbroker/embeddedpg"
@@ -17,11 +15,11 @@ import (
 // Binary is an opbroker built for the life of a test binary, in a folder of the
 // temporary directory that stays locked for that life (embeddedpg.TempFolder). A test
 // binary ended before its TestMain removes the folder (a timeout, an interrupt) leaves
-// it, and a later Build of the same prefix removes it.
+// it, and a later Build of the same prefix removes it once its lock is over a minute old
+// (embeddedpg.RemoveOrphans).
 type Binary struct {
-	Path   string // the command
-	prefix string
-	lock   *os.File
+	Path string // the command
+	lock *os.File
 }
 
 // Build builds the command in the package directory pkg (relative to the test's
@@ -31,7 +29,7 @@ func Build(pkg, prefix string) (*Binary, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Binary{Path: filepath.Join(dir, "opbroker"), prefix: prefix, lock: lock}
+	b := &Binary{Path: filepath.Join(dir, "opbroker"), lock: lock}
 	out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-ldflags=-s -w", "-o", b.Path, pkg).CombinedOutput()
 	if err != nil {
 		b.Remove()
@@ -44,19 +42,4 @@ func Build(pkg, prefix string) (*Binary, error) {
 func (b *Binary) Remove() {
 	os.RemoveAll(filepath.Dir(b.Path))
 	b.lock.Close()
-}
-
-// RequireLocked fails t unless a later Build's removal of the folders killed test
-// binaries left would leave b's, even once its lock is as old as theirs.
-func RequireLocked(t testing.TB, b *Binary) {
-	t.Helper()
-	dir := filepath.Dir(b.Path)
-	old := time.Now().Add(-2 * time.Minute)
-	if err := os.Chtimes(filepath.Join(dir, "lock"), old, old); err != nil {
-		t.Fatalf("the build folder has no lock: %v", err)
-	}
-	embeddedpg.RemoveOrphans(filepath.Dir(dir), b.prefix)
-	if _, err := os.Stat(b.Path); err != nil {
-		t.Fatalf("the build folder was removed while in use: %v", err)
-	}
 }

@@ -36,10 +36,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestTheBuildFolderIsLockedForTheRun: a later test binary's removal of the folders
-// killed ones left leaves the folder of a binary still running.
-func TestTheBuildFolderIsLockedForTheRun(t *testing.T) { brokertest.RequireLocked(t, build) }
-
 // TestShortChaosRun is the short, fixed-seed chaos run: three replicas as processes,
 // every fault of the targets, crash points, kill -9, SIGSTOP past the lease,
 // pg_terminate_backend, a rotation of a target's credential and (on the embedded

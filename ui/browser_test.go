@@ -34,8 +34,9 @@ const (
 
 // TestBrowser drives the view in a headless Chromium: sign in, search, open an
 // operation that goes UNKNOWN → SUCCEEDED and see the page change by itself, see an
-// escalation's owner, and be refused another tenant's operation and every write; the
-// pages break no content security policy rule and log no error.
+// escalation's owner, be refused another tenant's operation and every write, and see a
+// page that cannot fetch a change say that its live updates stopped; the pages break no
+// content security policy rule and log no error.
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := ""
@@ -204,12 +205,15 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(unfetchedPage)))
 	shown := text("#headline")
 	require.Contains(t, shown, "Confirmation pending")
-	failLoads(t, browser, unfetchedPage)
+	failed := failLoads(t, browser, unfetchedPage)
 	storetest.ResolveUnknown(t, f.store, unfetched, store.ResolveParams{State: store.StateSucceeded, RemoteRef: "ch_1043",
 		Observation: store.Observation{Source: "LOOKUP", Outcome: "FOUND"}, Actor: "test"})
 	_, err = chromedp.Run(browser, chromedp.Poll[bool](`(s => s.textContent ===
 		"Live updates stopped: reload the page to see the latest." && !s.classList.contains("visually-hidden"))(
 		document.getElementById("live-status"))`, chromedp.WithPollingTimeout(15*time.Second)))
+	n, failErr := failed()
+	require.NoError(t, failErr, "failing the page's fetch")
+	require.Positive(t, n, "the page fetched itself again after the change")
 	require.NoError(t, err, "the page says its live updates stopped")
 	require.Equal(t, shown, text("#headline"))
 
@@ -228,16 +232,26 @@ func TestBrowser(t *testing.T) {
 }
 
 // failLoads makes every later request for url fail, as when the network fails; other
-// requests (the page's event stream) go through.
-func failLoads(t *testing.T, browser context.Context, url string) {
+// requests (the page's event stream) go through. The function it returns says how many
+// it failed, and the first error in failing one.
+func failLoads(t *testing.T, browser context.Context, url string) func() (int, error) {
 	t.Helper()
 	listening, stop := context.WithCancel(browser)
 	t.Cleanup(stop)
-	paused := make(chan fetch.RequestID, 16)
+	var mu sync.Mutex
+	var paused []fetch.RequestID // waiting to be failed
+	var failed int
+	var failErr error
+	wake := make(chan struct{}, 1)
+	// The listener runs on the loop that reads the browser's messages: it must not wait,
+	// nor call the browser.
 	require.NoError(t, chromedp.Listen(listening, func(ev any) {
 		if ev, ok := ev.(*fetch.EventRequestPaused); ok {
+			mu.Lock()
+			paused = append(paused, ev.RequestID)
+			mu.Unlock()
 			select {
-			case paused <- ev.RequestID:
+			case wake <- struct{}{}:
 			default:
 			}
 		}
@@ -247,12 +261,30 @@ func failLoads(t *testing.T, browser context.Context, url string) {
 			select {
 			case <-listening.Done():
 				return
-			case id := <-paused:
-				_, _ = chromedp.Call(listening, fetch.FailRequest, fetch.FailRequestParams{RequestID: id, ErrorReason: network.ErrorReasonFailed})
+			case <-wake:
+			}
+			mu.Lock()
+			ids := paused
+			paused = nil
+			mu.Unlock()
+			for _, id := range ids {
+				_, err := chromedp.Call(listening, fetch.FailRequest, fetch.FailRequestParams{RequestID: id, ErrorReason: network.ErrorReasonFailed})
+				mu.Lock()
+				if err != nil && failErr == nil {
+					failErr = err
+				}
+				if err == nil {
+					failed++
+				}
+				mu.Unlock()
 			}
 		}
 	}()
-	_, err := chromedp.Call(browser, fetch.Enable, fetch.EnableParams{
-		Patterns: []*fetch.RequestPattern{{URLPattern: url}}})
+	_, err := chromedp.Call(browser, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{{URLPattern: url}}})
 	require.NoError(t, err)
+	return func() (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return failed, failErr
+	}
 }

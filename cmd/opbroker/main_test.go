@@ -53,10 +53,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestTheBuildFolderIsLockedForTheRun: a later test binary's removal of the folders
-// killed ones left leaves the folder of a binary still running.
-func TestTheBuildFolderIsLockedForTheRun(t *testing.T) { brokertest.RequireLocked(t, built) }
-
 // process is a running opbroker and what it printed.
 type process struct {
 	cmd    *exec.Cmd
