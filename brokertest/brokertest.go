@@ -4,7 +4,6 @@ package brokertest
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 
@@ -12,34 +11,22 @@ import (
 	"github.com/opbroker/opbroker/embeddedpg"
 )
 
-// Binary is an opbroker built for the life of a test binary, in a folder of the
-// temporary directory that stays locked for that life (embeddedpg.TempFolder). A test
-// binary ended before its TestMain removes the folder (a timeout, an interrupt) leaves
-// it, and a later Build of the same prefix removes it once its lock is over a minute old
-// (embeddedpg.RemoveOrphans).
-type Binary struct {
-	Path string // the command
-	lock *os.File
-}
-
 // Build builds the command in the package directory pkg (relative to the test's
-// package) into a new folder whose name begins with prefix.
-func Build(pkg, prefix string) (*Binary, error) {
-	dir, lock, err := embeddedpg.TempFolder(prefix)
+// package) into a new folder of the temporary directory whose name begins with prefix,
+// and returns its path with a function that removes the folder. The folder stays locked
+// until then (embeddedpg.TempFolder): a test binary ended before its TestMain removes it
+// (a timeout, an interrupt) leaves it, and a later Build of the same prefix removes it
+// once its lock is over a minute old (embeddedpg.RemoveOrphans).
+func Build(pkg, prefix string) (path string, remove func(), err error) {
+	dir, remove, err := embeddedpg.TempFolder(prefix)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
-	b := &Binary{Path: filepath.Join(dir, "opbroker"), lock: lock}
-	out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-ldflags=-s -w", "-o", b.Path, pkg).CombinedOutput()
+	path = filepath.Join(dir, "opbroker")
+	out, err := exec.Command("go", "build", "-tags", crashpoint.BuildTag, "-ldflags=-s -w", "-o", path, pkg).CombinedOutput()
 	if err != nil {
-		b.Remove()
-		return nil, fmt.Errorf("building opbroker: %w\n%s", err, out)
+		remove()
+		return "", nil, fmt.Errorf("building opbroker: %w\n%s", err, out)
 	}
-	return b, nil
-}
-
-// Remove removes the binary's folder, then gives up its lock.
-func (b *Binary) Remove() {
-	os.RemoveAll(filepath.Dir(b.Path))
-	b.lock.Close()
+	return path, remove, nil
 }

@@ -26,16 +26,16 @@ func TestBuildKeepsItsFolderUntilRemove(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(killed, "lock"), nil, 0o600))
 	age(t, killed)
 
-	b, err := brokertest.Build("../cmd/simtarget", prefix)
+	path, remove, err := brokertest.Build("../cmd/simtarget", prefix)
 	require.NoError(t, err)
 	require.NoDirExists(t, killed, "a killed binary's folder is removed by the next build")
-	require.FileExists(t, b.Path)
-	dir := filepath.Dir(b.Path)
+	require.FileExists(t, path)
+	dir := filepath.Dir(path)
 	require.Equal(t, tmp, filepath.Dir(dir))
 	age(t, dir)
 	embeddedpg.RemoveOrphans(tmp, prefix)
-	require.FileExists(t, b.Path, "a live build's folder is kept")
-	b.Remove()
+	require.FileExists(t, path, "a live build's folder is kept")
+	remove()
 	require.NoDirExists(t, dir)
 }
 

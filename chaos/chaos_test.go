@@ -18,21 +18,18 @@ import (
 	"github.com/opbroker/opbroker/storetest"
 )
 
-// build is the opbroker the tests run as processes, and broker its path.
-var (
-	build  *brokertest.Binary
-	broker string
-)
+// broker is the opbroker the tests run as processes.
+var broker string
 
 func TestMain(m *testing.M) {
+	var remove func()
 	var err error
-	if build, err = brokertest.Build("../cmd/opbroker", "opchaos-bin-"); err != nil {
+	if broker, remove, err = brokertest.Build("../cmd/opbroker", "opchaos-bin-"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	broker = build.Path
 	code := m.Run()
-	build.Remove()
+	remove()
 	os.Exit(code)
 }
 

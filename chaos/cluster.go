@@ -52,7 +52,7 @@ const provisionKeyEnv = "OPCHAOS_PROVISION_API_KEY"
 type cluster struct {
 	cfg      Config
 	dir      string
-	dirLock  *os.File             // held while the run lives (embeddedpg.TempFolder)
+	rmDir    func()               // removes dir, whose lock it holds until then (embeddedpg.TempFolder)
 	pg       *embeddedpg.Server   // nil when the database was given
 	ha       *formation.Formation // with Config.Failover
 	schema   string
@@ -127,7 +127,7 @@ func newCluster(ctx context.Context, cfg Config) (c *cluster, err error) {
 			c.close()
 		}
 	}()
-	if c.dir, c.dirLock, err = embeddedpg.TempFolder(runFolder); err != nil {
+	if c.dir, c.rmDir, err = embeddedpg.TempFolder(runFolder); err != nil {
 		return c, err
 	}
 	base := cfg.DatabaseURL
@@ -609,8 +609,7 @@ func (c *cluster) close() {
 	if c.ha != nil {
 		c.ha.Close()
 	}
-	if c.dir != "" {
-		os.RemoveAll(c.dir)
-		c.dirLock.Close()
+	if c.rmDir != nil {
+		c.rmDir()
 	}
 }

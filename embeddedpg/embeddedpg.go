@@ -142,10 +142,9 @@ func StartTemp(ctx context.Context, prefix string, cfg Config) (*Server, error) 
 // TempFolder is StartTemp's folder without a server, for a process that keeps its own
 // files there: it removes prefix's orphans (RemoveOrphans), makes the folder and locks
 // it for the process's life, as RemoveOrphans reads it (the kernel releases the lock
-// however the process ends). Remove the folder, then close the lock.
-func TempFolder(prefix string) (string, *os.File, error) {
-	dir, err := newTempFolder(prefix)
-	if err != nil {
+// however the process ends). remove removes the folder, then gives up the lock.
+func TempFolder(prefix string) (dir string, remove func(), err error) {
+	if dir, err = newTempFolder(prefix); err != nil {
 		return "", nil, err
 	}
 	lock, err := lockDataDir(dir)
@@ -153,7 +152,10 @@ func TempFolder(prefix string) (string, *os.File, error) {
 		os.RemoveAll(dir)
 		return "", nil, err
 	}
-	return dir, lock, nil
+	return dir, func() {
+		os.RemoveAll(dir)
+		lock.Close()
+	}, nil
 }
 
 // newTempFolder removes prefix's orphans in the temporary directory, then makes a new

@@ -163,6 +163,54 @@ func TestTheTemporaryDirectoryIsReadBetweenStarts(t *testing.T) {
 	require.Equal(t, before, <-read)
 }
 
+// TestATempFolderIsLockedAndRemovesKilledOnes: TempFolder's folder is locked for its
+// process's life, and the next TempFolder of the prefix removes the folders whose
+// processes were killed before they removed them (their lock free, made over a minute
+// ago), never a live one, one just begun, or another prefix's; remove takes the folder.
+func TestATempFolderIsLockedAndRemovesKilledOnes(t *testing.T) {
+	tmp := openTempDir(t)
+	t.Setenv("TMPDIR", tmp)
+	const prefix = "test-run-"
+	made := func(dir string, ago time.Duration) { // the folder's lock file was made ago
+		t.Helper()
+		at := time.Now().Add(-ago)
+		require.NoError(t, os.Chtimes(lockFile(dir), at, at))
+	}
+	folder := func(name string, ago time.Duration) string {
+		t.Helper()
+		dir := filepath.Join(tmp, name)
+		require.NoError(t, os.Mkdir(dir, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "principals.yaml"), []byte("secret"), 0o600))
+		require.NoError(t, os.WriteFile(lockFile(dir), nil, 0o600))
+		made(dir, ago)
+		return dir
+	}
+	live, removeLive, err := TempFolder(prefix)
+	require.NoError(t, err)
+	defer removeLive()
+	made(live, 2*orphanAge)
+	killed := folder(prefix+"killed", 2*orphanAge)
+	begun := folder(prefix+"begun", 0)
+	other := folder("test-pg-other", 2*orphanAge)
+
+	dir, remove, err := TempFolder(prefix)
+	require.NoError(t, err)
+	require.NoDirExists(t, killed, "a killed process's folder is removed")
+	for _, kept := range []string{live, begun, other} {
+		require.DirExists(t, kept)
+	}
+	require.Equal(t, tmp, filepath.Dir(dir))
+	require.True(t, strings.HasPrefix(filepath.Base(dir), prefix), dir)
+	fi, err := os.Stat(dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o755), fi.Mode().Perm(), "PostgreSQL may run as another user")
+	made(dir, 2*orphanAge)
+	RemoveOrphans(tmp, prefix)
+	require.DirExists(t, dir, "the new folder is locked")
+	remove()
+	require.NoDirExists(t, dir)
+}
+
 // TestOrphansAreStoppedAndRemoved: a folder whose process died with its server running
 // (its lock released, as the kernel releases it) is an orphan once its lock file is a
 // minute old: its server is stopped and the folder removed. A folder whose lock is held,

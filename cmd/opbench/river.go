@@ -273,13 +273,9 @@ func riverProgram(ctx context.Context, path string, errOut io.Writer) (string, f
 	if path != "" {
 		return path, func() {}, nil
 	}
-	dir, lock, err := embeddedpg.TempFolder(riverFolder)
+	dir, remove, err := embeddedpg.TempFolder(riverFolder)
 	if err != nil {
 		return "", nil, err
-	}
-	remove := func() {
-		os.RemoveAll(dir)
-		lock.Close()
 	}
 	bin := filepath.Join(dir, "river")
 	build := exec.CommandContext(ctx, "go", "build", "-ldflags=-s -w", "-o", bin, ".")

@@ -34,22 +34,18 @@ import (
 	"github.com/opbroker/opbroker/storetest"
 )
 
-// built is the opbroker command built for these tests, and binary its path: they run it
-// as a real process.
-var (
-	built  *brokertest.Binary
-	binary string
-)
+// binary is the opbroker command built for these tests: they run it as a real process.
+var binary string
 
 func TestMain(m *testing.M) {
+	var remove func()
 	var err error
-	if built, err = brokertest.Build(".", "opbroker-bin-"); err != nil {
+	if binary, remove, err = brokertest.Build(".", "opbroker-bin-"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = built.Path
 	code := storetest.Run(m)
-	built.Remove()
+	remove()
 	os.Exit(code)
 }
 
