@@ -62,6 +62,12 @@ type Config struct {
 	Template bool
 	// Logger receives PostgreSQL's start-up output; nil discards it.
 	Logger io.Writer
+	// NoFsync runs the server with fsync off: a commit still hands the write-ahead log
+	// to the kernel before it returns, so it survives a crash of the server
+	// (CrashRestart) but not of the machine. For the tests' servers, where a commit
+	// (and every TRUNCATE) then costs no wait for the disk; never for the dev command,
+	// the chaos run or a benchmark, whose commits must cost what they cost.
+	NoFsync bool
 
 	// templates is the folder that holds the templates' folder; empty means the
 	// temporary directory. The tests that change the templates give each their own, so
@@ -79,6 +85,15 @@ var serverParameters = map[string]string{
 	"lc_messages":             "C",
 }
 
+// parameters returns the settings a server of cfg runs with.
+func parameters(cfg Config) map[string]string {
+	params := maps.Clone(serverParameters)
+	if cfg.NoFsync {
+		params["fsync"] = "off"
+	}
+	return params
+}
+
 // Server is a running embedded PostgreSQL.
 type Server struct {
 	ep      *embeddedpostgres.EmbeddedPostgres
@@ -86,6 +101,7 @@ type Server struct {
 	dataDir string
 	lock    *os.File
 	tools   string // the directory holding bin/pg_ctl (or its wrapper)
+	params  map[string]string
 	port    uint32
 }
 
@@ -202,6 +218,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		binDir = InstalledBinaries()
 	}
 	pgData := clusterDir(dataDir)
+	params := parameters(cfg)
 	runtimeDir := filepath.Join(dataDir, "runtime")
 	tools := runtimeDir // where the library extracts downloaded binaries
 	epCfg := embeddedpostgres.DefaultConfig().
@@ -209,7 +226,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		RuntimePath(runtimeDir).
 		DataPath(pgData).
 		Logger(logger).
-		StartParameters(serverParameters).
+		StartParameters(params).
 		Username(superuser).
 		Password(password).
 		Encoding(clusterEncoding).
@@ -274,6 +291,7 @@ func start(dataDir string, cfg Config) (*Server, error) {
 		url:     fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/postgres?sslmode=disable", superuser, password, port),
 		dataDir: dataDir,
 		tools:   tools,
+		params:  params,
 		port:    port,
 	}, nil
 }
@@ -288,8 +306,8 @@ func (s *Server) CrashRestart() error {
 		return fmt.Errorf("embeddedpg: immediate stop: %w: %s", err, out)
 	}
 	options := fmt.Sprintf("-p %d", s.port)
-	for _, k := range slices.Sorted(maps.Keys(serverParameters)) {
-		options += fmt.Sprintf(" -c %s='%s'", k, serverParameters[k])
+	for _, k := range slices.Sorted(maps.Keys(s.params)) {
+		options += fmt.Sprintf(" -c %s='%s'", k, s.params[k])
 	}
 	logFile := filepath.Join(filepath.Dir(s.pgData()), "restart.log")
 	if out, err := exec.Command(pgCtl, "start", "-D", s.pgData(), "-w", "-o", options, "-l", logFile).CombinedOutput(); err != nil {

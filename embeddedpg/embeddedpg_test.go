@@ -60,14 +60,15 @@ func TestReachable(t *testing.T) {
 	require.ErrorContains(t, reachable(inside), "not searchable")
 }
 
-// TestCrashRestartKeepsCommittedData: an immediate stop loses no committed transaction;
-// the server comes back on the same address.
+// TestCrashRestartKeepsCommittedData: an immediate stop loses no committed transaction,
+// even with fsync off (Config.NoFsync, which the restart keeps); the server comes back on
+// the same address.
 func TestCrashRestartKeepsCommittedData(t *testing.T) {
 	t.Parallel()
 	if InstalledBinaries() == "" {
 		t.Skip("no installed PostgreSQL binaries")
 	}
-	srv := startInTempDir(t, Config{Restarted: true, Template: true})
+	srv := startInTempDir(t, Config{Restarted: true, Template: true, NoFsync: true})
 	defer srv.Stop()
 	if end, ok := loopback.Range(); ok {
 		require.Less(t, int(srv.port), end, "a port no connection can take while the server is down")
@@ -75,6 +76,7 @@ func TestCrashRestartKeepsCommittedData(t *testing.T) {
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, srv.URL())
 	require.NoError(t, err)
+	requireFsync(t, conn, "off")
 	_, err = conn.Exec(ctx, `CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)`)
 	require.NoError(t, err)
 
@@ -86,6 +88,24 @@ func TestCrashRestartKeepsCommittedData(t *testing.T) {
 	var v int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT v FROM kept`).Scan(&v))
 	require.Equal(t, 42, v)
+	requireFsync(t, conn, "off")
+}
+
+// requireFsync checks the server's fsync setting.
+func requireFsync(t *testing.T, conn *pgx.Conn, want string) {
+	t.Helper()
+	var fsync string
+	require.NoError(t, conn.QueryRow(context.Background(), `SHOW fsync`).Scan(&fsync))
+	require.Equal(t, want, fsync)
+}
+
+// TestFsyncIsOffOnlyWhenAsked: the dev command, the chaos run and the benchmarks run
+// with fsync on, as a real server does; only Config.NoFsync turns it off.
+func TestFsyncIsOffOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	require.NotContains(t, parameters(Config{Template: true, Restarted: true}), "fsync")
+	require.Equal(t, "off", parameters(Config{NoFsync: true})["fsync"])
+	require.NotContains(t, serverParameters, "fsync", "the settings every server shares are left as they were")
 }
 
 // TestStartTriesAnotherPortWhenOneIsTaken: the port Start picks may be taken before the
@@ -108,7 +128,7 @@ func TestStartTriesAnotherPortWhenOneIsTaken(t *testing.T) {
 		}
 		return pick(restarted)
 	}
-	srv := startInTempDir(t, Config{})
+	srv := startInTempDir(t, Config{Template: true})
 	defer srv.Stop()
 	require.Equal(t, 2, picked)
 	requireServes(t, srv)

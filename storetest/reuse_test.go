@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,18 @@ import (
 )
 
 func TestMain(m *testing.M) { Main(m) }
+
+// TestTheEmbeddedServerRunsWithoutFsync: the server Main starts when no database is
+// named has fsync off, so that commits and the resets' TRUNCATEs wait for no disk. A
+// database named by EnvDatabaseURL is left as its owner set it.
+func TestTheEmbeddedServerRunsWithoutFsync(t *testing.T) {
+	if os.Getenv(EnvDatabaseURL) != "" {
+		t.Skip("a database of its owner's: its settings are not ours")
+	}
+	var fsync string
+	require.NoError(t, Pool(t, URL(t)).QueryRow(context.Background(), `SHOW fsync`).Scan(&fsync))
+	require.Equal(t, "off", fsync)
+}
 
 // schemaOf returns the schema a connection string of Schema selects.
 func schemaOf(t *testing.T, conn string) string {

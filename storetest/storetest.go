@@ -51,8 +51,9 @@ func Run(m *testing.M) int {
 	parallelByDefault(shared)
 	if !shared {
 		// The servers of earlier binaries killed before they stopped them (a panic, a
-		// timeout) are stopped and removed first.
-		srv, err := embeddedpg.StartTemp(context.Background(), testServerFolder, embeddedpg.Config{Template: true})
+		// timeout) are stopped and removed first. fsync is off: no test's data need
+		// outlive the machine, and commits and the resets' TRUNCATEs wait for no disk.
+		srv, err := embeddedpg.StartTemp(context.Background(), testServerFolder, embeddedpg.Config{Template: true, NoFsync: true})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "storetest: no", EnvDatabaseURL, "set and the embedded PostgreSQL did not start:", err)
 			return 1
