@@ -62,11 +62,14 @@ type Config struct {
 	Template bool
 	// Logger receives PostgreSQL's start-up output; nil discards it.
 	Logger io.Writer
-	// NoFsync runs the server with fsync off: a commit still hands the write-ahead log
-	// to the kernel before it returns, so it survives a crash of the server
-	// (CrashRestart) but not of the machine. For the tests' servers, where a commit
-	// (and every TRUNCATE) then costs no wait for the disk; never for the dev command,
-	// the chaos run or a benchmark, whose commits must cost what they cost.
+	// NoFsync runs the server with fsync off. With synchronous_commit on (nothing here
+	// turns it off) a commit still hands the write-ahead log to the kernel before it
+	// returns, so no committed transaction is lost to a crash of the server
+	// (CrashRestart); a crash of the machine could lose some and leave the cluster
+	// corrupt. For the tests' servers, whose folders are thrown away, so that a commit
+	// (and every TRUNCATE) waits for no disk. Never for the dev command, whose folder
+	// outlives reboots, nor the chaos run or a benchmark, whose commits must wait for
+	// the disk as a real server's do.
 	NoFsync bool
 
 	// templates is the folder that holds the templates' folder; empty means the
@@ -101,8 +104,9 @@ type Server struct {
 	dataDir string
 	lock    *os.File
 	tools   string // the directory holding bin/pg_ctl (or its wrapper)
-	params  map[string]string
-	port    uint32
+	// the settings it was started with; CrashRestart starts it with them again
+	params map[string]string
+	port   uint32
 }
 
 // pgData is the server's cluster folder.
