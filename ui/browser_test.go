@@ -239,45 +239,26 @@ func failLoads(t *testing.T, browser context.Context, url string) func() (int, e
 	listening, stop := context.WithCancel(browser)
 	t.Cleanup(stop)
 	var mu sync.Mutex
-	var paused []fetch.RequestID // waiting to be failed
 	var failed int
 	var failErr error
-	wake := make(chan struct{}, 1)
-	// The listener runs on the loop that reads the browser's messages: it must not wait,
-	// nor call the browser.
-	require.NoError(t, chromedp.Listen(listening, func(ev any) {
-		if ev, ok := ev.(*fetch.EventRequestPaused); ok {
-			mu.Lock()
-			paused = append(paused, ev.RequestID)
-			mu.Unlock()
-			select {
-			case wake <- struct{}{}:
-			default:
-			}
-		}
-	}))
+	// Subscribed before the interception begins, so that no paused request is missed;
+	// the library queues the events for this goroutine, which may call the browser.
+	paused := chromedp.Events(listening, fetch.RequestPaused)
 	go func() {
-		for {
-			select {
-			case <-listening.Done():
-				return
-			case <-wake:
+		for ev, err := range paused {
+			if err == nil {
+				_, err = chromedp.Call(listening, fetch.FailRequest, fetch.FailRequestParams{RequestID: ev.RequestID, ErrorReason: network.ErrorReasonFailed})
+			}
+			if listening.Err() != nil {
+				return // the test is over
 			}
 			mu.Lock()
-			ids := paused
-			paused = nil
-			mu.Unlock()
-			for _, id := range ids {
-				_, err := chromedp.Call(listening, fetch.FailRequest, fetch.FailRequestParams{RequestID: id, ErrorReason: network.ErrorReasonFailed})
-				mu.Lock()
-				if err != nil && failErr == nil {
-					failErr = err
-				}
-				if err == nil {
-					failed++
-				}
-				mu.Unlock()
+			if err == nil {
+				failed++
+			} else if failErr == nil {
+				failErr = err
 			}
+			mu.Unlock()
 		}
 	}()
 	_, err := chromedp.Call(browser, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{{URLPattern: url}}})
