@@ -242,7 +242,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		MaxReplays:            r.cfg.MaxReplays,
 		Looks:                 int(op.Checks),
 		MaxLooks:              r.cfg.MaxLooks,
-		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress,
+		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress || acceptedUnfinished(op.LastObservation, contract),
 		Jitter:                rand.Float64(),
 	}
 	if contract.Evidence != nil {
@@ -380,7 +380,7 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 		obs.Outcome = "KEY_IN_USE"
 		return Evidence{Kind: KeyInUse}, obs
 	}
-	if last := op.LastObservation; last != nil && slices.Contains(acceptedClasses, last.Outcome) {
+	if acceptedUnfinished(op.LastObservation, contract) {
 		obs.Outcome = "ACCEPTED_UNFINISHED"
 		return Evidence{Kind: InProgress}, obs
 	}
@@ -391,6 +391,16 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 // acceptedClasses are the answers that say the target accepted the request without
 // finishing it: a replay is never sent after one (it may still finish).
 var acceptedClasses = []string{target.ClassInProgress, target.ClassAccepted, target.ClassPending, target.ClassNotConfirmed}
+
+// acceptedUnfinished reports whether the operation's last answer said the target
+// accepted the request without finishing it. It holds whatever a lookup finds now: a
+// request accepted and queued may not be visible to lookups yet, so a "not found" does
+// not prove it absent. A 409 for a key that saves every answer is not one: it says the
+// key is in use, and a same-key replay returns that request's answer (KeyInUse).
+func acceptedUnfinished(last *store.Observation, contract *target.Contract) bool {
+	return last != nil && slices.Contains(acceptedClasses, last.Outcome) &&
+		(last.Outcome != target.ClassInProgress || !contract.Idempotency.CoversEveryAttempt())
+}
 
 func (r *Reconciler) check(ctx context.Context, op store.UnknownClaim, obs store.Observation, after time.Duration, accepted bool) error {
 	_, err := r.cfg.Store.AllTenants().RecordCheck(ctx, store.CheckParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,

@@ -239,6 +239,65 @@ func TestNoReplayOfAnUncoveredAttemptAfterAFailedLookup(t *testing.T) {
 	require.Equal(t, 1, b.truth(t, op).Attempts)
 }
 
+// TestNoReplayAfterTheTargetAcceptedTheRequest: a request the target accepted without
+// finishing (202, pending, a status not confirmed; a 409 for a key that saves only
+// successes) may still execute, queued where a lookup cannot see it yet, so a lookup's
+// "not found" after the visibility delay does not allow a replay: the operation is
+// looked at again, marked accepted. A 409 for a key that saves every answer is only the
+// key in use, and is replayed (the key returns that request's answer).
+func TestNoReplayAfterTheTargetAcceptedTheRequest(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		class       string
+		everyAnswer bool
+		replayed    bool
+	}{
+		{target.ClassAccepted, false, false},
+		{target.ClassPending, false, false},
+		{target.ClassNotConfirmed, false, false},
+		{target.ClassInProgress, false, false},
+		{target.ClassAccepted, true, false},
+		{target.ClassInProgress, true, true},
+	} {
+		t.Run(fmt.Sprintf("%s every_answer=%v", c.class, c.everyAnswer), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, simtarget.Config{SaveOnlySuccesses: !c.everyAnswer}, func(k *target.Contract) {
+				if k.Lookup != nil {
+					k.Lookup.VisibilityDelay = target.Duration(time.Millisecond)
+				}
+			})
+			op := b.prepare(t, simtarget.DemoCharge, "accepted-1", `{"amount":100}`)
+			b.answered(t, op, store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: c.class, HTTPStatus: 202})
+			require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+			require.Eventually(t, func() bool { got := b.get(t, op); return got.Checks >= 1 || got.Replays > 0 },
+				30*time.Second, 10*time.Millisecond)
+			got := b.get(t, op)
+			if c.replayed {
+				require.Equal(t, int32(1), got.Replays)
+				return
+			}
+			require.Zero(t, got.Replays, "replayed after %s: %s", c.class, got.LastObservation.Summary)
+			require.Zero(t, b.truth(t, op).Attempts, "nothing was sent again")
+			require.Equal(t, "NOT_FOUND", got.LastObservation.Outcome)
+			require.True(t, got.AcceptedUnfinished, "marked, so that no replay ever follows")
+		})
+	}
+}
+
+// answered records op as sent and answered with obs (UNKNOWN), without sending it.
+func (b *testBundle) answered(t *testing.T, op store.Operation, obs store.Observation) {
+	t.Helper()
+	contract, ok := b.targets.ForType(op.OperationType)
+	require.True(t, ok)
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(),
+		FairClaim: store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: op.TenantID, ID: op.ID,
+		Fence: claimed[0].FenceToken, State: store.StateUnknown, Observation: obs, Actor: "test"})
+	require.NoError(t, err)
+}
+
 // TestReplayAfterProvenAbsence: on a provider that saves only successes, an attempt
 // that answered 503 without executing is replayed once a lookup made after the
 // visibility delay proves its absence, never sooner; the intent completes with one
