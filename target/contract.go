@@ -552,7 +552,11 @@ func (f *File) validate(file string) error {
 		if c.Concurrency < 0 {
 			bad("concurrency", "must not be negative (0 means the default)")
 		}
-		c.Responses.validate(bad)
+		var preconditionFailed []int
+		if c.Conditional != nil {
+			preconditionFailed = c.Conditional.PreconditionFailed
+		}
+		c.Responses.validate(bad, preconditionFailed)
 		c.validateAccess(bad)
 	}
 	return errors.Join(problems...)
@@ -655,13 +659,26 @@ func (l *Lookup) validate(bad func(field, format string, args ...any)) {
 	}
 	validateStatuses(bad, "lookup.found.status", l.Found.Status)
 	validateStatuses(bad, "lookup.not_found", l.NotFound)
+	for _, st := range l.NotFound {
+		if slices.Contains(l.Found.Status, st) {
+			bad("lookup.not_found", "%d is also listed under lookup.found.status", st)
+		}
+	}
 }
 
-func (r *Responses) validate(bad func(field, format string, args ...any)) {
+// validate checks the response classes. A status has one meaning: it is in one class
+// at most, and never both in a class and among a conditional target's
+// preconditionFailed, which the connector reads after the success and rejection classes
+// (a 412 listed as a rejection as well would turn "an earlier send made the effect"
+// into a failure).
+func (r *Responses) validate(bad func(field, format string, args ...any), preconditionFailed []int) {
 	if len(r.Success) == 0 {
 		bad("responses.success", "at least one class is needed")
 	}
 	seen := map[int]string{}
+	for _, st := range preconditionFailed {
+		seen[st] = "conditional_mutation.precondition_failed"
+	}
 	for _, kinds := range []struct {
 		kind    string
 		classes []ResponseClass

@@ -57,11 +57,13 @@ func TestLoadErrorsNameFileTargetAndField(t *testing.T) {
 		"key coverage unknown": {"saves: every_answer", "saves: errors", []string{`target "acme-payments": idempotency.saves: must be every_answer or successes_only`}},
 		"undocumented not executed": {`documented: "Rate limiters run before the idempotency layer (idempotent requests page)"`, `documented: ""`,
 			[]string{`go/no-go control 6 (unknown handling) fails: responses.not_executed[0] does not quote the documentation`}},
-		"2xx not executed":       {"- status: [429]", "- status: [202]", []string{`go/no-go control 6 (unknown handling) fails: 202 is listed as not executed`}},
-		"failed undocumented":    {`documented: "A canceled payment is final and moved no money (payment statuses page)"`, `documented: ""`, []string{`go/no-go control 8 (terminal failure rule) fails: completion.failed lists statuses`}},
-		"completion not pointer": {"field: /status", "field: status", []string{`target "acme-payments": completion.field: must be the JSON pointer`}},
-		"status in two lists 2":  {"pending: [processing]", "pending: [succeeded]", []string{`completion.pending: "succeeded" is also listed under succeeded`}},
-		"credential elsewhere":   {"- status: [402]\n", "- status: [402]\n          credential: true\n", []string{`target "acme-payments": responses.rejection[0].credential: only a not_executed class`}},
+		"2xx not executed":           {"- status: [429]", "- status: [202]", []string{`go/no-go control 6 (unknown handling) fails: 202 is listed as not executed`}},
+		"failed undocumented":        {`documented: "A canceled payment is final and moved no money (payment statuses page)"`, `documented: ""`, []string{`go/no-go control 8 (terminal failure rule) fails: completion.failed lists statuses`}},
+		"completion not pointer":     {"field: /status", "field: status", []string{`target "acme-payments": completion.field: must be the JSON pointer`}},
+		"status in two lists 2":      {"pending: [processing]", "pending: [succeeded]", []string{`completion.pending: "succeeded" is also listed under succeeded`}},
+		"lookup status in two lists": {"not_found: [404]", "not_found: [404, 200]", []string{`target "acme-payments": lookup.not_found: 200 is also listed under lookup.found.status`}},
+		"5xx as not found":           {"not_found: [404]", "not_found: [404, 503]", []string{`target "acme-payments": go/no-go control 6 (unknown handling) fails: 503 is listed as lookup.not_found`}},
+		"credential elsewhere":       {"- status: [402]\n", "- status: [402]\n          credential: true\n", []string{`target "acme-payments": responses.rejection[0].credential: only a not_executed class`}},
 	} {
 		mutated := strings.Replace(string(good), tc.from, tc.to, 1)
 		require.NotEqual(t, string(good), mutated, "%s: the mutation must apply", name)
@@ -93,6 +95,37 @@ func mustRead(t *testing.T, path string) []byte {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return b
+}
+
+// TestAFailedPreconditionHasNoOtherMeaning: a conditional target's precondition_failed
+// status listed in a response class too would be read as that class (the connector reads
+// success and rejection first): "an earlier send made the effect" would become a
+// failure. The contract is refused.
+func TestAFailedPreconditionHasNoOtherMeaning(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"rejection", "not_executed", "in_progress"} {
+		contracts := simtarget.DemoContracts("http://127.0.0.1:9")
+		var conditional *target.Contract
+		for _, c := range contracts {
+			if c.Conditional != nil {
+				conditional = c
+			}
+		}
+		require.NotNil(t, conditional)
+		class := []target.ResponseClass{{Status: []int{412}, Documented: "documented as having no effect"}}
+		switch kind {
+		case "rejection":
+			conditional.Responses.Rejection = class
+		case "not_executed":
+			conditional.Responses.NotExecuted = class
+		case "in_progress":
+			conditional.Responses.InProgress = class
+		}
+		data, err := target.Encode(contracts)
+		require.NoError(t, err)
+		_, err = target.Parse("t.yaml", data)
+		require.ErrorContains(t, err, "responses."+kind+"[0].status: 412 is also listed under conditional_mutation.precondition_failed")
+	}
 }
 
 // TestEncodeRoundTrips: a file written by Encode reads back as the same contracts.

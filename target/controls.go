@@ -125,6 +125,13 @@ func (c *Contract) unknownProblems() []string {
 			}
 		}
 	}
+	if c.Lookup != nil {
+		for _, st := range c.Lookup.NotFound {
+			if st >= 500 {
+				p = append(p, fmt.Sprintf("%d is listed as lookup.not_found: a 5xx says nothing of whether the object exists", st))
+			}
+		}
+	}
 	for i, class := range c.Responses.NotExecuted {
 		if strings.TrimSpace(class.Documented) == "" {
 			p = append(p, fmt.Sprintf("responses.not_executed[%d] does not quote the documentation that says the request was not executed", i))
