@@ -145,12 +145,17 @@ const (
 // GetStats computes a period's statistics from the ledger, per tenant and target.
 func (s *adminService) GetStats(ctx context.Context, req *opbrokerv1.GetStatsRequest) (*opbrokerv1.GetStatsResponse, error) {
 	end := time.Now()
+	var err error
 	if req.GetEndTime() != nil {
-		end = req.GetEndTime().AsTime()
+		if end, err = timeOf("end_time", req.GetEndTime()); err != nil {
+			return nil, toStatus(ctx, s.log, err)
+		}
 	}
 	start := end.Add(-statsPeriod)
 	if req.GetStartTime() != nil {
-		start = req.GetStartTime().AsTime()
+		if start, err = timeOf("start_time", req.GetStartTime()); err != nil {
+			return nil, toStatus(ctx, s.log, err)
+		}
 	}
 	if !start.Before(end) || end.Sub(start) > maxStatsPeriod {
 		return nil, toStatus(ctx, s.log, invalidArgument(violation("start_time",

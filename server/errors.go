@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/opbroker/opbroker/store"
 )
@@ -114,6 +115,16 @@ func (e *invalidArgumentError) reason() string {
 // again; reason is one of the INVALID_ARGUMENT reasons.
 func violation(field, description, reason string) *errdetails.BadRequest_FieldViolation {
 	return &errdetails.BadRequest_FieldViolation{Field: field, Description: description, Reason: reason}
+}
+
+// timeOf reads the timestamp field of that name. One that no Timestamp may hold (before
+// the year 1 or after 9999, or nanoseconds out of range) is refused: converted as it
+// is, it would reach the ledger as another time.
+func timeOf(field string, ts *timestamppb.Timestamp) (time.Time, error) {
+	if err := ts.CheckValid(); err != nil {
+		return time.Time{}, invalidArgument(violation(field, "must be a valid time, from the year 1 to 9999", ReasonFieldInvalid))
+	}
+	return ts.AsTime(), nil
 }
 
 // invalidArgument is the error of invalid input. A violation that repeats an earlier one

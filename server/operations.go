@@ -98,14 +98,20 @@ func (s *operationService) prepare(ctx context.Context, req *opbrokerv1.PrepareO
 		params.SupersedesID = uuid.NullUUID{UUID: id, Valid: true}
 	}
 	if req.GetNotBefore() != nil {
-		notBefore := req.GetNotBefore().AsTime()
-		params.NotBefore = &notBefore
-		if d := req.GetDispatchDeadline(); d != nil && !d.AsTime().After(notBefore) {
-			return store.Operation{}, false, invalidArgument(violation("dispatch_deadline", "must be after not_before", ReasonFieldInvalid))
+		notBefore, err := timeOf("not_before", req.GetNotBefore())
+		if err != nil {
+			return store.Operation{}, false, err
 		}
+		params.NotBefore = &notBefore
 	}
 	if req.GetDispatchDeadline() != nil {
-		deadline := req.GetDispatchDeadline().AsTime()
+		deadline, err := timeOf("dispatch_deadline", req.GetDispatchDeadline())
+		if err != nil {
+			return store.Operation{}, false, err
+		}
+		if params.NotBefore != nil && !deadline.After(*params.NotBefore) {
+			return store.Operation{}, false, invalidArgument(violation("dispatch_deadline", "must be after not_before", ReasonFieldInvalid))
+		}
 		params.DispatchDeadline = &deadline
 		if !deadline.After(s.now()) {
 			params.RejectCreation = invalidArgument(violation("dispatch_deadline", "must be in the future", "DEADLINE_PASSED"))

@@ -321,6 +321,56 @@ func TestPrepareWithPastDeadline(t *testing.T) {
 	require.Equal(t, "DEADLINE_PASSED", fieldViolations(st)["dispatch_deadline"])
 }
 
+// TestTimesOutsideATimestampAreRefused: a time no Timestamp may hold (after 9999, before
+// the year 1, nanoseconds out of range) is INVALID_ARGUMENT naming its field; converted
+// as it is, it would reach the ledger as another time (18446744073710 seconds as 1970).
+// The bounds themselves are accepted, and a time with nanoseconds is kept as asked: an
+// identical retry finds its operation.
+func TestTimesOutsideATimestampAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for name, ts := range map[string]*timestamppb.Timestamp{
+		"wraps":       {Seconds: 18446744073710},
+		"after 9999":  {Seconds: 253402300800},
+		"before 1":    {Seconds: -62135596801},
+		"bad nanos":   {Seconds: 2000000000, Nanos: -1},
+		"nanos ≥ 1 s": {Seconds: 2000000000, Nanos: 1e9},
+	} {
+		for _, field := range []string{"not_before", "dispatch_deadline"} {
+			req := prepareRequest("acme", "times-"+field, `{"amount":1}`)
+			if field == "not_before" {
+				req.NotBefore = ts
+			} else {
+				req.DispatchDeadline = ts
+			}
+			_, err := b.client.PrepareOperation(b.ctx, req)
+			st := requireStatus(t, err, codes.InvalidArgument, server.ReasonFieldInvalid)
+			require.Equal(t, map[string]string{field: server.ReasonFieldInvalid}, fieldViolations(st), "%s %s", field, name)
+		}
+		for _, field := range []string{"start_time", "end_time"} {
+			req := &opbrokerv1.GetStatsRequest{}
+			if field == "start_time" {
+				req.StartTime = ts
+			} else {
+				req.EndTime = ts
+			}
+			_, err := opbrokerv1.NewAdminServiceClient(b.conn).GetStats(b.ctx, req)
+			st := requireStatus(t, err, codes.InvalidArgument, server.ReasonFieldInvalid)
+			require.Equal(t, map[string]string{field: server.ReasonFieldInvalid}, fieldViolations(st), "%s %s", field, name)
+		}
+	}
+	last := prepareRequest("acme", "times-bounds", `{"amount":1}`)
+	last.NotBefore = &timestamppb.Timestamp{Seconds: -62135596800}                    // 0001-01-01
+	last.DispatchDeadline = &timestamppb.Timestamp{Seconds: 253402300799, Nanos: 5e8} // 9999-12-31 23:59:59.5
+	first, err := b.client.PrepareOperation(b.ctx, last)
+	require.NoError(t, err)
+	require.True(t, first.GetCreated())
+	retry, err := b.client.PrepareOperation(b.ctx, last)
+	require.NoError(t, err)
+	require.False(t, retry.GetCreated())
+	require.Equal(t, last.DispatchDeadline.AsTime(), first.GetOperation().GetDispatchDeadline().AsTime())
+}
+
 func TestValidationErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
