@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/store"
@@ -50,6 +51,43 @@ func TestEventsFollowTheTransitions(t *testing.T) {
 		require.Equal(t, "23514", pgErr.Code, "%s -> %s", m.From, m.To) // check_violation
 		require.Equal(t, "operation_events_transition", pgErr.ConstraintName)
 	}
+}
+
+// TestHistoryGoesOnlyWithItsOperations: an operation's events and stale outcomes, and
+// the targets' events matched to it, are never deleted or truncated by a statement of
+// their own (as the broker's role, whose TRUNCATE row-level security does not bind, or
+// as the administrator): only deleting or truncating operations takes them
+// (TestHistoryBelongsToOperations, TestDeleteTenant). A target's event matched to no
+// operation may still be deleted by hand.
+func TestHistoryGoesOnlyWithItsOperations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := store.Operation{TenantID: "acme", ID: b.prepareN(t, "acme", 1)[0]}
+	insertStaleOutcome(t, b.pool, op, 1)
+	insertEvidence(t, b.pool, "evt_kept", &op)
+	insertEvidence(t, b.pool, "evt_unmatched", nil)
+	for _, table := range []string{"operation_events", "stale_outcomes", "inbound_evidence"} {
+		for _, db := range []*pgxpool.Pool{b.pool, b.app} {
+			for _, statement := range []string{"DELETE FROM " + table, "TRUNCATE " + table} {
+				err := pgx.BeginFunc(b.ctx, db, func(tx pgx.Tx) error {
+					// The broker's role sees the tenant's rows, as the store sets it.
+					if _, err := tx.Exec(b.ctx, `SELECT set_config('opbroker.tenant', 'acme', true)`); err != nil {
+						return err
+					}
+					_, err := tx.Exec(b.ctx, statement)
+					return err
+				})
+				code, _ := pgCode(err)
+				require.Equal(t, "23000", code, "%s: %v", statement, err)
+				require.ErrorContains(t, err, table+": deleted with its operations, never on its own")
+			}
+		}
+		require.Positive(t, b.count(t, `SELECT count(*) FROM `+table), table)
+	}
+	tag, err := b.pool.Exec(b.ctx, `DELETE FROM inbound_evidence WHERE operation_id IS NULL`)
+	require.NoError(t, err, "an unmatched event, by hand")
+	require.EqualValues(t, 1, tag.RowsAffected())
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inbound_evidence`), "the matched one is kept")
 }
 
 // Every event and attempt belongs to an operation, and an operation's deletion takes its

@@ -25,6 +25,23 @@ CREATE TYPE opbroker.operation_state AS ENUM (
 );
 
 --
+-- Name: history_goes_with_operations(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.history_goes_with_operations() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'opbroker'
+    AS $$
+BEGIN
+  IF pg_trigger_depth() < 2 THEN
+    RAISE EXCEPTION '%: deleted with its operations, never on its own', TG_TABLE_NAME
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RETURN NULL;
+END;
+$$;
+
+--
 -- Name: history_has_operations(); Type: FUNCTION; Schema: opbroker; Owner: -
 --
 
@@ -557,10 +574,28 @@ CREATE INDEX payload_mismatches_operation_idx ON opbroker.payload_mismatches USI
 CREATE INDEX payload_mismatches_refused_idx ON opbroker.payload_mismatches USING btree (refused_at);
 
 --
+-- Name: inbound_evidence inbound_evidence_goes_with_operations; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER inbound_evidence_goes_with_operations BEFORE DELETE ON opbroker.inbound_evidence FOR EACH ROW WHEN (((old.operation_id IS NOT NULL) AND (pg_trigger_depth() < 1))) EXECUTE FUNCTION opbroker.history_goes_with_operations();
+
+--
+-- Name: inbound_evidence inbound_evidence_truncated_with_operations; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER inbound_evidence_truncated_with_operations BEFORE TRUNCATE ON opbroker.inbound_evidence FOR EACH STATEMENT EXECUTE FUNCTION opbroker.history_goes_with_operations();
+
+--
 -- Name: operation_events operation_events_append_only; Type: TRIGGER; Schema: opbroker; Owner: -
 --
 
 CREATE TRIGGER operation_events_append_only BEFORE UPDATE ON opbroker.operation_events FOR EACH ROW EXECUTE FUNCTION opbroker.operation_events_append_only();
+
+--
+-- Name: operation_events operation_events_go_with_operations; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operation_events_go_with_operations BEFORE DELETE OR TRUNCATE ON opbroker.operation_events FOR EACH STATEMENT EXECUTE FUNCTION opbroker.history_goes_with_operations();
 
 --
 -- Name: operation_events operation_events_have_operations; Type: TRIGGER; Schema: opbroker; Owner: -
@@ -621,6 +656,12 @@ CREATE TRIGGER operations_truncate_history AFTER TRUNCATE ON opbroker.operations
 --
 
 CREATE TRIGGER stale_outcomes_append_only BEFORE UPDATE ON opbroker.stale_outcomes FOR EACH ROW EXECUTE FUNCTION opbroker.stale_outcomes_append_only();
+
+--
+-- Name: stale_outcomes stale_outcomes_go_with_operations; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER stale_outcomes_go_with_operations BEFORE DELETE OR TRUNCATE ON opbroker.stale_outcomes FOR EACH STATEMENT EXECUTE FUNCTION opbroker.history_goes_with_operations();
 
 --
 -- Name: stale_outcomes stale_outcomes_have_operations; Type: TRIGGER; Schema: opbroker; Owner: -
