@@ -216,10 +216,17 @@ func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.UnknownClaim
 // (Stop) or the claim's lease does: what it leaves undone is decided again, by whoever
 // claims the operation next, and a fenced write never lands twice.
 func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf time.Time) {
-	ctx, cancel := context.WithTimeout(ctx, asOf.Add(op.LeaseLeft).Sub(r.cfg.Clock()))
+	// The fenced writes may run until the lease's end. What waits on the target (a slot
+	// of its, the lookup) ends recordMargin before it, so that what it found, or that it
+	// found nothing, can still be recorded: cut at the lease's end, a lookup that hangs
+	// would leave no look counted and no escalation, and be made again at every claim.
+	leaseLeft := asOf.Add(op.LeaseLeft).Sub(r.cfg.Clock())
+	ctx, cancel := context.WithTimeout(ctx, leaseLeft)
 	defer cancel()
 	ctx, span := r.tracer.Start(ctx, "opbroker.reconcile", append(tracing.LinkTo(op.TraceParent),
 		trace.WithAttributes(attribute.String("opbroker.operation", op.ID.String()), attribute.Int64("opbroker.fence", op.FenceToken)))...)
+	waitCtx, cancelWait := context.WithTimeout(ctx, leaseLeft-r.recordMargin())
+	defer cancelWait()
 	var err error
 	defer func() { tracing.End(span, err) }()
 	log := r.log.With("tenant", op.TenantID, "operation", op.ID, "fence", op.FenceToken)
@@ -228,7 +235,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		r.escalate(ctx, log, op, nil, "no recorded contract serves this operation type any more")
 		return
 	}
-	evidence, obs := r.evidence(ctx, log, contract, op)
+	evidence, obs := r.evidence(waitCtx, log, contract, op)
 	caps := contract.Capabilities()
 	in := Input{
 		Evidence:              evidence,
@@ -301,6 +308,10 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		log.Info("reconciled")
 	}
 }
+
+// recordMargin is the part of a claim's lease kept for recording what the reconciler
+// decided.
+func (r *Reconciler) recordMargin() time.Duration { return r.cfg.Lease / 4 }
 
 // replay sends the operation again with the same key, holding a slot of the target's.
 func (r *Reconciler) replay(ctx context.Context, contract *target.Contract, op store.UnknownClaim) error {

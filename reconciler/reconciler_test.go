@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -282,6 +283,38 @@ func TestNoReplayAfterTheTargetAcceptedTheRequest(t *testing.T) {
 			require.True(t, got.AcceptedUnfinished, "marked, so that no replay ever follows")
 		})
 	}
+}
+
+// hangingLooker is a target whose lookups never answer: each ends only when its context
+// does.
+type hangingLooker struct{ calls atomic.Int32 }
+
+func (h *hangingLooker) Lookup(ctx context.Context, _ *target.Contract, _ uuid.UUID, _ []byte) target.LookupResult {
+	h.calls.Add(1)
+	<-ctx.Done()
+	return target.LookupResult{Summary: "no answer"}
+}
+
+// TestALookupThatHangsIsRecordedAndEscalated: a lookup that takes the whole claim (a
+// target that never answers, with a timeout as long as the reconciler's lease) is cut
+// early enough for the decision to be recorded: the look counts, and past the
+// resolution deadline the operation is escalated, instead of being looked up again at
+// every claim with nothing recorded.
+func TestALookupThatHangsIsRecordedAndEscalated(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{SaveOnlySuccesses: true}) // no replay after a failed lookup
+	op := b.prepare(t, simtarget.DemoCharge, "hang-1", `{"amount":100}`)
+	b.answered(t, op, store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: target.ClassTimeout})
+	looker := &hangingLooker{}
+	r, err := reconciler.New(reconciler.Config{Store: b.store, Targets: b.targets, Connector: looker,
+		Deliverer: b.dispatcher, Logger: b.log, MeterProvider: noop.NewMeterProvider(),
+		Worker: "r1", PollInterval: 20 * time.Millisecond, Lease: time.Second, ResolutionDeadline: time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(r.Stop)
+	require.NoError(t, r.Start(b.ctx))
+	got := b.waitState(t, op, store.StateEscalated)
+	require.Positive(t, looker.calls.Load())
+	require.Contains(t, got.Escalation.Reason, "the lookup failed")
 }
 
 // answered records op as sent and answered with obs (UNKNOWN), without sending it.
