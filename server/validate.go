@@ -21,21 +21,65 @@ import (
 // becomes a BadRequest field violation that says in words what the field must be:
 // "is required" for a required field left empty, otherwise the field's rule as ruleWords
 // states it, with a stable reason.
+//
+// Any text holding the NUL character is refused too, whatever the field: PostgreSQL
+// stores it in no text and no JSON, so it would fail in the ledger as an internal error.
 func validateRequest(v protovalidate.Validator, msg any) error {
 	m, ok := msg.(proto.Message)
 	if !ok {
 		return nil
 	}
+	var violations []*errdetails.BadRequest_FieldViolation
 	err := v.Validate(m)
 	var verr *protovalidate.ValidationError
-	if !errors.As(err, &verr) {
-		return err // nil, or a rule that failed to compile: an internal error
+	switch {
+	case errors.As(err, &verr):
+		for _, viol := range verr.Violations {
+			violations = append(violations, describe(viol))
+		}
+	case err != nil:
+		return err // a rule that failed to compile: an internal error
 	}
-	violations := make([]*errdetails.BadRequest_FieldViolation, 0, len(verr.Violations))
-	for _, viol := range verr.Violations {
-		violations = append(violations, describe(viol))
+	violations = append(violations, nulViolations("", m.ProtoReflect())...)
+	if len(violations) == 0 {
+		return nil
 	}
 	return invalidArgument(violations...)
+}
+
+// nulViolations names the text fields of m (prefix, then the field's name; nested
+// messages too) that hold the NUL character: in the text itself, or in a list's element
+// or a map's key or value.
+func nulViolations(prefix string, m protoreflect.Message) []*errdetails.BadRequest_FieldViolation {
+	var out []*errdetails.BadRequest_FieldViolation
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		field := prefix + string(fd.Name())
+		has := false
+		switch {
+		case fd.IsMap():
+			v.Map().Range(func(k protoreflect.MapKey, e protoreflect.Value) bool {
+				has = hasNul(fd.MapKey(), k.Value()) || hasNul(fd.MapValue(), e)
+				return !has
+			})
+		case fd.IsList():
+			for i := 0; i < v.List().Len() && !has; i++ {
+				has = hasNul(fd, v.List().Get(i))
+			}
+		case fd.Kind() == protoreflect.MessageKind:
+			out = append(out, nulViolations(field+".", v.Message())...)
+		default:
+			has = hasNul(fd, v)
+		}
+		if has {
+			out = append(out, violation(field, "must not contain the NUL character (U+0000)", ReasonFieldInvalid))
+		}
+		return true
+	})
+	return out
+}
+
+func hasNul(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	return fd.Kind() == protoreflect.StringKind && strings.ContainsRune(v.String(), 0)
 }
 
 // ruleKey names a protovalidate rule of a request field: the field's name (every

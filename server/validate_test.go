@@ -50,6 +50,7 @@ func TestValidationMessages(t *testing.T) {
 	const (
 		tenantRule = `must be 1–63 lowercase letters, digits and hyphens, starting with a letter and not ending with a hyphen, e.g. "acme"`
 		nameRule   = `must be an operation's name, tenants/{tenant}/operations/{id} with the id a lowercase UUID, e.g. "tenants/acme/operations/01a2294c-8210-7121-b2a6-1446b69b992d"`
+		nulRule    = "must not contain the NUL character (U+0000) (FIELD_INVALID)"
 		stateRule  = "must be one of STATE_PREPARED, STATE_IN_FLIGHT, STATE_SUCCEEDED, STATE_FAILED_TERMINAL, STATE_UNKNOWN, STATE_ESCALATED, STATE_CANCELLED"
 	)
 	manyLabels := map[string]string{}
@@ -124,6 +125,21 @@ func TestValidationMessages(t *testing.T) {
 		"over-long resume token": {func() error {
 			return recvFirst(b.client.WatchOperations(b.ctx, &opbrokerv1.WatchOperationsRequest{Tenant: "acme", ResumeToken: strings.Repeat("x", 8193)}))
 		}, server.ReasonResumeTokenInvalid, []string{"resume_token: is not a token of this call; start again without one (RESUME_TOKEN_INVALID)"}},
+		"NUL in a label": {prepare(func(r *opbrokerv1.PrepareOperationRequest) { r.Labels = map[string]string{"team": "a\x00b"} }),
+			server.ReasonFieldInvalid, []string{"labels: " + nulRule}},
+		"NUL in a media type's parameter": {prepare(func(r *opbrokerv1.PrepareOperationRequest) { r.ContentType = "application/json; x=\x00" }),
+			server.ReasonFieldInvalid, []string{"content_type: " + nulRule}},
+		"NUL in a filter": {list(&opbrokerv1.ListOperationsRequest{Tenant: "acme", RemoteRef: "a\x00b"}),
+			server.ReasonFieldInvalid, []string{"remote_ref: " + nulRule}},
+		"NUL in an escalation's owner": {func() error {
+			_, err := admin.ListEscalations(b.ctx, &opbrokerv1.ListEscalationsRequest{Owner: "a\x00"})
+			return err
+		}, server.ReasonFieldInvalid, []string{"owner: " + nulRule}},
+		"NUL in a resolution's reason": {func() error {
+			_, err := admin.ResolveOperation(b.ctx, &opbrokerv1.ResolveOperationRequest{Name: "tenants/acme/operations/0190a4a8-0000-7000-8000-000000000000",
+				Revision: 1, Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL, Reason: "x\x00y", Evidence: "checked"})
+			return err
+		}, server.ReasonFieldInvalid, []string{"reason: " + nulRule}},
 		"delete without a tenant": {func() error {
 			_, err := admin.DeleteTenantData(b.ctx, &opbrokerv1.DeleteTenantDataRequest{})
 			return err
