@@ -44,6 +44,8 @@ func TestGuardFollowsTheTransitions(t *testing.T) {
 		var id string
 		require.NoError(t, b.pool.QueryRow(b.ctx, anyStateOperation, m.From+"-"+m.To, m.From).Scan(&id))
 		_, err := b.pool.Exec(b.ctx, `UPDATE operations SET state = $2::operation_state, revision = revision + 1,
+				fence_token = fence_token + CASE WHEN $2::operation_state = 'IN_FLIGHT' THEN 1 ELSE 0 END,
+				attempt_count = attempt_count + CASE WHEN $2::operation_state = 'IN_FLIGHT' THEN 1 ELSE 0 END,
 				lease_owner = CASE WHEN $2::operation_state = 'IN_FLIGHT' THEN 'w' END,
 				lease_expires_at = CASE WHEN $2::operation_state = 'IN_FLIGHT' THEN now() + interval '1 minute' END
 			WHERE operation_id = $1`, id, m.To)
@@ -57,7 +59,9 @@ func TestGuardFollowsTheTransitions(t *testing.T) {
 
 // Every other rule of the guards: what never changes, what never decreases, what is
 // fixed once set, a payload only purged, a change of state that bumps the revision by
-// one; and an attempt never changes once finished, nor its identity.
+// one, a not-executed count that rises by one as an attempt ends and at no other time,
+// a move into IN_FLIGHT with the next fence and one attempt more; and an attempt never
+// changes once finished, nor its identity.
 func TestGuardRefusesEachChange(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -72,11 +76,30 @@ func TestGuardRefusesEachChange(t *testing.T) {
 		"attempt_count = attempt_count - 1", "not_executed = not_executed - 1",
 		"state = 'ESCALATED'", "state = 'ESCALATED', revision = revision + 2",
 		"first_sent_at = NULL", "key_window_end = NULL", "key_scope = NULL",
+		// A move into IN_FLIGHT takes the next fence and counts one attempt more.
+		"state = 'IN_FLIGHT', revision = revision + 1, fence_token = fence_token + 2, attempt_count = attempt_count + 1",
+		"state = 'IN_FLIGHT', revision = revision + 1, fence_token = fence_token + 1",
 	} {
 		var id string
 		require.NoError(t, b.pool.QueryRow(b.ctx, anyStateOperation, fmt.Sprintf("rule-%d", i), "UNKNOWN").Scan(&id))
 		_, err := b.pool.Exec(b.ctx, `UPDATE operations SET `+set+` WHERE operation_id = $1`, id)
 		require.True(t, isGuardRefusal(err, "operations"), "%s: %v", set, err)
+	}
+	// The not-executed count rises by one at most, as an attempt ends: an attempt that
+	// may have executed cannot be counted away, to send the operation as new from
+	// PREPARED (which operations_unsent would then allow). Two attempts, neither of
+	// them answered as not executed:
+	mayHaveExecuted := strings.Replace(anyStateOperation, "5, 2, 2, 2, 'r'", "5, 2, 2, 0, 'r'", 1)
+	require.NotEqual(t, anyStateOperation, mayHaveExecuted)
+	for i, change := range []struct{ from, set string }{
+		{"UNKNOWN", "not_executed = not_executed + 1"},
+		{"IN_FLIGHT", "state = 'PREPARED', revision = revision + 1, not_executed = not_executed + 2, lease_owner = NULL, lease_expires_at = NULL"},
+		{"IN_FLIGHT", "state = 'UNKNOWN', revision = revision + 1, not_executed = not_executed + 2, lease_owner = NULL, lease_expires_at = NULL"},
+	} {
+		var id string
+		require.NoError(t, b.pool.QueryRow(b.ctx, mayHaveExecuted, fmt.Sprintf("counted-%d", i), change.from).Scan(&id))
+		_, err := b.pool.Exec(b.ctx, `UPDATE operations SET `+change.set+` WHERE operation_id = $1`, id)
+		require.True(t, isGuardRefusal(err, "operations"), "%s: %v", change.set, err)
 	}
 	// Set at creation, never cleared; a purged payload never comes back.
 	var first string
