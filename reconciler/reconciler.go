@@ -249,7 +249,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		MaxReplays:            r.cfg.MaxReplays,
 		Looks:                 int(op.Checks),
 		MaxLooks:              r.cfg.MaxLooks,
-		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress || acceptedUnfinished(op.LastObservation, contract),
+		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress || answeredAccepted(op, contract),
 		Jitter:                rand.Float64(),
 	}
 	if contract.Evidence != nil {
@@ -391,7 +391,7 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 		obs.Outcome = "KEY_IN_USE"
 		return Evidence{Kind: KeyInUse}, obs
 	}
-	if acceptedUnfinished(op.LastObservation, contract) {
+	if answeredAccepted(op, contract) {
 		obs.Outcome = "ACCEPTED_UNFINISHED"
 		return Evidence{Kind: InProgress}, obs
 	}
@@ -403,14 +403,19 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 // finishing it: a replay is never sent after one (it may still finish).
 var acceptedClasses = []string{target.ClassInProgress, target.ClassAccepted, target.ClassPending, target.ClassNotConfirmed}
 
-// acceptedUnfinished reports whether the operation's last answer said the target
-// accepted the request without finishing it. It holds whatever a lookup finds now: a
-// request accepted and queued may not be visible to lookups yet, so a "not found" does
-// not prove it absent. A 409 for a key that saves every answer is not one: it says the
-// key is in use, and a same-key replay returns that request's answer (KeyInUse).
-func acceptedUnfinished(last *store.Observation, contract *target.Contract) bool {
-	return last != nil && slices.Contains(acceptedClasses, last.Outcome) &&
-		(last.Outcome != target.ClassInProgress || !contract.Idempotency.CoversEveryAttempt())
+// answeredAccepted reports whether an answer of the target to one of the operation's
+// sends said it accepted the request without finishing it: the last answer, or one that
+// a worker received after losing its fence (a 202 that came after the lease expired).
+// It holds whatever a lookup finds now: a request accepted and queued may not be
+// visible to lookups yet, so a "not found" does not prove it absent. A 409 for a key
+// that saves every answer is not one: it says the key is in use, and a same-key replay
+// returns that request's answer (KeyInUse).
+func answeredAccepted(op store.UnknownClaim, contract *target.Contract) bool {
+	accepted := func(class string) bool {
+		return slices.Contains(acceptedClasses, class) &&
+			(class != target.ClassInProgress || !contract.Idempotency.CoversEveryAttempt())
+	}
+	return op.LastObservation != nil && accepted(op.LastObservation.Outcome) || slices.ContainsFunc(op.StaleAnswers, accepted)
 }
 
 func (r *Reconciler) check(ctx context.Context, op store.UnknownClaim, obs store.Observation, after time.Duration, accepted bool) error {

@@ -285,6 +285,41 @@ func TestNoReplayAfterTheTargetAcceptedTheRequest(t *testing.T) {
 	}
 }
 
+// TestNoReplayAfterAnAcceptedAnswerThatCameLate: the sender's lease expired (the sweeper
+// made the operation UNKNOWN), and then the target's 202 arrived: kept as a stale
+// outcome, not as the operation's last observation. It still forbids a replay after a
+// lookup that finds nothing.
+func TestNoReplayAfterAnAcceptedAnswerThatCameLate(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{SaveOnlySuccesses: true}, func(k *target.Contract) {
+		if k.Lookup != nil {
+			k.Lookup.VisibilityDelay = target.Duration(time.Millisecond)
+		}
+	})
+	op := b.prepare(t, simtarget.DemoCharge, "late-202", `{"amount":100}`)
+	contract, _ := b.targets.ForType(op.OperationType)
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(),
+		FairClaim: store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	swept, err := b.store.AllTenants().SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
+	require.NoError(t, err)
+	require.NotEmpty(t, swept)
+	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: op.TenantID, ID: op.ID,
+		Fence: claimed[0].FenceToken, State: store.StateUnknown, Actor: "test",
+		Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: target.ClassAccepted, HTTPStatus: 202}})
+	require.ErrorIs(t, err, store.ErrFenceLost, "the answer came after the lease: kept as a stale outcome")
+	require.Equal(t, store.OutcomeLeaseExpired, b.get(t, op).LastObservation.Outcome)
+
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	require.Eventually(t, func() bool { got := b.get(t, op); return got.Checks >= 1 || got.Replays > 0 },
+		30*time.Second, 10*time.Millisecond)
+	got := b.get(t, op)
+	require.Zero(t, got.Replays, "replayed after a late 202: %s", got.LastObservation.Summary)
+	require.Zero(t, b.truth(t, op).Attempts)
+	require.True(t, got.AcceptedUnfinished)
+}
+
 // hangingLooker is a target whose lookups never answer: each ends only when its context
 // does.
 type hangingLooker struct{ calls atomic.Int32 }

@@ -25,6 +25,10 @@ type UnknownClaim struct {
 	// fence or, later, by a stale one) or its lease expired. A lookup cannot see a write
 	// that send made until the target's visibility delay has passed since then.
 	SinceLastSend time.Duration
+	// StaleAnswers are the outcome classes of the answers workers received after losing
+	// their fence (kept in stale_outcomes), oldest first: a target's answer that came
+	// after the operation's lease expired is among them, not in LastObservation.
+	StaleAnswers []string
 }
 
 // lastSendEnded is when the broker stopped waiting for the last send of the operation of
@@ -66,14 +70,17 @@ func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClai
 						WHERE s.tenant_id = a.tenant_id AND s.operation_id = a.operation_id
 							AND s.fence_token = a.fence_token AND NOT s.sent)),
 			coalesce(`+micros(`now() - `+lastSendEnded("claimed"))+`, 0),
-			`+acceptedByEvidence("claimed.tenant_id", "claimed.operation_id")+`
+			`+acceptedByEvidence("claimed.tenant_id", "claimed.operation_id")+`,
+			ARRAY(SELECT s.outcome FROM stale_outcomes s
+				WHERE s.tenant_id = claimed.tenant_id AND s.operation_id = claimed.operation_id
+				ORDER BY s.recorded_at, s.fence_token)
 		FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease)
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (UnknownClaim, error) {
 		var c UnknownClaim
 		var sinceLast int64
 		var accepted bool
-		err := scanClaimedInto(row, &c.Claimed, &c.MayHaveExecuted, &sinceLast, &accepted)
+		err := scanClaimedInto(row, &c.Claimed, &c.MayHaveExecuted, &sinceLast, &accepted, &c.StaleAnswers)
 		c.SinceLastSend = duration(sinceLast)
 		c.AcceptedUnfinished = c.AcceptedUnfinished || accepted
 		return c, err
