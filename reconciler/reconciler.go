@@ -294,7 +294,13 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		// Sending again: Decide allowed it only where no earlier attempt can execute
 		// again (the key covers every attempt, none was sent, or a lookup proved
 		// absence); the dispatcher checks the lease and the key's window at the send.
-		err = r.replay(ctx, contract, op)
+		err = r.replay(ctx, waitCtx, contract, op)
+		if errors.Is(err, errNoSlot) {
+			// Recorded as a look, so that what held it up is on the operation and it is
+			// decided again after a wait, rather than claimed again when the lease ends.
+			obs.Summary = "a replay was decided, but no slot of the target's came free in time: " + d.Reason
+			err = r.check(ctx, op, obs, minWait, in.AcceptedBefore)
+		}
 	case Wait:
 		err = r.check(ctx, op, obs, d.After, in.AcceptedBefore)
 	}
@@ -313,10 +319,17 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 // decided.
 func (r *Reconciler) recordMargin() time.Duration { return r.cfg.Lease / 4 }
 
-// replay sends the operation again with the same key, holding a slot of the target's.
-func (r *Reconciler) replay(ctx context.Context, contract *target.Contract, op store.UnknownClaim) error {
+// errNoSlot: no slot of the target's came free while the reconciler could wait.
+var errNoSlot = errors.New("reconciler: no slot of the target's came free in time")
+
+// replay sends the operation again with the same key, holding a slot of the target's,
+// which it waits for while waitCtx lasts (errNoSlot after that).
+func (r *Reconciler) replay(ctx, waitCtx context.Context, contract *target.Contract, op store.UnknownClaim) error {
 	limiter := r.cfg.Deliverer.Limiter()
-	if err := limiter.Acquire(ctx, contract.Name); err != nil {
+	if err := limiter.Acquire(waitCtx, contract.Name); err != nil {
+		if ctx.Err() == nil {
+			return errNoSlot
+		}
 		return err
 	}
 	defer limiter.Release(contract.Name, 1)

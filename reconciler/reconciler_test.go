@@ -352,6 +352,35 @@ func TestALookupThatHangsIsRecordedAndEscalated(t *testing.T) {
 	require.Contains(t, got.Escalation.Reason, "the lookup failed")
 }
 
+// TestAReplayWithNoSlotIsRecordedAsALook: a replay decided while the target's every slot
+// stays taken (its sends hang) is recorded as a look, with what held it up, to be
+// decided again after a wait, instead of holding the claim until its lease ends with
+// nothing recorded.
+func TestAReplayWithNoSlotIsRecordedAsALook(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{}) // a key that saves every answer: a failed lookup allows a replay
+	op := b.prepare(t, simtarget.DemoCharge, "no-slot-1", `{"amount":100}`)
+	b.answered(t, op, store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: target.ClassTimeout})
+	contract, _ := b.targets.ForType(simtarget.DemoCharge)
+	limiter := b.dispatcher.Limiter()
+	for limiter.Free(contract.Name) > 0 {
+		require.NoError(t, limiter.Acquire(b.ctx, contract.Name))
+		t.Cleanup(func() { limiter.Release(contract.Name, 1) })
+	}
+	r, err := reconciler.New(reconciler.Config{Store: b.store, Targets: b.targets, Connector: target.NewConnector(),
+		Deliverer: b.dispatcher, Logger: b.log, MeterProvider: noop.NewMeterProvider(),
+		Worker: "r1", PollInterval: 20 * time.Millisecond, Lease: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(r.Stop)
+	require.NoError(t, r.Start(b.ctx))
+	require.Eventually(t, func() bool { return b.get(t, op).Checks >= 1 }, 30*time.Second, 10*time.Millisecond)
+	got := b.get(t, op)
+	require.Zero(t, got.Replays)
+	require.Equal(t, store.StateUnknown, got.State)
+	require.Contains(t, got.LastObservation.Summary, "a replay was decided, but no slot of the target's came free in time")
+	require.Zero(t, b.truth(t, op).Attempts)
+}
+
 // answered records op as sent and answered with obs (UNKNOWN), without sending it.
 func (b *testBundle) answered(t *testing.T, op store.Operation, obs store.Observation) {
 	t.Helper()
