@@ -324,8 +324,8 @@ func TestPrepareWithPastDeadline(t *testing.T) {
 // TestTimesOutsideATimestampAreRefused: a time no Timestamp may hold (after 9999, before
 // the year 1, nanoseconds out of range) is INVALID_ARGUMENT naming its field; converted
 // as it is, it would reach the ledger as another time (18446744073710 seconds as 1970).
-// The bounds themselves are accepted, and a time with nanoseconds is kept as asked: an
-// identical retry finds its operation.
+// The bounds themselves are accepted, and an identical retry of a not_before with
+// nanoseconds (the ledger keeps microseconds) finds its operation.
 func TestTimesOutsideATimestampAreRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -360,7 +360,7 @@ func TestTimesOutsideATimestampAreRefused(t *testing.T) {
 		}
 	}
 	last := prepareRequest("acme", "times-bounds", `{"amount":1}`)
-	last.NotBefore = &timestamppb.Timestamp{Seconds: -62135596800}                    // 0001-01-01
+	last.NotBefore = &timestamppb.Timestamp{Seconds: -62135596800, Nanos: 123456789}  // 0001-01-01, to the nanosecond: part of the intent
 	last.DispatchDeadline = &timestamppb.Timestamp{Seconds: 253402300799, Nanos: 5e8} // 9999-12-31 23:59:59.5
 	first, err := b.client.PrepareOperation(b.ctx, last)
 	require.NoError(t, err)

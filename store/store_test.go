@@ -471,18 +471,26 @@ func TestSchemaRefusesIllegalStates(t *testing.T) {
 	for name, sql := range map[string]string{
 		"succeeded without remote reference": `UPDATE operations SET state = 'SUCCEEDED', revision = revision + 1 WHERE operation_id = $1`,
 		"prepared to unknown":                `UPDATE operations SET state = 'UNKNOWN', revision = revision + 1, fence_token = 1, first_sent_at = now() WHERE operation_id = $1`,
-		"in flight without a lease":          `UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, fence_token = 1, first_sent_at = now() WHERE operation_id = $1`,
 		"state change without revision":      `UPDATE operations SET state = 'CANCELLED' WHERE operation_id = $1`,
 		"payload replaced":                   `UPDATE operations SET payload = '\x00' WHERE operation_id = $1`,
 		"payload purged before terminal":     `UPDATE operations SET payload = NULL WHERE operation_id = $1`,
 		"intent changed":                     `UPDATE operations SET intent_ref = 'other' WHERE operation_id = $1`,
 		"remote key changed":                 `UPDATE operations SET remote_key = gen_random_uuid() WHERE operation_id = $1`,
 		"trace context changed":              `UPDATE operations SET trace_parent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' WHERE operation_id = $1`,
-		"claimed without fence":              `UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, lease_owner = 'x', lease_expires_at = now(), first_sent_at = now() WHERE operation_id = $1`,
 	} {
 		_, err := b.pool.Exec(b.ctx, sql, op.ID)
 		require.Error(t, err, name)
 	}
+	// A claim must take a lease (the CHECK), and the next fence with one attempt more
+	// (the guard, which refuses before the CHECKs are reached).
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, fence_token = 1,
+		attempt_count = 1, first_sent_at = now() WHERE operation_id = $1`, op.ID)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "in flight without a lease")
+	require.Equal(t, "operations_in_flight_leased", pgErr.ConstraintName)
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, lease_owner = 'x',
+		lease_expires_at = now(), first_sent_at = now() WHERE operation_id = $1`, op.ID)
+	require.ErrorContains(t, err, "a move into IN_FLIGHT takes the next fence and counts one attempt more", "claimed without a fence")
 	for name, sql := range map[string]string{
 		"terminal back to prepared": `UPDATE operations SET state = 'PREPARED', revision = revision + 1, remote_ref = NULL WHERE operation_id = $1`,
 		"terminal to unknown":       `UPDATE operations SET state = 'UNKNOWN', revision = revision + 1 WHERE operation_id = $1`,
