@@ -299,7 +299,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 			// Recorded as a look, so that what held it up is on the operation and it is
 			// decided again after a wait, rather than claimed again when the lease ends.
 			obs.Summary = "a replay was decided, but no slot of the target's came free in time: " + d.Reason
-			err = r.check(ctx, op, obs, minWait, in.AcceptedBefore)
+			err = r.check(ctx, op, obs, in.backoff(in.Looks, 0), in.AcceptedBefore)
 		}
 	case Wait:
 		err = r.check(ctx, op, obs, d.After, in.AcceptedBefore)
@@ -326,16 +326,20 @@ var errNoSlot = errors.New("reconciler: no slot of the target's came free in tim
 // which it waits for while waitCtx lasts (errNoSlot after that).
 func (r *Reconciler) replay(ctx, waitCtx context.Context, contract *target.Contract, op store.UnknownClaim) error {
 	limiter := r.cfg.Deliverer.Limiter()
-	if err := limiter.Acquire(waitCtx, contract.Name); err != nil {
-		if ctx.Err() == nil {
-			return errNoSlot
+	// A slot free now is taken even when waitCtx is over (a lookup may have used it up):
+	// Acquire, with both ready, could take either.
+	if !limiter.TryAcquire(contract.Name) {
+		if err := limiter.Acquire(waitCtx, contract.Name); err != nil {
+			if ctx.Err() == nil {
+				return errNoSlot
+			}
+			return err
 		}
-		return err
 	}
 	defer limiter.Release(contract.Name, 1)
 	asOf := r.cfg.Clock()
 	claim, err := r.cfg.Store.AllTenants().BeginReplay(ctx, store.BeginReplayParams{TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken,
-		Worker: r.cfg.Worker, Lease: r.cfg.Lease})
+		Worker: r.cfg.Worker, Lease: r.cfg.Lease, AcceptedClasses: acceptedClassesOf(contract)})
 	if err != nil {
 		return err
 	}
@@ -424,11 +428,17 @@ var acceptedClasses = []string{target.ClassInProgress, target.ClassAccepted, tar
 // that saves every answer is not one: it says the key is in use, and a same-key replay
 // returns that request's answer (KeyInUse).
 func answeredAccepted(op store.UnknownClaim, contract *target.Contract) bool {
-	accepted := func(class string) bool {
-		return slices.Contains(acceptedClasses, class) &&
-			(class != target.ClassInProgress || !contract.Idempotency.CoversEveryAttempt())
+	classes := acceptedClassesOf(contract)
+	return (op.LastObservation != nil && slices.Contains(classes, op.LastObservation.Outcome)) ||
+		slices.ContainsFunc(op.StaleAnswers, func(class string) bool { return slices.Contains(classes, class) })
+}
+
+// acceptedClassesOf are the acceptedClasses that mean so at the contract's target.
+func acceptedClassesOf(contract *target.Contract) []string {
+	if !contract.Idempotency.CoversEveryAttempt() {
+		return acceptedClasses
 	}
-	return op.LastObservation != nil && accepted(op.LastObservation.Outcome) || slices.ContainsFunc(op.StaleAnswers, accepted)
+	return slices.DeleteFunc(slices.Clone(acceptedClasses), func(class string) bool { return class == target.ClassInProgress })
 }
 
 func (r *Reconciler) check(ctx context.Context, op store.UnknownClaim, obs store.Observation, after time.Duration, accepted bool) error {

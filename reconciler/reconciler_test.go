@@ -352,6 +352,32 @@ func TestALookupThatHangsIsRecordedAndEscalated(t *testing.T) {
 	require.Contains(t, got.Escalation.Reason, "the lookup failed")
 }
 
+// TestAReplayAfterALookupThatHungTakesTheFreedSlot: a lookup that hung until the end of
+// the reconciler's wait frees its slot; a replay decided then (a key that saves every
+// answer) takes it, though the wait is over, rather than being put off as if no slot
+// were free (with both ready, a wait could end either way: four operations make a
+// chance pass unlikely).
+func TestAReplayAfterALookupThatHungTakesTheFreedSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	var ops []store.Operation
+	for i := range 4 {
+		op := b.prepare(t, simtarget.DemoCharge, fmt.Sprintf("hung-then-replay-%d", i), `{"amount":100}`)
+		b.answered(t, op, store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: target.ClassTimeout})
+		ops = append(ops, op)
+	}
+	r, err := reconciler.New(reconciler.Config{Store: b.store, Targets: b.targets, Connector: &hangingLooker{},
+		Deliverer: b.dispatcher, Logger: b.log, MeterProvider: noop.NewMeterProvider(),
+		Worker: "r1", PollInterval: 20 * time.Millisecond, Lease: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(r.Stop)
+	require.NoError(t, r.Start(b.ctx))
+	for _, op := range ops {
+		require.Eventually(t, func() bool { return b.get(t, op).Replays > 0 }, 30*time.Second, 10*time.Millisecond)
+		require.Zero(t, b.get(t, op).Checks, "replayed at once, not put off: %s", b.get(t, op).LastObservation.Summary)
+	}
+}
+
 // TestAReplayWithNoSlotIsRecordedAsALook: a replay decided while the target's every slot
 // stays taken (its sends hang) is recorded as a look, with what held it up, to be
 // decided again after a wait, instead of holding the claim until its lease ends with

@@ -360,7 +360,7 @@ func TestTimesOutsideATimestampAreRefused(t *testing.T) {
 		}
 	}
 	last := prepareRequest("acme", "times-bounds", `{"amount":1}`)
-	last.NotBefore = &timestamppb.Timestamp{Seconds: -62135596800, Nanos: 123456789}  // 0001-01-01, to the nanosecond: part of the intent
+	last.NotBefore = &timestamppb.Timestamp{Seconds: -62135596800, Nanos: 123456789}  // 0001-01-01 with nanoseconds: part of the intent, compared to the microsecond
 	last.DispatchDeadline = &timestamppb.Timestamp{Seconds: 253402300799, Nanos: 5e8} // 9999-12-31 23:59:59.5
 	first, err := b.client.PrepareOperation(b.ctx, last)
 	require.NoError(t, err)

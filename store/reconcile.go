@@ -171,13 +171,19 @@ type BeginReplayParams struct {
 	Fence  int64
 	Worker string
 	Lease  time.Duration
+	// AcceptedClasses are the outcome classes that say the target accepted a request
+	// without finishing it, for this operation's target: a stale outcome of one of them
+	// refuses the replay too.
+	AcceptedClasses []string
 }
 
 // BeginReplay moves an UNKNOWN operation to IN_FLIGHT for a same-key replay: fence + 1,
 // attempt + 1 and an event, only under the caller's fence, and never once the target
-// said it accepted the request without finishing it (accepted_unfinished, which an event
-// saying so sets on an UNKNOWN operation without taking its fence, so it may have come
-// after the caller decided). The returned claim is sent and recorded like a dispatcher's.
+// said it accepted the request without finishing it: accepted_unfinished, which an event
+// saying so sets on an UNKNOWN operation without taking its fence, or a stale outcome of
+// one of p.AcceptedClasses (an answer a worker received after losing its fence); either
+// may have come after the caller decided. The returned claim is sent and recorded like a
+// dispatcher's.
 func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
 	rows := q.query(ctx, `
 		WITH upd AS (
@@ -186,10 +192,12 @@ func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, e
 				lease_owner = $4, lease_expires_at = now() + $5::interval, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
 				AND NOT accepted_unfinished
+				AND NOT EXISTS (SELECT 1 FROM stale_outcomes s
+					WHERE s.tenant_id = $1 AND s.operation_id = $2 AND s.outcome = ANY($6))
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "'reconciler:' || $4", "'SAME_KEY_REPLAY'", "NULL")+`)
 		SELECT `+claimedColumns+` FROM upd`,
-		p.TenantID, p.ID, p.Fence, p.Worker, p.Lease)
+		p.TenantID, p.ID, p.Fence, p.Worker, p.Lease, p.AcceptedClasses)
 	c, err := pgx.CollectExactlyOneRow(rows, scanClaimed)
 	if err != nil {
 		if err = translate(err); errors.Is(err, ErrNotFound) {

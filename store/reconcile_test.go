@@ -139,6 +139,39 @@ func TestBeginReplayIsAFencedTransition(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrFenceLost, "a fence replays once")
 }
 
+// TestNoReplayAfterAStaleAcceptedAnswer: a stale outcome of one of the classes the
+// caller names (an answer that said the target accepted the request, received after the
+// worker lost its fence) refuses the replay, even one recorded after the reconciler's
+// claim; the claim reports the stale outcomes' classes.
+func TestNoReplayAfterAStaleAcceptedAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := unknownOp(t, b, "acme", "u-stale-202")
+	claimed, err := b.all.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Empty(t, claimed[0].StaleAnswers)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
+		VALUES ('acme', $1, 1, 'w', 'ACCEPTED_NOT_CONFIRMED', '{}', true)`, op.ID)
+	require.NoError(t, err)
+
+	params := store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken, Worker: "rec", Lease: time.Minute,
+		AcceptedClasses: []string{"IN_PROGRESS", "ACCEPTED_NOT_CONFIRMED"}}
+	_, err = b.all.BeginReplay(b.ctx, params)
+	require.ErrorIs(t, err, store.ErrFenceLost, "the target accepted the request")
+	params.AcceptedClasses = []string{"IN_PROGRESS"} // a target where that answer means something else
+	_, err = b.all.BeginReplay(b.ctx, params)
+	require.NoError(t, err)
+
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET state = 'UNKNOWN', revision = revision + 1, next_check_at = now(), lease_owner = NULL,
+		lease_expires_at = NULL WHERE operation_id = $1`, op.ID)
+	require.NoError(t, err)
+	again, err := b.all.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, again, 1)
+	require.Equal(t, []string{"ACCEPTED_NOT_CONFIRMED"}, again[0].StaleAnswers)
+}
+
 // TestClaimUnknownReportsTheSends: a reconciler's claim says whether an attempt may have
 // reached the target (only one recorded as never sent did not) and how long ago, by the
 // database's clock, the broker stopped waiting for the last send, a stale worker's late

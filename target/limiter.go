@@ -62,7 +62,18 @@ func (l *Limiter) Acquire(ctx context.Context, name string) error {
 	}
 }
 
-// Release frees n slots that Acquire took.
+// TryAcquire takes one of the target's slots if one is free now, and reports whether it
+// did.
+func (l *Limiter) TryAcquire(name string) bool {
+	select {
+	case l.of(name) <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// Release frees n slots that Acquire or TryAcquire took.
 func (l *Limiter) Release(name string, n int) {
 	s := l.of(name)
 	for range n {

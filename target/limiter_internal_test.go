@@ -50,3 +50,18 @@ func TestLimiterHoldsEachTargetToItsConcurrency(t *testing.T) {
 		require.Equal(t, want, l.Free(name), name)
 	}
 }
+
+// TestTryAcquireTakesOnlyAFreeSlot: TryAcquire takes a slot while one is free and never
+// waits; a Release makes one free again.
+func TestTryAcquireTakesOnlyAFreeSlot(t *testing.T) {
+	t.Parallel()
+	l := NewLimiter(newTargets([]*Contract{{Name: "two", Concurrency: 2}}), 4)
+	require.True(t, l.TryAcquire("two"))
+	require.True(t, l.TryAcquire("two"))
+	require.False(t, l.TryAcquire("two"), "no slot is free")
+	require.Zero(t, l.Free("two"))
+	l.Release("two", 1)
+	require.True(t, l.TryAcquire("two"))
+	l.Release("two", 2)
+	require.Equal(t, 2, l.Free("two"))
+}
