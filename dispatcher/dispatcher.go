@@ -228,6 +228,16 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	return nil
 }
 
+// StopClaiming stops claiming at once and returns; what was claimed, and what Deliver is
+// handed meanwhile, is still sent and recorded, until Stop. A replica's shutdown calls it
+// before it stops its reconciler, whose replays go through Deliver, so that nothing new
+// is claimed while the reconciler finishes.
+func (d *Dispatcher) StopClaiming() {
+	d.life.Lock()
+	defer d.life.Unlock()
+	d.Base.Stop()
+}
+
 // Stop stops claiming at once, gives what was claimed the grace period to be sent and
 // answered and records the outcomes, then cuts what is left: a cut call is recorded
 // UNKNOWN, and a claim still waiting for its slot goes back to PREPARED, never sent

@@ -318,6 +318,26 @@ func TestStopRecordsCallsInProgress(t *testing.T) {
 	}
 }
 
+// TestStopClaimingLeavesDeliverWorking: after StopClaiming a dispatcher claims nothing
+// new, however long it runs, and a replay handed to Deliver (a reconciler finishing its
+// work during a shutdown) is still sent and recorded.
+func TestStopClaimingLeavesDeliverWorking(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	replayed := b.prepare(t, "acme", simtarget.DemoCharge, "replayed", `{"amount":1}`)
+	replay, asOf := b.replayClaim(t, replayed)
+	d := b.dispatcher(t, dispatcher.Config{PollInterval: 10 * time.Millisecond})
+	require.NoError(t, d.Start(b.ctx))
+	d.StopClaiming()
+	waiting := b.prepare(t, "acme", simtarget.DemoCharge, "waiting", `{"amount":1}`)
+	contract, _ := b.targets.ForType(simtarget.DemoCharge)
+	d.Deliver(contract, replay, asOf)
+	require.Equal(t, store.StateSucceeded, b.get(t, replayed).State, "the replay was sent and recorded")
+	time.Sleep(100 * time.Millisecond) // ten polls
+	require.Equal(t, store.StatePrepared, b.get(t, waiting).State, "nothing new is claimed")
+	d.Stop()
+}
+
 // TestStopGivesBackClaimsNeverSent: claims that wait for a slot when shutdown's grace
 // period ends are never sent; they go back to PREPARED (their attempts recorded as not
 // sent) for the next dispatcher, not to UNKNOWN.

@@ -364,8 +364,11 @@ func (b *broker) run(ctx context.Context) error {
 	var stopping sync.WaitGroup
 	stopping.Go(func() { b.srv.Stop(b.grace) })
 	stopping.Go(func() {
+		// Nothing new is claimed from here. The reconciler's replays deliver through the
+		// dispatcher, so the reconciler stops before the dispatcher's grace begins.
+		b.dispatcher.StopClaiming()
 		if b.reconciler != nil {
-			b.reconciler.Stop() // its replays deliver through the dispatcher: stop it first
+			b.reconciler.Stop()
 		}
 		b.dispatcher.Stop()
 	})
