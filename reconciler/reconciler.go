@@ -235,7 +235,8 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		r.escalate(ctx, log, op, nil, "no recorded contract serves this operation type any more")
 		return
 	}
-	evidence, obs := r.evidence(waitCtx, log, contract, op)
+	accepted := answeredAccepted(op, contract)
+	evidence, obs := r.evidence(waitCtx, log, contract, op, accepted)
 	caps := contract.Capabilities()
 	in := Input{
 		Evidence:              evidence,
@@ -249,7 +250,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		MaxReplays:            r.cfg.MaxReplays,
 		Looks:                 int(op.Checks),
 		MaxLooks:              r.cfg.MaxLooks,
-		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress || answeredAccepted(op, contract),
+		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress || accepted,
 		Jitter:                rand.Float64(),
 	}
 	if contract.Evidence != nil {
@@ -348,8 +349,9 @@ func (r *Reconciler) replay(ctx, waitCtx context.Context, contract *target.Contr
 }
 
 // evidence looks the operation up (capability B) or falls back on what is known; a
-// stale worker's verified success counts, checked like any other observation.
-func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *target.Contract, op store.UnknownClaim) (Evidence, store.Observation) {
+// stale worker's verified success counts, checked like any other observation, and so
+// does accepted: an answer said the target accepted the request (answeredAccepted).
+func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *target.Contract, op store.UnknownClaim, accepted bool) (Evidence, store.Observation) {
 	obs := store.Observation{ObservedAt: r.cfg.Clock(), Source: "LOOKUP"}
 	if contract.Lookup != nil {
 		limiter := r.cfg.Deliverer.Limiter()
@@ -408,7 +410,7 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 		obs.Outcome = "KEY_IN_USE"
 		return Evidence{Kind: KeyInUse}, obs
 	}
-	if answeredAccepted(op, contract) {
+	if accepted {
 		obs.Outcome = "ACCEPTED_UNFINISHED"
 		return Evidence{Kind: InProgress}, obs
 	}

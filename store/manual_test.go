@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
 )
 
 // unknownOp prepares an operation and takes it to UNKNOWN through a send.
@@ -256,14 +257,7 @@ func TestFailureWaitsForTheLastSend(t *testing.T) {
 // earlier (the events are append-only: their guard is set aside for it).
 func (b *testBundle) sentEarlier(t *testing.T, op store.Operation, d time.Duration) {
 	t.Helper()
-	tx, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = tx.Exec(b.ctx, `SET LOCAL session_replication_role = replica`)
-	require.NoError(t, err)
-	_, err = tx.Exec(b.ctx, `UPDATE operation_events SET created_at = created_at - $2::interval WHERE operation_id = $1`, op.ID, d)
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(b.ctx))
+	storetest.ExecAsideGuards(t, b.pool, `UPDATE operation_events SET created_at = created_at - $2::interval WHERE operation_id = $1`, op.ID, d)
 }
 
 // settles is a target's settling time for a failure by hand, the same for every

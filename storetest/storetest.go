@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
@@ -277,6 +279,26 @@ func RemoteKey(t testing.TB, pool *pgxpool.Pool, id uuid.UUID) string {
 		t.Fatalf("storetest: remote key: %v", err)
 	}
 	return key
+}
+
+// ExecAsideGuards runs sql as admin (a pool of AdminURL, a superuser) with the ledger's
+// guards set aside for its transaction (session_replication_role = replica), as a
+// superuser repairing the ledger could: for a state no statement of the broker can make.
+func ExecAsideGuards(t testing.TB, admin *pgxpool.Pool, sql string, args ...any) pgconn.CommandTag {
+	t.Helper()
+	var tag pgconn.CommandTag
+	err := pgx.BeginFunc(context.Background(), admin, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(context.Background(), `SET LOCAL session_replication_role = replica`); err != nil {
+			return err
+		}
+		var err error
+		tag, err = tx.Exec(context.Background(), sql, args...)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("storetest: %s, guards aside: %v", sql, err)
+	}
+	return tag
 }
 
 // ToUnknown claims the operation, the only PREPARED one of its type, as the dispatcher
