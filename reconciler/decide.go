@@ -111,6 +111,10 @@ type Input struct {
 	// AcceptedBefore: some earlier answer said the target accepted the request without
 	// finishing it. No replay may follow.
 	AcceptedBefore bool
+	// VerifiedSuccess: the target answered one of the operation's sends with a verified
+	// success, which reached a worker after it lost its fence. Nothing the reconciler
+	// learns afterwards makes that a failure, or the request worth sending again.
+	VerifiedSuccess bool
 
 	// Jitter in [0, 1) spreads waits; the caller draws it.
 	Jitter float64
@@ -170,6 +174,9 @@ const (
 //     that attempt (the target saves every answer) or a lookup proved its absence:
 //     never after a failed lookup, never without a lookup, for a target whose key
 //     saves only successes;
+//   - a verified success the target answered is never followed by a failure or a replay:
+//     a lookup that contradicts it, once the last send's write would be visible, is
+//     escalated;
 //   - waiting never loops forever: when the look budget or the resolution deadline is
 //     spent, the operation is escalated.
 func Decide(in Input) Decision {
@@ -181,7 +188,7 @@ func Decide(in Input) Decision {
 		return Decision{Action: Escalate, Reason: "the target has an effect under this reference that cannot be taken for this operation's: " + ev.mismatch()}
 	}
 
-	if ev.Kind == FoundFailed {
+	if ev.Kind == FoundFailed && !in.VerifiedSuccess {
 		if ev.Matches {
 			return Decision{Action: RecordFailure, Reason: "the target has the object, and its status is one it documents as final and without effect"}
 		}
@@ -189,6 +196,10 @@ func Decide(in Input) Decision {
 	}
 
 	budgetSpent := in.ResolutionLeft <= 0 || (in.MaxLooks > 0 && in.Looks >= in.MaxLooks)
+
+	if in.VerifiedSuccess {
+		return in.afterVerifiedSuccess(budgetSpent)
+	}
 
 	switch ev.Kind {
 	case Exists:
@@ -240,6 +251,24 @@ func Decide(in Input) Decision {
 			return in.waitOrEscalate(budgetSpent, 0, "the outcome is unknown: "+whyNot)
 		}
 		return Decision{Action: Escalate, Reason: "the outcome is unknown and the target offers no way to find out: " + whyNot}
+	}
+}
+
+// afterVerifiedSuccess decides for an operation whose sends the target answered with a
+// verified success, when the evidence is not the found effect: the lookup may lag, or
+// the contract may misread the target, but neither a failure nor a replay can follow.
+func (in Input) afterVerifiedSuccess(budgetSpent bool) Decision {
+	const answered = "the target answered a send with a verified success after its sender lost the fence"
+	switch in.Evidence.Kind {
+	case NotFound:
+		if in.SinceLastSend < in.VisibilityDelay {
+			return in.waitOrEscalate(budgetSpent, in.VisibilityDelay-in.SinceLastSend, answered+"; the lookup does not find it yet, and the last send's write may not be visible")
+		}
+		return Decision{Action: Escalate, Reason: answered + ", but a lookup after the visibility delay does not find the effect: the contract or the target contradicts itself"}
+	case FoundFailed:
+		return Decision{Action: Escalate, Reason: answered + ", but a lookup finds the object failed: the contract or the target contradicts itself"}
+	default:
+		return in.waitOrEscalate(budgetSpent, 0, answered+"; look again (no replay, no failure)")
 	}
 }
 

@@ -122,6 +122,26 @@ func TestDecideTable(t *testing.T) {
 		}), Escalate},
 		"capability D": {Input{ResolutionLeft: time.Hour}, Escalate},
 
+		// A verified success the target answered after the sender lost its fence: no
+		// lookup that contradicts it makes a failure or a replay.
+		"verified success, found": {with(func(in *Input) {
+			in.VerifiedSuccess, in.Evidence = true, Evidence{Kind: Found, RemoteRef: "ch_1", Matches: true}
+		}), RecordSuccess},
+		"verified success, not found before visible": {with(func(in *Input) {
+			in.VerifiedSuccess, in.Evidence.Kind, in.SinceLastSend = true, NotFound, time.Second
+		}), Wait},
+		"verified success, not found inside the window": {with(func(in *Input) { in.VerifiedSuccess, in.Evidence.Kind = true, NotFound }), Escalate},
+		"verified success, not found, absence final": {with(func(in *Input) {
+			in.VerifiedSuccess, in.Evidence.Kind, in.Replay = true, NotFound, false
+			in.AbsenceFinalAfter = time.Hour
+			in.KeyWindowLeft, in.SinceLastSend = 24*time.Hour-2*time.Hour, 2*time.Hour
+		}), Escalate},
+		"verified success, found failed": {with(func(in *Input) {
+			in.VerifiedSuccess, in.Evidence = true, Evidence{Kind: FoundFailed, Matches: true}
+		}), Escalate},
+		"verified success, lookup failed": {with(func(in *Input) { in.VerifiedSuccess, in.Evidence.Kind = true, LookupFailed }), Wait},
+		"verified success, in progress":   {with(func(in *Input) { in.VerifiedSuccess, in.Evidence.Kind = true, InProgress }), Wait},
+
 		// A key that saves only successes does not cover an attempt that executed and
 		// then failed: only a lookup that proves absence allows a replay.
 		"successes only: lookup failed after an attempt that may have executed": {withOnlySuccesses(func(in *Input) {

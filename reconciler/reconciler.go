@@ -236,7 +236,8 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		return
 	}
 	accepted := answeredAccepted(op, contract)
-	evidence, obs := r.evidence(waitCtx, log, contract, op, accepted)
+	staleRef, verified := r.staleSuccess(ctx, log, op)
+	evidence, obs := r.evidence(waitCtx, contract, op, accepted, staleRef, verified)
 	caps := contract.Capabilities()
 	in := Input{
 		Evidence:              evidence,
@@ -251,6 +252,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		Looks:                 int(op.Checks),
 		MaxLooks:              r.cfg.MaxLooks,
 		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress || accepted,
+		VerifiedSuccess:       verified,
 		Jitter:                rand.Float64(),
 	}
 	if contract.Evidence != nil {
@@ -348,10 +350,23 @@ func (r *Reconciler) replay(ctx, waitCtx context.Context, contract *target.Contr
 	return nil
 }
 
+// staleSuccess reads the reference of a verified success that a worker received after
+// losing its fence, if there is one. Not read, it counts as none: the ledger refuses a
+// failure while one is on record anyway.
+func (r *Reconciler) staleSuccess(ctx context.Context, log *slog.Logger, op store.UnknownClaim) (string, bool) {
+	ref, ok, err := r.cfg.Store.AllTenants().StaleSuccess(ctx, op.TenantID, op.ID)
+	if err != nil {
+		log.Warn("stale evidence not read", "error", err)
+		return "", false
+	}
+	return ref, ok
+}
+
 // evidence looks the operation up (capability B) or falls back on what is known; a
-// stale worker's verified success counts, checked like any other observation, and so
-// does accepted: an answer said the target accepted the request (answeredAccepted).
-func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *target.Contract, op store.UnknownClaim, accepted bool) (Evidence, store.Observation) {
+// stale worker's verified success (staleRef, when verified) counts, checked like any
+// other observation, and so does accepted: an answer said the target accepted the
+// request (answeredAccepted).
+func (r *Reconciler) evidence(ctx context.Context, contract *target.Contract, op store.UnknownClaim, accepted bool, staleRef string, verified bool) (Evidence, store.Observation) {
 	obs := store.Observation{ObservedAt: r.cfg.Clock(), Source: "LOOKUP"}
 	if contract.Lookup != nil {
 		limiter := r.cfg.Deliverer.Limiter()
@@ -394,13 +409,11 @@ func (r *Reconciler) evidence(ctx context.Context, log *slog.Logger, contract *t
 		}
 	}
 	obs.Source = "BROKER"
-	if ref, ok, err := r.cfg.Store.AllTenants().StaleSuccess(ctx, op.TenantID, op.ID); err != nil {
-		log.Warn("stale evidence not read", "error", err)
-	} else if ok {
+	if verified {
 		// A verified answer of the target to this operation's own request, with its
 		// reference, that arrived after the sender lost its fence.
 		obs.Outcome = "STALE_VERIFIED_SUCCESS"
-		return Evidence{Kind: Found, RemoteRef: ref, Matches: true}, obs
+		return Evidence{Kind: Found, RemoteRef: staleRef, Matches: true}, obs
 	}
 	if last := op.LastObservation; last != nil && last.Outcome == target.ClassPreconditionFailed {
 		obs.Outcome = "EFFECT_EXISTS"

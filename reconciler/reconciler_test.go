@@ -320,6 +320,53 @@ func TestNoReplayAfterAnAcceptedAnswerThatCameLate(t *testing.T) {
 	require.True(t, got.AcceptedUnfinished)
 }
 
+// notFinding is a target whose lookups never find anything.
+type notFinding struct{}
+
+func (notFinding) Lookup(context.Context, *target.Contract, uuid.UUID, []byte) target.LookupResult {
+	return target.LookupResult{Outcome: target.LookupNotFound, HTTPStatus: 404}
+}
+
+// TestAVerifiedSuccessIsNeverFailedByALookup: the target answered the operation's send
+// with a verified success after the sender's lease had expired. A lookup that then
+// finds nothing, past the time the contract says a request can take effect and with no
+// replay possible, would otherwise make the operation FAILED_TERMINAL: a client would
+// then make the effect again. It is escalated, saying why.
+func TestAVerifiedSuccessIsNeverFailedByALookup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{}, func(k *target.Contract) {
+		if k.Lookup != nil {
+			k.Lookup.VisibilityDelay = target.Duration(time.Millisecond)
+			k.Lookup.AbsenceFinalAfter = target.Duration(time.Millisecond)
+		}
+	})
+	op := b.prepare(t, simtarget.DemoCharge, "late-200", `{"amount":100}`)
+	contract, _ := b.targets.ForType(op.OperationType)
+	// A key window that closes at once: no same-key replay is possible.
+	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{KeyRetention: time.Millisecond, KeyScope: contract.KeyScope(),
+		FairClaim: store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, err = b.store.AllTenants().SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
+	require.NoError(t, err)
+	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: op.TenantID, ID: op.ID,
+		Fence: claimed[0].FenceToken, State: store.StateSucceeded, RemoteRef: "ch_late", Actor: "test",
+		Observation: store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: target.ClassVerifiedSuccess, HTTPStatus: 200}})
+	require.ErrorIs(t, err, store.ErrFenceLost, "the answer came after the lease: kept as a stale outcome")
+
+	r, err := reconciler.New(reconciler.Config{Store: b.store, Targets: b.targets, Connector: notFinding{},
+		Deliverer: b.dispatcher, Logger: b.log, MeterProvider: noop.NewMeterProvider(),
+		Worker: "r1", PollInterval: 20 * time.Millisecond, MaxLooks: 6, Lease: 10 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(r.Stop)
+	require.NoError(t, r.Start(b.ctx))
+	require.Eventually(t, func() bool { return b.get(t, op).State != store.StateUnknown }, 30*time.Second, 10*time.Millisecond)
+	got := b.get(t, op)
+	require.Equal(t, store.StateEscalated, got.State, "%s", got.LastObservation.Summary)
+	require.Contains(t, got.Escalation.Reason, "verified success")
+	require.Zero(t, got.Replays)
+}
+
 // hangingLooker is a target whose lookups never answer: each ends only when its context
 // does.
 type hangingLooker struct{ calls atomic.Int32 }

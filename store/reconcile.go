@@ -156,6 +156,8 @@ func (q Scope) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation, 
 				last_observation = $6, escalation = $7, next_check_at = NULL,
 				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
+				AND ($4::operation_state <> 'FAILED_TERMINAL' OR NOT EXISTS (SELECT 1 FROM stale_outcomes s
+					WHERE s.tenant_id = $1 AND s.operation_id = $2 AND s.outcome = 'VERIFIED_SUCCESS'))
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "$8", "$9", "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,

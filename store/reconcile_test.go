@@ -172,6 +172,30 @@ func TestNoReplayAfterAStaleAcceptedAnswer(t *testing.T) {
 	require.Equal(t, []string{"ACCEPTED_NOT_CONFIRMED"}, again[0].StaleAnswers)
 }
 
+// TestNoFailureAfterAStaleVerifiedSuccess: once a worker that lost its fence received
+// the target's verified success, the ledger refuses to record the operation as failed,
+// whatever a reconciler decided: it may have decided before that answer was kept.
+func TestNoFailureAfterAStaleVerifiedSuccess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := unknownOp(t, b, "acme", "u-stale-200")
+	claimed, err := b.all.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, remote_ref, sent)
+		VALUES ('acme', $1, 1, 'w', 'VERIFIED_SUCCESS', '{}', 'ch_late', true)`, op.ID)
+	require.NoError(t, err)
+
+	params := store.ResolveParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken, State: store.StateFailedTerminal,
+		Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, Actor: "rec"}
+	_, err = b.all.ResolveUnknown(b.ctx, params)
+	require.ErrorIs(t, err, store.ErrFenceLost, "the target answered the operation's send with a success")
+	params.State, params.RemoteRef = store.StateSucceeded, "ch_late"
+	done, err := b.all.ResolveUnknown(b.ctx, params)
+	require.NoError(t, err)
+	require.Equal(t, store.StateSucceeded, done.State)
+}
+
 // TestClaimUnknownReportsTheSends: a reconciler's claim says whether an attempt may have
 // reached the target (only one recorded as never sent did not) and how long ago, by the
 // database's clock, the broker stopped waiting for the last send, a stale worker's late
