@@ -64,7 +64,7 @@ type verdict struct {
 //     more than one is ambiguous.
 //   - The tenant is the operation's, never the event's: an event reported for another
 //     tenant, or naming another tenant (or none) where the contract reads one, is a
-//     tenant conflict.
+//     tenant conflict, quarantined as no tenant's.
 //   - Its object must agree with the approved payload on the contract's match fields,
 //     and name the target reference the ledger recorded, if any.
 //   - Success resolves an UNKNOWN or IN_FLIGHT operation to SUCCEEDED; a documented final
@@ -87,12 +87,20 @@ func decide(contract *target.Contract, e store.InboundEvidence, found []store.Ca
 	quarantine := func(reason, format string, args ...any) verdict {
 		return verdict{disposition: store.EvidenceQuarantined, reason: reason, detail: fmt.Sprintf(format, args...), candidate: c}
 	}
+	// A tenant conflict is kept as no tenant's: attached to the operation, the event
+	// (another tenant's body, or a reporter's of another tenant) would be in that
+	// operation's tenant's scope. Only an operator over every tenant sees it, with the
+	// operation its reference found named in the detail.
+	conflict := func(format string, args ...any) verdict {
+		return verdict{disposition: store.EvidenceQuarantined, reason: ReasonTenantConflict,
+			detail: fmt.Sprintf(format, args...) + fmt.Sprintf(" (its reference found tenants/%s/operations/%s)", op.TenantID, op.ID)}
+	}
 	if e.Source == store.SourceReported && e.ClaimedTenant != op.TenantID {
-		return quarantine(ReasonTenantConflict, "reported for tenant %s; its reference names an operation of another tenant", e.ClaimedTenant)
+		return conflict("reported for tenant %s; its reference names an operation of another tenant", e.ClaimedTenant)
 	}
 	if c.Payload != nil {
 		if ok, why := contract.Evidence.TenantMatches(e.Body, c.Payload); !ok {
-			return quarantine(ReasonTenantConflict, "%s", why)
+			return conflict("%s", why)
 		}
 		if ok, why := contract.Evidence.FieldsMatch(e.Body, c.Payload); !ok {
 			return quarantine(ReasonPayloadMismatch, "%s", why)

@@ -223,7 +223,16 @@ func TestUnmatchedAndCrossTenantEventsAreQuarantined(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, store.EvidenceQuarantined, e.Disposition, k)
 		require.Equal(t, reason, e.Reason, k)
+		if reason == evidence.ReasonTenantConflict {
+			// Not in globex's scope: the event is acme's body, or an acme service's report.
+			require.Empty(t, e.TenantID, k)
+			require.Equal(t, uuid.Nil, e.OperationID, k)
+			require.Contains(t, e.Detail, "tenants/globex/operations/"+globex.ID.String(), k)
+		}
 	}
+	inGlobex, _, err := b.store.Tenant("globex").Quarantine(b.ctx, store.QuarantineParams{Limit: 10})
+	require.NoError(t, err)
+	require.Empty(t, inGlobex, "another tenant's event is not in globex's scope")
 	got := b.get(t, globex)
 	require.Equal(t, store.StateUnknown, got.State, "a cross-tenant event changes nothing")
 	require.Equal(t, globex.Revision, got.Revision)
