@@ -195,7 +195,7 @@ func Decide(in Input) Decision {
 		return Decision{Action: Escalate, Reason: "the target has a failed object under this reference that cannot be taken for this operation's: " + ev.mismatch()}
 	}
 
-	budgetSpent := in.ResolutionLeft <= 0 || (in.MaxLooks > 0 && in.Looks >= in.MaxLooks)
+	budgetSpent := in.BudgetSpent()
 
 	if in.VerifiedSuccess {
 		return in.afterVerifiedSuccess(budgetSpent)
@@ -252,6 +252,12 @@ func Decide(in Input) Decision {
 		}
 		return Decision{Action: Escalate, Reason: "the outcome is unknown and the target offers no way to find out: " + whyNot}
 	}
+}
+
+// BudgetSpent reports whether the operation has used up its looks or its time to be
+// resolved: it is escalated rather than looked at again.
+func (in Input) BudgetSpent() bool {
+	return in.ResolutionLeft <= 0 || (in.MaxLooks > 0 && in.Looks >= in.MaxLooks)
 }
 
 // afterVerifiedSuccess decides for an operation whose sends the target answered with a

@@ -300,8 +300,16 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		err = r.replay(ctx, waitCtx, contract, op)
 		if errors.Is(err, errNoSlot) {
 			// Recorded as a look, so that what held it up is on the operation and it is
-			// decided again after a wait, rather than claimed again when the lease ends.
-			obs.Summary = "a replay was decided, but no slot of the target's came free in time: " + d.Reason
+			// decided again after a wait, rather than claimed again when the lease ends;
+			// escalated once the looks or the time to resolve it are spent, since the
+			// same replay may be decided at every claim while the target's slots stay
+			// taken.
+			const noSlot = "a replay was decided, but no slot of the target's came free in time"
+			if in.BudgetSpent() {
+				r.escalate(ctx, log, op, contract, noSlot+", and the budget for looking is spent: "+d.Reason)
+				return
+			}
+			obs.Summary = noSlot + ": " + d.Reason
 			err = r.check(ctx, op, obs, in.backoff(in.Looks, 0), in.AcceptedBefore)
 		}
 	case Wait:

@@ -431,8 +431,38 @@ func TestAReplayAfterALookupThatHungTakesTheFreedSlot(t *testing.T) {
 // nothing recorded.
 func TestAReplayWithNoSlotIsRecordedAsALook(t *testing.T) {
 	t.Parallel()
-	b := setup(t, simtarget.Config{}) // a key that saves every answer: a failed lookup allows a replay
-	op := b.prepare(t, simtarget.DemoCharge, "no-slot-1", `{"amount":100}`)
+	b, op := reconcileWithSlotsTaken(t, "no-slot-1", 0)
+	require.Eventually(t, func() bool { return b.get(t, op).Checks >= 1 }, 30*time.Second, 10*time.Millisecond)
+	got := b.get(t, op)
+	require.Zero(t, got.Replays)
+	require.Equal(t, store.StateUnknown, got.State)
+	require.Contains(t, got.LastObservation.Summary, "a replay was decided, but no slot of the target's came free in time")
+	require.Zero(t, b.truth(t, op).Attempts)
+}
+
+// TestAReplayThatNeverFindsASlotIsEscalated: while the target's slots stay taken, the
+// reconciler decides the same replay at every claim and records each as a look; once
+// the looks are spent it escalates instead of looking for good.
+func TestAReplayThatNeverFindsASlotIsEscalated(t *testing.T) {
+	t.Parallel()
+	b, op := reconcileWithSlotsTaken(t, "no-slot-2", 1)
+	require.Eventually(t, func() bool { return b.get(t, op).State != store.StateUnknown }, 15*time.Second, 10*time.Millisecond,
+		"still UNKNOWN: %+v", b.get(t, op).LastObservation)
+	got := b.get(t, op)
+	require.Equal(t, store.StateEscalated, got.State)
+	require.Contains(t, got.Escalation.Reason, "no slot of the target's came free in time, and the budget for looking is spent")
+	require.Zero(t, got.Replays)
+	require.Zero(t, b.truth(t, op).Attempts)
+}
+
+// reconcileWithSlotsTaken makes an UNKNOWN operation whose send timed out, at a target
+// whose key saves every answer (a failed lookup allows a replay), takes every slot of
+// the target's for the rest of the test, and starts a reconciler with a one-second
+// lease and maxLooks (zero: the default).
+func reconcileWithSlotsTaken(t *testing.T, intent string, maxLooks int) (*testBundle, store.Operation) {
+	t.Helper()
+	b := setup(t, simtarget.Config{})
+	op := b.prepare(t, simtarget.DemoCharge, intent, `{"amount":100}`)
 	b.answered(t, op, store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: target.ClassTimeout})
 	contract, _ := b.targets.ForType(simtarget.DemoCharge)
 	limiter := b.dispatcher.Limiter()
@@ -442,16 +472,11 @@ func TestAReplayWithNoSlotIsRecordedAsALook(t *testing.T) {
 	}
 	r, err := reconciler.New(reconciler.Config{Store: b.store, Targets: b.targets, Connector: target.NewConnector(),
 		Deliverer: b.dispatcher, Logger: b.log, MeterProvider: noop.NewMeterProvider(),
-		Worker: "r1", PollInterval: 20 * time.Millisecond, Lease: time.Second})
+		Worker: "r1", PollInterval: 20 * time.Millisecond, Lease: time.Second, MaxLooks: maxLooks})
 	require.NoError(t, err)
 	t.Cleanup(r.Stop)
 	require.NoError(t, r.Start(b.ctx))
-	require.Eventually(t, func() bool { return b.get(t, op).Checks >= 1 }, 30*time.Second, 10*time.Millisecond)
-	got := b.get(t, op)
-	require.Zero(t, got.Replays)
-	require.Equal(t, store.StateUnknown, got.State)
-	require.Contains(t, got.LastObservation.Summary, "a replay was decided, but no slot of the target's came free in time")
-	require.Zero(t, b.truth(t, op).Attempts)
+	return b, op
 }
 
 // answered records op as sent and answered with obs (UNKNOWN), without sending it.
