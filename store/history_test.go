@@ -69,14 +69,8 @@ func TestHistoryGoesOnlyWithItsOperations(t *testing.T) {
 	for _, table := range []string{"operation_events", "stale_outcomes", "inbound_evidence"} {
 		for _, db := range []*pgxpool.Pool{b.pool, b.app} {
 			for _, statement := range []string{"DELETE FROM " + table, "TRUNCATE " + table} {
-				err := pgx.BeginFunc(b.ctx, db, func(tx pgx.Tx) error {
-					// The broker's role sees the tenant's rows, as the store sets it.
-					if _, err := tx.Exec(b.ctx, `SELECT set_config('opbroker.tenant', 'acme', true)`); err != nil {
-						return err
-					}
-					_, err := tx.Exec(b.ctx, statement)
-					return err
-				})
+				// The broker's role sees the tenant's rows, as the store sets it.
+				err := b.execAs(db, "acme", statement)
 				code, _ := pgCode(err)
 				require.Equal(t, "23000", code, "%s: %v", statement, err)
 				require.ErrorContains(t, err, table+": deleted with its operations, never on its own")
@@ -96,7 +90,7 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ids := b.prepareN(t, "acme", 2)
-	_, err := b.all.Claim(b.ctx, claimParams(2))
+	claimed, err := b.all.Claim(b.ctx, claimParams(2))
 	require.NoError(t, err)
 	isForeignKeyViolation := func(err error) bool {
 		var pgErr *pgconn.PgError
@@ -116,6 +110,10 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 		require.NoError(t, err, what)
 	}
 
+	// Only a terminal operation is deleted (TestOnlyTerminalOperationsAreDeleted).
+	for _, c := range claimed {
+		b.reject(t, c)
+	}
 	_, err = b.pool.Exec(b.ctx, `DELETE FROM operations WHERE operation_id = $1`, ids[0])
 	require.NoError(t, err)
 	for _, table := range []string{"operation_events", "stale_outcomes"} {
@@ -145,9 +143,87 @@ func TestHistoryBelongsToOperations(t *testing.T) {
 	beta := store.Operation{TenantID: "beta", ID: b.prepareN(t, "beta", 1)[0]}
 	insertStaleOutcome(t, b.pool, beta, 1)
 	insertEvidence(t, b.pool, "evt_beta", &beta)
+	b.cancel(t, beta)
 	_, err = b.pool.Exec(b.ctx, `TRUNCATE operations CASCADE`)
 	require.NoError(t, err)
 	for _, table := range []string{"operation_events", "stale_outcomes", "inbound_evidence"} {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM `+table), table)
 	}
+}
+
+// reject records the claimed send as rejected: FAILED_TERMINAL.
+func (b *testBundle) reject(t *testing.T, c store.Claimed) {
+	t.Helper()
+	_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+		State: store.StateFailedTerminal, Observation: store.Observation{Outcome: "DOCUMENTED_REJECTION"}, Actor: "test"})
+	require.NoError(t, err)
+}
+
+// execAs runs statement on db in a transaction whose tenant scope is tenant, as the
+// store sets it.
+func (b *testBundle) execAs(db *pgxpool.Pool, tenant, statement string, args ...any) error {
+	return pgx.BeginFunc(b.ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(b.ctx, `SELECT set_config('opbroker.tenant', $1, true)`, tenant); err != nil {
+			return err
+		}
+		_, err := tx.Exec(b.ctx, statement, args...)
+		return err
+	})
+}
+
+// TestOnlyTerminalOperationsAreDeleted: an operation that is not terminal is never
+// deleted, nor are operations truncated while any tenant has one, by any role: its
+// history and keys would go with it, and its intent (acknowledged, or sent and not
+// resolved) could be recorded and sent again. TRUNCATE ignores row-level security, so a
+// session that sees only a tenant whose operations are all terminal is refused too.
+func TestOnlyTerminalOperationsAreDeleted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	prepared := b.prepareN(t, "acme", 2)
+	claimed, err := b.all.Claim(b.ctx, claimParams(1))
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	done := store.Operation{TenantID: "beta", ID: b.prepareN(t, "beta", 1)[0]}
+	b.cancel(t, done)
+
+	for _, db := range []*pgxpool.Pool{b.pool, b.app} {
+		for _, id := range prepared { // one PREPARED, one IN_FLIGHT
+			err := b.execAs(db, "acme", `DELETE FROM operations WHERE operation_id = $1`, id)
+			code, _ := pgCode(err)
+			require.Equal(t, "23000", code, "%v", err)
+			require.ErrorContains(t, err, "is not terminal; an operation is deleted only once")
+		}
+		for _, tenant := range []string{"acme", "beta"} {
+			err := b.execAs(db, tenant, `TRUNCATE operations CASCADE`)
+			code, _ := pgCode(err)
+			require.Equal(t, "23000", code, "as %s: %v", tenant, err)
+			require.ErrorContains(t, err, "operations are truncated only once every one is")
+		}
+	}
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operations`))
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM operation_keys`))
+
+	require.NoError(t, b.execAs(b.app, "beta", `DELETE FROM operations WHERE operation_id = $1`, done.ID), "a terminal one")
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM operations`))
+
+	// Once every operation is terminal they are truncated, and the check leaves the
+	// caller's tenant scope as it found it.
+	b.reject(t, claimed[0])
+	for _, id := range prepared {
+		if id != claimed[0].ID {
+			b.cancel(t, store.Operation{TenantID: "acme", ID: id})
+		}
+	}
+	var scope string
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.app, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(b.ctx, `SELECT set_config('opbroker.tenant', 'beta', true)`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(b.ctx, `TRUNCATE operations CASCADE`); err != nil {
+			return err
+		}
+		return tx.QueryRow(b.ctx, `SELECT current_setting('opbroker.tenant')`).Scan(&scope)
+	}))
+	require.Equal(t, "beta", scope, "the truncation's check gave the caller every tenant's scope")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM operations`))
 }

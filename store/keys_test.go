@@ -98,6 +98,9 @@ func TestKeysGoOnlyWithTheirOperation(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, created, "a deleted operation's intent is free again")
 
+	again, _, err := b.all.Prepare(b.ctx, prepareParams("acme", "k-1", `{}`))
+	require.NoError(t, err)
+	b.cancel(t, again) // only terminal operations are truncated
 	_, err = b.pool.Exec(b.ctx, `TRUNCATE operations CASCADE`)
 	require.NoError(t, err)
 	require.Zero(t, b.count(t, `SELECT count(*) FROM operation_keys`), "truncating operations truncates their keys")

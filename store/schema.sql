@@ -119,6 +119,37 @@ END;
 $$;
 
 --
+-- Name: operations_deleted_when_terminal(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.operations_deleted_when_terminal() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'opbroker'
+    AS $$
+DECLARE
+  scope text;
+  open boolean;
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    RAISE EXCEPTION 'operation %: % is not terminal; an operation is deleted only once it is SUCCEEDED, FAILED_TERMINAL or CANCELLED',
+      OLD.operation_id, OLD.state USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  -- TRUNCATE ignores row-level security, so the check must not see only the caller's
+  -- tenants: it reads every tenant's operations (only whether one is open), and puts the
+  -- caller's scope back. A raise aborts the (sub)transaction, which restores it too.
+  scope := current_setting('opbroker.tenant', true);
+  PERFORM set_config('opbroker.tenant', '*', true);
+  open := EXISTS (SELECT 1 FROM operations WHERE state NOT IN ('SUCCEEDED', 'FAILED_TERMINAL', 'CANCELLED'));
+  PERFORM set_config('opbroker.tenant', coalesce(scope, ''), true);
+  IF open THEN
+    RAISE EXCEPTION 'operations: some are not terminal; operations are truncated only once every one is SUCCEEDED, FAILED_TERMINAL or CANCELLED'
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RETURN NULL;
+END;
+$$;
+
+--
 -- Name: operations_formats(); Type: FUNCTION; Schema: opbroker; Owner: -
 --
 
@@ -631,6 +662,12 @@ CREATE TRIGGER operation_keys_truncate_guard BEFORE TRUNCATE ON opbroker.operati
 CREATE TRIGGER operations_delete_history AFTER DELETE ON opbroker.operations REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION opbroker.operations_delete_history();
 
 --
+-- Name: operations operations_deleted_when_terminal; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operations_deleted_when_terminal BEFORE DELETE ON opbroker.operations FOR EACH ROW WHEN ((old.state <> ALL (ARRAY['SUCCEEDED'::opbroker.operation_state, 'FAILED_TERMINAL'::opbroker.operation_state, 'CANCELLED'::opbroker.operation_state]))) EXECUTE FUNCTION opbroker.operations_deleted_when_terminal();
+
+--
 -- Name: operations operations_formats; Type: TRIGGER; Schema: opbroker; Owner: -
 --
 
@@ -663,6 +700,12 @@ CREATE TRIGGER operations_payload_guard BEFORE UPDATE OF payload ON opbroker.ope
 --
 
 CREATE TRIGGER operations_truncate_history AFTER TRUNCATE ON opbroker.operations FOR EACH STATEMENT EXECUTE FUNCTION opbroker.operations_truncate_history();
+
+--
+-- Name: operations operations_truncated_when_terminal; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operations_truncated_when_terminal BEFORE TRUNCATE ON opbroker.operations FOR EACH STATEMENT EXECUTE FUNCTION opbroker.operations_deleted_when_terminal();
 
 --
 -- Name: stale_outcomes stale_outcomes_append_only; Type: TRIGGER; Schema: opbroker; Owner: -
