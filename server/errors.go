@@ -78,6 +78,8 @@ const (
 	ReasonResumeTokenMismatch   = "RESUME_TOKEN_MISMATCH"
 	ReasonUnknownTarget         = "UNKNOWN_TARGET"
 	ReasonEventInvalid          = "EVENT_INVALID"
+	// ReasonRequestMalformed: the request's bytes are not a message of its type.
+	ReasonRequestMalformed = "REQUEST_MALFORMED"
 )
 
 // invalidArgumentError carries field violations until toStatus renders them.

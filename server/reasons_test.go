@@ -293,6 +293,10 @@ func TestEveryDocumentedReason(t *testing.T) {
 		server.ReasonFieldInvalid: func(t *testing.T) seen {
 			return received(t, prepare(prepareRequest("9acme", "r-1", `{}`)))
 		},
+		server.ReasonRequestMalformed: func(t *testing.T) seen {
+			return received(t, b.conn.Invoke(b.ctx, opbrokerv1.OperationService_GetOperation_FullMethodName, []byte{0x0a, 0x7f},
+				new(struct{}), grpc.ForceCodecV2(rawCodec{})))
+		},
 		server.ReasonInvalidArgument: func(t *testing.T) seen {
 			req := prepareRequest("", "r-1", `{}`) // FIELD_REQUIRED
 			req.ContentType = "json"               // FIELD_INVALID
