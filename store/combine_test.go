@@ -1,12 +1,14 @@
 package store_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -119,6 +121,21 @@ func TestPrepareTogetherAnswersEach(t *testing.T) {
 	require.Equal(t, existing, again)
 }
 
+// stalledDuplicate begins a transaction that inserts acme's intent intentRef and does
+// not finish: it is rolled back at the end of the test, if not before.
+func (b *testBundle) stalledDuplicate(t *testing.T, intentRef string) pgx.Tx {
+	t.Helper()
+	stalled, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = stalled.Rollback(context.Background()) })
+	_, err = stalled.Exec(b.ctx, `SELECT set_config('opbroker.tenant', '*', true)`)
+	require.NoError(t, err)
+	_, err = stalled.Exec(b.ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type, payload, payload_sha256)
+		VALUES ('acme', gen_random_uuid(), 'demo.charge', $1, 'application/json', '{}', sha256('{}'))`, intentRef)
+	require.NoError(t, err)
+	return stalled
+}
+
 // TestCombinedPrepareDoesNotWaitOnAStalledDuplicate: an intent whose duplicate is being
 // written by a transaction that does not finish holds up only itself: the intents
 // combined with it are recorded within the combined statement's lock wait, and it is
@@ -126,14 +143,7 @@ func TestPrepareTogetherAnswersEach(t *testing.T) {
 func TestCombinedPrepareDoesNotWaitOnAStalledDuplicate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	stalled, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer stalled.Rollback(b.ctx) //nolint:errcheck // ended below
-	_, err = stalled.Exec(b.ctx, `SELECT set_config('opbroker.tenant', '*', true)`)
-	require.NoError(t, err)
-	_, err = stalled.Exec(b.ctx, `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type, payload, payload_sha256)
-		VALUES ('acme', gen_random_uuid(), 'demo.charge', 'contended', 'application/json', '{}', sha256('{}'))`)
-	require.NoError(t, err)
+	stalled := b.stalledDuplicate(t, "contended")
 
 	type answer struct {
 		created []bool
@@ -159,4 +169,41 @@ func TestCombinedPrepareDoesNotWaitOnAStalledDuplicate(t *testing.T) {
 	for _, err := range got.errs {
 		require.NoError(t, err)
 	}
+}
+
+// TestStalledDuplicatesDoNotHoldUpOtherPrepares: callers of an intent whose duplicate a
+// transaction that does not finish is writing wait for it off the combiner's writers:
+// two of them, each in a batch of its own (which took both of the lane's writers and
+// held them until the transaction ended), leave another tenant's Prepare to be recorded
+// at once, and are recorded themselves as soon as that transaction ends.
+func TestStalledDuplicatesDoNotHoldUpOtherPrepares(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stalled := b.stalledDuplicate(t, "contended")
+
+	acme := b.store.Tenant("acme")
+	contended := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, _, err := acme.Prepare(b.ctx, prepareParams("acme", "contended", `{}`))
+			contended <- err
+		}()
+		time.Sleep(50 * time.Millisecond) // a batch of its own
+	}
+	time.Sleep(2 * store.CombinedLockWait) // both past the combined statement's lock wait
+
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	_, created, err := b.store.Tenant("globex").Prepare(ctx, prepareParams("globex", "free", `{}`))
+	require.NoError(t, err, "another tenant's Prepare waited for the stalled duplicate")
+	require.True(t, created)
+	require.Less(t, time.Since(start), 2*store.CombinedLockWait)
+	require.Empty(t, contended, "the duplicates wait for the other transaction")
+
+	require.NoError(t, stalled.Rollback(b.ctx))
+	for range 2 {
+		require.NoError(t, <-contended)
+	}
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE intent_ref = 'contended'`))
 }

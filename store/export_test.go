@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -22,15 +23,26 @@ func (s *Store) PrepareTogether(ctx context.Context, ps []PrepareParams, allTena
 	}
 	results, err := s.insertEach(ctx, calls)
 	ops, created, errs = make([]Operation, len(ps)), make([]bool, len(ps)), make([]error, len(ps))
+	var wg sync.WaitGroup
 	for i := range ps {
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		ops[i], created[i], errs[i] = results[i].op, results[i].created, results[i].err
+		wg.Go(func() {
+			r := results[i]
+			if r.alone { // as each caller would, at once
+				r = s.prepareAlone(ctx, calls[i])
+			}
+			ops[i], created[i], errs[i] = r.op, r.created, r.err
+		})
 	}
+	wg.Wait()
 	return ops, created, errs
 }
+
+// CombinedLockWait is how long a combined insert waits for a lock.
+const CombinedLockWait = combinedLockWait
 
 // RecordedOutcomeOf is RecordOutcome's answer for an outcome that left the operation as
 // op is.

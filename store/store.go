@@ -6,11 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -104,9 +104,14 @@ func (q Scope) Prepare(ctx context.Context, p PrepareParams) (op Operation, crea
 	if scope == allTenants {
 		lane = allTenants
 	}
-	results, i, err := q.s.prepares.do(ctx, lane, prepareCall{PrepareParams: p, id: id, scope: scope}, q.s.insertEach)
+	call := prepareCall{PrepareParams: p, id: id, scope: scope}
+	results, i, err := q.s.prepares.do(ctx, lane, call, q.s.insertEach)
+	var result prepared
 	if err == nil {
-		err = results[i].err
+		if result = results[i]; result.alone {
+			result = q.s.prepareAlone(ctx, call)
+		}
+		err = result.err
 	}
 	var unresolved *SupersededUnresolvedError
 	if errors.As(err, &unresolved) {
@@ -118,8 +123,8 @@ func (q Scope) Prepare(ctx context.Context, p PrepareParams) (op Operation, crea
 	if err != nil {
 		return Operation{}, false, fmt.Errorf("store: prepare: %w", err)
 	}
-	if results[i].created {
-		return results[i].op, true, nil
+	if result.created {
+		return result.op, true, nil
 	}
 
 	// The intent was already recorded (the conflicting insert waited for it to commit).
@@ -164,35 +169,34 @@ type prepareCall struct {
 }
 
 // prepared is one call's answer from a combined insert: the operation it created, or
-// none (the intent was already recorded), or its own error.
+// none (the intent was already recorded), or its own error; or alone: the call is to be
+// recorded on its own (insertEach).
 type prepared struct {
 	op      Operation
 	created bool
 	err     error
+	alone   bool
 }
 
 // insertEach records intents together, in the scope of their callers' tenants, and
 // answers each. When the combined statement fails for anything but the database being
-// unreachable (one intent breaks a constraint, say), each intent is recorded on its
-// own, all at once, in its own caller's scope, so each gets its own answer.
+// unreachable (one intent breaks a constraint, say), each intent is answered alone:
+// its caller records it on its own, in its own scope (prepareAlone), so each gets its
+// own answer.
 //
-// A combined statement waits for a lock at most combinedLockWait: an intent whose
-// duplicate is still being written by a transaction that does not finish (its client
-// stalled between the statement and the commit) must not hold up every other intent
-// written with it. Alone, it waits as long as its caller does.
+// The statement waits for a lock at most combinedLockWait: an intent whose duplicate is
+// still being written by a transaction that does not finish (its client stalled between
+// the statement and the commit) must hold up neither the intents written with it nor,
+// since the statement holds one of the lane's few writers, every other caller's. Alone,
+// on its caller's goroutine and off the lane's writers, it waits as long as its caller
+// does.
 func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared, error) {
-	combined := ctx
-	if len(calls) > 1 {
-		combined = withLockTimeout(ctx, combinedLockWait)
-	}
-	answers, err := s.scopeOfCalls(calls).insertOperations(combined, calls)
-	if err != nil && len(calls) > 1 && !errors.Is(err, ErrUnavailable) {
+	answers, err := s.scopeOfCalls(calls).insertOperations(withLockTimeout(ctx, combinedLockWait), calls)
+	if err != nil && !errors.Is(err, ErrUnavailable) && (len(calls) > 1 || isLockTimeout(err)) {
 		results := make([]prepared, len(calls))
-		var wg sync.WaitGroup
-		for i, c := range calls {
-			wg.Go(func() { results[i] = s.insertOne(ctx, c) })
+		for i := range results {
+			results[i].alone = true
 		}
-		wg.Wait()
 		return results, nil
 	}
 	if err != nil {
@@ -208,7 +212,15 @@ func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared
 // combinedLockWait bounds a combined insert's wait for a lock (see insertEach).
 const combinedLockWait = time.Second
 
-func (s *Store) insertOne(ctx context.Context, c prepareCall) prepared {
+// isLockTimeout reports whether err is a statement's lock wait ending at lock_timeout.
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
+}
+
+// prepareAlone records c on its own, in its caller's scope: for a call that insertEach
+// answered alone.
+func (s *Store) prepareAlone(ctx context.Context, c prepareCall) prepared {
 	answers, err := s.scopeOfCalls([]prepareCall{c}).insertOperations(ctx, []prepareCall{c})
 	if err != nil {
 		return prepared{err: err}
