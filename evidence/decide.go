@@ -71,7 +71,8 @@ type verdict struct {
 //     failure, to FAILED_TERMINAL; pending marks an UNKNOWN one as accepted and
 //     unfinished (no replay follows). An ESCALATED operation only records it, for its
 //     owner. What agrees with a terminal state is observed; what contradicts it, or the
-//     ledger's sends, is quarantined.
+//     ledger's sends (a failure of one whose send the target answered with a verified
+//     success, kept as a stale outcome, too), is quarantined.
 func decide(contract *target.Contract, e store.InboundEvidence, found []store.Candidate, actor string) verdict {
 	switch len(found) {
 	case 0:
@@ -131,6 +132,9 @@ func decide(contract *target.Contract, e store.InboundEvidence, found []store.Ca
 			}
 			return change(store.StateSucceeded, eventSucceeded, "the target reported the effect succeeded")
 		case target.MeaningFailed:
+			if c.VerifiedSuccess {
+				return quarantine(ReasonContradictsLedger, "the target reports a final failure (%s) of an operation whose send it answered with a verified success", e.EventType)
+			}
 			return change(store.StateFailedTerminal, eventFailed, "the target reported the effect failed, in a state it documents as final and without effect")
 		default:
 			if op.State == store.StateInFlight {

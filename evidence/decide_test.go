@@ -72,6 +72,16 @@ func TestDecide(t *testing.T) {
 		require.Equal(t, tc.want, got, "%s operation, %s event", tc.state, tc.meaning)
 	}
 
+	// A final failure of an operation whose send the target answered with a verified
+	// success contradicts that answer; a success agrees with it.
+	for _, state := range []store.State{store.StateUnknown, store.StateInFlight} {
+		answered := candidate(state)
+		answered.VerifiedSuccess = true
+		v := decide(contract, event(target.MeaningFailed), []store.Candidate{answered}, "a")
+		require.Equal(t, want{disposition: store.EvidenceQuarantined, reason: ReasonContradictsLedger}, want{disposition: v.disposition, reason: v.reason}, state)
+		require.Equal(t, store.StateSucceeded, decide(contract, event(target.MeaningSucceeded), []store.Candidate{answered}, "a").change.To, state)
+	}
+
 	// The checks before the state, each quarantining.
 	unknown := candidate(store.StateUnknown)
 	require.True(t, decide(contract, event(target.MeaningSucceeded), nil, "a").later, "none found: matched again later")

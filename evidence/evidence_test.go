@@ -352,6 +352,29 @@ func TestPendingEvidenceStopsReplays(t *testing.T) {
 	require.Equal(t, store.StateFailedTerminal, b.get(t, op).State)
 }
 
+// TestAFailureAfterAVerifiedSuccessIsQuarantined: the target answered a send of the
+// operation with a verified success, which reached its worker after the lease expired
+// (kept as a stale outcome): an event of a final failure then contradicts the target's
+// own answer, and is quarantined rather than making the operation FAILED_TERMINAL (a
+// client would make the effect again). A success event still resolves it.
+func TestAFailureAfterAVerifiedSuccessIsQuarantined(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := b.unknown(t, "acme", "order-1", 100)
+	_, err := b.admin.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, remote_ref, sent)
+		VALUES ('acme', $1, 1, 'w', 'VERIFIED_SUCCESS', '{}', 'ch_1', true)`, op.ID)
+	require.NoError(t, err)
+	b.deliver(t, event("evt_1", "charge.failed", b.key(t, op), "ch_1", "acme", 100))
+	e := b.evidence(t, "evt_1")
+	require.Equal(t, store.EvidenceQuarantined, e.Disposition)
+	require.Equal(t, evidence.ReasonContradictsLedger, e.Reason)
+	require.Contains(t, e.Detail, "answered with a verified success")
+	require.Equal(t, op.Revision, b.get(t, op).Revision, "nothing changed")
+
+	b.deliver(t, event("evt_2", "charge.succeeded", b.key(t, op), "ch_1", "acme", 100))
+	require.Equal(t, store.StateSucceeded, b.get(t, op).State)
+}
+
 // TestEventBeforeItsReference: an event found by the target's reference can come before
 // the answer that records that reference; it is matched again until the answer is
 // recorded. Where the answer never comes (the send ended UNKNOWN), it is quarantined

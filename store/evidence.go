@@ -149,7 +149,14 @@ func (q Scope) DueEvidence(ctx context.Context, limit int) ([]InboundEvidence, e
 type Candidate struct {
 	Operation
 	Payload []byte
+	// VerifiedSuccess: the target answered one of its sends with a verified success
+	// that reached a worker after it lost its fence (a stale outcome).
+	VerifiedSuccess bool
 }
+
+// candidateColumns are a Candidate's columns, from operations.
+const candidateColumns = operationColumns + `, payload, EXISTS (SELECT 1 FROM stale_outcomes s
+	WHERE s.tenant_id = operations.tenant_id AND s.operation_id = operations.operation_id AND s.outcome = 'VERIFIED_SUCCESS')`
 
 // EvidenceCandidates returns the operations of the given types that an event's
 // reference names: by the remote key the broker sent, or by the target's reference. At
@@ -164,7 +171,7 @@ func (q Scope) EvidenceCandidates(ctx context.Context, operationTypes []string, 
 		}
 		where, arg = `(tenant_id, operation_id) IN (SELECT tenant_id, operation_id FROM operation_keys WHERE remote_key = $1)`, key
 	}
-	rows := q.query(ctx, `SELECT `+operationColumns+`, payload FROM operations
+	rows := q.query(ctx, `SELECT `+candidateColumns+` FROM operations
 		WHERE `+where+` AND operation_type = ANY ($2) LIMIT 2`, arg, operationTypes)
 	found, err := pgx.CollectRows(rows, scanCandidate)
 	if err != nil {
@@ -176,7 +183,7 @@ func (q Scope) EvidenceCandidates(ctx context.Context, operationTypes []string, 
 // Candidate returns one operation with its approved payload, for an operator who names
 // the operation an event is about.
 func (q Scope) Candidate(ctx context.Context, tenantID string, id uuid.UUID) (Candidate, error) {
-	rows := q.query(ctx, `SELECT `+operationColumns+`, payload FROM operations WHERE tenant_id = $1 AND operation_id = $2`, tenantID, id)
+	rows := q.query(ctx, `SELECT `+candidateColumns+` FROM operations WHERE tenant_id = $1 AND operation_id = $2`, tenantID, id)
 	c, err := pgx.CollectExactlyOneRow(rows, scanCandidate)
 	if err != nil {
 		return Candidate{}, fmt.Errorf("store: candidate: %w", translate(err))
@@ -186,7 +193,7 @@ func (q Scope) Candidate(ctx context.Context, tenantID string, id uuid.UUID) (Ca
 
 func scanCandidate(row pgx.CollectableRow) (Candidate, error) {
 	var c Candidate
-	err := row.Scan(operationDest(&c.Operation, &c.Payload)...)
+	err := row.Scan(operationDest(&c.Operation, &c.Payload, &c.VerifiedSuccess)...)
 	return c, err
 }
 
