@@ -457,10 +457,12 @@ func (r *recordedOutcomes) failed(n, i, j int, err error) {
 	}
 }
 
-// applied returns the operation as p's outcome left it, if p's fence held.
+// applied returns the operation as p's outcome left it, if p's fence held and p is the
+// outcome applied: of two for one fence in a batch, the statement applies one, and the
+// other, of another state, is not answered as applied too.
 func (r recordedOutcomes) applied(p OutcomeParams) (RecordedOutcome, bool) {
 	op, ok := r.moved[OperationKey{TenantID: p.TenantID, ID: p.ID}]
-	if !ok || op.FenceToken != p.Fence {
+	if !ok || op.FenceToken != p.Fence || op.State != p.State {
 		return RecordedOutcome{}, false
 	}
 	return op, true

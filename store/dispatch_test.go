@@ -385,6 +385,30 @@ func TestAnOutcomeAtFaultFailsAlone(t *testing.T) {
 	}
 }
 
+// TestTwoOutcomesForOneFenceAreNotBothApplied: the dispatcher records one outcome per
+// claim, but were two of different states recorded for one fence in a batch, the
+// statement applies one of them, and only that one is answered as applied.
+func TestTwoOutcomesForOneFenceAreNotBothApplied(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.claimN(t, "acme", 1)[0]
+	obs := store.Observation{ObservedAt: time.Now(), Source: "DISPATCH"}
+	success, unknown := obs, obs
+	success.Outcome, unknown.Outcome = "VERIFIED_SUCCESS", "TIMEOUT"
+	_, errs := b.all.RecordOutcomesTogether(b.ctx, []store.OutcomeParams{
+		{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken, State: store.StateSucceeded, RemoteRef: "ch_1", Observation: success, Actor: "w"},
+		{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken, State: store.StateUnknown, Observation: unknown, Actor: "w"}})
+	op, err := b.all.Get(b.ctx, "acme", c.ID)
+	require.NoError(t, err)
+	for i, state := range []store.State{store.StateSucceeded, store.StateUnknown} {
+		if state == op.State {
+			require.NoError(t, errs[i], "the outcome applied")
+		} else {
+			require.ErrorIs(t, errs[i], store.ErrFenceLost, "the %s outcome was not applied: the operation is %s", state, op.State)
+		}
+	}
+}
+
 func TestExtendLeases(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
