@@ -81,8 +81,6 @@ type admission struct {
 	validator protovalidate.Validator
 	log       *slog.Logger
 	limits    Limits
-	// undecoded are the requests the server's codec could not decode (requestCodec).
-	undecoded *undecoded
 
 	mu       sync.Mutex
 	watches  map[string]int           // open watch streams by principal
@@ -105,7 +103,7 @@ func newAdmission(authn *auth.Authenticator, v protovalidate.Validator, log *slo
 	if limits.TenantBurst <= 0 {
 		limits.TenantBurst = max(1, int(2*limits.TenantRate))
 	}
-	return &admission{authn: authn, validator: v, log: log, limits: limits, undecoded: &undecoded{},
+	return &admission{authn: authn, validator: v, log: log, limits: limits,
 		watches: map[string]int{}, limiters: map[string]*tenantBucket{}}
 }
 
@@ -295,13 +293,12 @@ func (a *admission) openWatch(p *auth.Principal) (func(), error) {
 
 func (a *admission) unaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		undecodable := a.undecoded.take(req) // taken whatever follows: nothing else reads it
 		ctx, err := a.authenticate(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if undecodable != nil {
-			return nil, toStatus(ctx, a.log, undecodable)
+		if err := undecoded(req); err != nil {
+			return nil, toStatus(ctx, a.log, err)
 		}
 		ctx, err = a.admit(ctx, info.FullMethod, req)
 		if err != nil {
@@ -345,7 +342,7 @@ func (s *admittedStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	if err := s.a.undecoded.take(m); err != nil {
+	if err := undecoded(m); err != nil {
 		return toStatus(s.ctx, s.a.log, err)
 	}
 	ctx, err := s.a.admit(s.ctx, s.method, m)

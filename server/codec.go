@@ -2,7 +2,6 @@ package server
 
 import (
 	"fmt"
-	"sync"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
@@ -17,17 +16,22 @@ import (
 // requestCodec is gRPC's protobuf codec, except for a request it cannot decode. gRPC
 // answers such a request INTERNAL, with no ErrorInfo, before any interceptor runs (text
 // that is not valid UTF-8, say, from a client whose library does not check it). This
-// codec leaves the request empty, keeps why it could not be decoded, and reports success;
-// the admission then takes that reason (undecoded.take) before anything else reads the
-// request, and answers INVALID_ARGUMENT.
-type requestCodec struct {
-	encoding.CodecV2
-	undecoded *undecoded
+// codec leaves the request empty but for an unknown field, undecodedField, that says
+// why it could not be decoded, and reports success; the admission finds that field
+// (undecoded) before anything else reads the request, and answers INVALID_ARGUMENT.
+// The reason travels with the message, so nothing is left behind when a call ends
+// before the admission sees it.
+type requestCodec struct{ encoding.CodecV2 }
+
+func newRequestCodec() requestCodec {
+	return requestCodec{CodecV2: encoding.GetCodecV2(protocodec.Name)}
 }
 
-func newRequestCodec(u *undecoded) requestCodec {
-	return requestCodec{CodecV2: encoding.GetCodecV2(protocodec.Name), undecoded: u}
-}
+// undecodedField is the field number under which requestCodec keeps why a request
+// could not be decoded: the largest a field may have, which no request of ours uses.
+// Its value is "F" and the name of the field whose text is not valid UTF-8, or "M" and
+// what did not decode. A client that sends it itself only has its request refused.
+const undecodedField = protowire.MaxValidNumber
 
 func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.CodecV2.Unmarshal(data, v)
@@ -36,34 +40,51 @@ func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return err
 	}
 	proto.Reset(m)
-	c.undecoded.requests.Store(m, undecodable(m.ProtoReflect().Descriptor(), data.Materialize(), err))
+	why := "M" + err.Error()
+	if field := notUTF8(m.ProtoReflect().Descriptor(), data.Materialize()); field != "" {
+		why = "F" + field
+	}
+	mark := protowire.AppendTag(nil, undecodedField, protowire.BytesType)
+	m.ProtoReflect().SetUnknown(protowire.AppendString(mark, why))
 	return nil
 }
 
-// undecoded holds, for each request the codec could not decode, the error to answer it
-// with, until the admission takes it.
-type undecoded struct{ requests sync.Map }
-
-// take returns, and forgets, the error for req if the codec could not decode it; nil
+// undecoded returns the error for req if requestCodec could not decode it: nil
 // otherwise.
-func (u *undecoded) take(req any) error {
-	if u == nil {
+func undecoded(req any) error {
+	m, ok := req.(proto.Message)
+	if !ok {
 		return nil
 	}
-	if err, ok := u.requests.LoadAndDelete(req); ok {
-		return err.(error)
+	b := m.ProtoReflect().GetUnknown()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		if num == undecodedField && typ == protowire.BytesType {
+			why, n := protowire.ConsumeString(b)
+			if n < 0 || why == "" {
+				return nil
+			}
+			return undecodable(m.ProtoReflect().Descriptor(), why[:1], why[1:])
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return nil
+		}
+		b = b[n:]
 	}
 	return nil
 }
 
-// undecodable is the error for a request of md, in its wire form b, that did not decode
-// (err): INVALID_ARGUMENT naming the field whose text is not valid UTF-8, or saying
-// that the request is not a message of its type.
-func undecodable(md protoreflect.MessageDescriptor, b []byte, err error) error {
-	if field := notUTF8(md, b); field != "" {
-		return invalidArgument(violation(field, "must be valid UTF-8", ReasonFieldInvalid))
+// undecodable is the error for a request of md that did not decode: kind "F", the
+// field named by detail is not valid UTF-8; otherwise detail says what did not decode.
+func undecodable(md protoreflect.MessageDescriptor, kind, detail string) error {
+	if kind == "F" {
+		return invalidArgument(violation(detail, "must be valid UTF-8", ReasonFieldInvalid))
 	}
-	return newStatus(codes.InvalidArgument, fmt.Sprintf("the request is not a valid %s: %v", md.FullName(), err), ReasonRequestMalformed, nil)
+	return newStatus(codes.InvalidArgument, fmt.Sprintf("the request is not a valid %s: %s", md.FullName(), detail), ReasonRequestMalformed, nil)
 }
 
 // notUTF8 names the first text field of a message of md, in its wire form b, that is

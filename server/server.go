@@ -168,7 +168,7 @@ func New(opts Options) (*Server, error) {
 			otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 		grpc.UnaryInterceptor(unary),
 		grpc.StreamInterceptor(stream),
-		grpc.ForceServerCodecV2(newRequestCodec(admit.undecoded)),
+		grpc.ForceServerCodecV2(newRequestCodec()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time: 30 * time.Second, Timeout: 10 * time.Second,
