@@ -207,3 +207,26 @@ func TestStalledDuplicatesDoNotHoldUpOtherPrepares(t *testing.T) {
 	}
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM operations WHERE intent_ref = 'contended'`))
 }
+
+// TestAnIntentRecordedAloneWaitsBoundedly: an intent whose duplicate's writer stalls,
+// prepared by a caller with no deadline of its own, is given up after a bound (as a
+// combined statement is), so that such callers cannot hold the pool's connections for
+// good. Not parallel: it sets the bound for the package.
+func TestAnIntentRecordedAloneWaitsBoundedly(t *testing.T) {
+	b := setup(t)
+	store.SetAloneTimeout(t, 500*time.Millisecond)
+	b.stalledDuplicate(t, "contended")
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, _, err := b.store.Tenant("acme").Prepare(context.Background(), prepareParams("acme", "contended", `{}`))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.Error(t, err)
+		require.Less(t, time.Since(start), store.CombinedLockWait+5*time.Second)
+	case <-time.After(store.CombinedLockWait + 10*time.Second):
+		t.Fatal("the intent recorded alone waited for the stalled writer with no bound")
+	}
+}

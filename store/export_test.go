@@ -44,6 +44,14 @@ func (s *Store) PrepareTogether(ctx context.Context, ps []PrepareParams, allTena
 // CombinedLockWait is how long a combined insert waits for a lock.
 const CombinedLockWait = combinedLockWait
 
+// SetAloneTimeout sets how long an intent recorded on its own may take, until the test
+// ends.
+func SetAloneTimeout(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := aloneTimeout
+	aloneTimeout = d
+	t.Cleanup(func() { aloneTimeout = old })
+}
+
 // RecordedOutcomeOf is RecordOutcome's answer for an outcome that left the operation as
 // op is.
 var RecordedOutcomeOf = recordedOutcomeOf

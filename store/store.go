@@ -212,6 +212,10 @@ func (s *Store) insertEach(ctx context.Context, calls []prepareCall) ([]prepared
 // combinedLockWait bounds a combined insert's wait for a lock (see insertEach).
 const combinedLockWait = time.Second
 
+// aloneTimeout bounds an intent recorded on its own (prepareAlone); a variable for the
+// tests.
+var aloneTimeout = combineTimeout
+
 // isLockTimeout reports whether err is a statement's lock wait ending at lock_timeout.
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
@@ -219,8 +223,12 @@ func isLockTimeout(err error) bool {
 }
 
 // prepareAlone records c on its own, in its caller's scope: for a call that insertEach
-// answered alone.
+// answered alone. It waits at most aloneTimeout, as a combined statement does
+// (combineTimeout), so that callers with no deadline of their own, waiting on a
+// duplicate whose writer stalls, do not hold the pool's connections for good.
 func (s *Store) prepareAlone(ctx context.Context, c prepareCall) prepared {
+	ctx, cancel := context.WithTimeout(ctx, aloneTimeout)
+	defer cancel()
 	answers, err := s.scopeOfCalls([]prepareCall{c}).insertOperations(ctx, []prepareCall{c})
 	if err != nil {
 		return prepared{err: err}
