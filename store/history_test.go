@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -161,7 +162,9 @@ func (b *testBundle) reject(t *testing.T, c store.Claimed) {
 
 // execAs runs statement on db in a transaction whose tenant scope is tenant, as the
 // store sets it.
-func (b *testBundle) execAs(db *pgxpool.Pool, tenant, statement string, args ...any) error {
+func (b *testBundle) execAs(db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, tenant, statement string, args ...any) error {
 	return pgx.BeginFunc(b.ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(b.ctx, `SELECT set_config('opbroker.tenant', $1, true)`, tenant); err != nil {
 			return err
@@ -226,4 +229,46 @@ func TestOnlyTerminalOperationsAreDeleted(t *testing.T) {
 	}))
 	require.Equal(t, "beta", scope, "the truncation's check gave the caller every tenant's scope")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM operations`))
+}
+
+// TestTemporaryTablesDoNotShadowTheLedger: a session of the broker's role may create
+// temporary tables, which PostgreSQL searches before any schema unless the search path
+// names pg_temp. None can stand in for a table the ledger's guards read: a temporary
+// operation_transitions does not let a CANCELLED operation back to PREPARED, and an
+// empty temporary operations lets neither the keys of an operation be deleted nor the
+// operations be truncated while one is open.
+func TestTemporaryTablesDoNotShadowTheLedger(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := b.prepareN(t, "acme", 2)
+	cancelled := store.Operation{TenantID: "acme", ID: ids[0]}
+	b.cancel(t, cancelled)
+	conn, err := b.app.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var schema string
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT current_schema()`).Scan(&schema))
+	ledger := func(table string) string { return pgx.Identifier{schema, table}.Sanitize() }
+	for _, statement := range []string{
+		`CREATE TEMP TABLE operation_transitions (from_state text, to_state text)`,
+		`INSERT INTO operation_transitions VALUES ('CANCELLED', 'PREPARED')`,
+		`CREATE TEMP TABLE operations (tenant_id text, operation_id uuid, state text)`,
+	} {
+		_, err := conn.Exec(b.ctx, statement)
+		require.NoError(t, err, statement)
+	}
+	for statement, why := range map[string]string{
+		`UPDATE ` + ledger("operations") + ` SET state = 'PREPARED', revision = revision + 1 WHERE operation_id = '` + ids[0].String() + `'`: "transition CANCELLED -> PREPARED is not allowed",
+		`DELETE FROM ` + ledger("operation_keys"):       "its keys are deleted with it",
+		`TRUNCATE ` + ledger("operations") + ` CASCADE`: "operations are truncated only once every one is",
+	} {
+		err := b.execAs(conn, "acme", statement)
+		code, _ := pgCode(err)
+		require.Equal(t, "23000", code, "%s: %v", statement, err)
+		require.ErrorContains(t, err, why)
+	}
+	got, err := b.all.Get(b.ctx, "acme", cancelled.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateCancelled, got.State)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM operation_keys`))
 }

@@ -30,7 +30,7 @@ CREATE TYPE opbroker.operation_state AS ENUM (
 
 CREATE FUNCTION opbroker.history_goes_with_operations() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'opbroker'
+    SET search_path TO 'opbroker', 'pg_temp'
     AS $$
 BEGIN
   IF pg_trigger_depth() < 2 THEN
@@ -47,7 +47,7 @@ $$;
 
 CREATE FUNCTION opbroker.history_has_operations() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'opbroker'
+    SET search_path TO 'opbroker', 'pg_temp'
     AS $$
 BEGIN
   IF EXISTS (SELECT 1 FROM new_rows n LEFT JOIN LATERAL (
@@ -67,6 +67,7 @@ $$;
 
 CREATE FUNCTION opbroker.operation_events_append_only() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'opbroker', 'pg_temp'
     AS $$
 BEGIN
   RAISE EXCEPTION 'operation_events is append-only' USING ERRCODE = 'integrity_constraint_violation';
@@ -79,7 +80,7 @@ $$;
 
 CREATE FUNCTION opbroker.operation_keys_guard() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'opbroker'
+    SET search_path TO 'opbroker', 'pg_temp'
     AS $$
 BEGIN
   IF TG_OP = 'TRUNCATE' THEN
@@ -107,7 +108,7 @@ $$;
 
 CREATE FUNCTION opbroker.operations_delete_history() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'opbroker'
+    SET search_path TO 'opbroker', 'pg_temp'
     AS $$
 BEGIN
   DELETE FROM operation_events e USING old_rows o WHERE e.tenant_id = o.tenant_id AND e.operation_id = o.operation_id;
@@ -124,7 +125,7 @@ $$;
 
 CREATE FUNCTION opbroker.operations_deleted_when_terminal() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'opbroker'
+    SET search_path TO 'opbroker', 'pg_temp'
     AS $$
 DECLARE
   scope text;
@@ -155,6 +156,7 @@ $$;
 
 CREATE FUNCTION opbroker.operations_formats() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'opbroker', 'pg_temp'
     AS $_$
 BEGIN
   IF NEW.tenant_id !~ '^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$' THEN
@@ -172,6 +174,7 @@ $_$;
 
 CREATE FUNCTION opbroker.operations_guard() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'opbroker', 'pg_temp'
     AS $$
 BEGIN
   IF NEW.tenant_id <> OLD.tenant_id OR NEW.operation_id <> OLD.operation_id
@@ -228,7 +231,7 @@ $$;
 
 CREATE FUNCTION opbroker.operations_have_keys() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'opbroker'
+    SET search_path TO 'opbroker', 'pg_temp'
     SET enable_seqscan TO 'off'
     AS $$
 BEGIN
@@ -250,7 +253,7 @@ $$;
 
 CREATE FUNCTION opbroker.operations_truncate_history() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'opbroker'
+    SET search_path TO 'opbroker', 'pg_temp'
     AS $$
 BEGIN
   TRUNCATE operation_events, stale_outcomes, inbound_evidence, operation_keys;
@@ -264,6 +267,7 @@ $$;
 
 CREATE FUNCTION opbroker.stale_outcomes_append_only() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'opbroker', 'pg_temp'
     AS $$
 BEGIN
   RAISE EXCEPTION 'stale_outcomes is append-only' USING ERRCODE = 'integrity_constraint_violation';
