@@ -246,7 +246,9 @@ var ErrEvidenceChanged = errors.New("the evidence or its operation changed since
 
 // SettleEvidence records a decision on an event, and its change to the operation, in one
 // statement; ErrEvidenceChanged when the event is no longer From or the operation has
-// moved past Change.Revision (or Revision).
+// moved past Change.Revision (or Revision), or when the change is to FAILED_TERMINAL and
+// a verified success of the target's is kept as a stale outcome (one may have come
+// since the decision: it is decided again, knowing it).
 func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 	var tenant *string
 	var id *uuid.UUID
@@ -297,6 +299,8 @@ func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 				updated_at = now()
 			WHERE $7::bigint IS NOT NULL AND o.tenant_id = $5 AND o.operation_id = $6 AND o.revision = $7
 				AND o.state = $8 AND EXISTS (SELECT 1 FROM row0)
+				AND ($9::operation_state <> 'FAILED_TERMINAL' OR NOT EXISTS (SELECT 1 FROM stale_outcomes s
+					WHERE s.tenant_id = o.tenant_id AND s.operation_id = o.operation_id AND s.outcome = 'VERIFIED_SUCCESS'))
 			RETURNING o.*
 		), ev AS (`+eventsFrom("upd", "$8", "$13", "$14", "last_observation")+`
 		), mark AS (

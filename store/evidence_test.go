@@ -63,6 +63,28 @@ func TestObservationHoldsAtItsRevision(t *testing.T) {
 	require.NoError(t, observe(op.Revision))
 }
 
+// TestNoFailureByEvidenceAfterAStaleVerifiedSuccess: an event's failure is not recorded
+// on an operation whose send the target answered with a verified success, kept after
+// the event was decided: the event is decided again.
+func TestNoFailureByEvidenceAfterAStaleVerifiedSuccess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := unknownOp(t, b, "acme", "order-1")
+	_, _, err := b.all.ReceiveEvidence(b.ctx, webhookEvent("evt_1", ""), time.Hour, time.Minute)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, remote_ref, sent)
+		VALUES ('acme', $1, 1, 'w', 'VERIFIED_SUCCESS', '{}', 'ch_1', true)`, op.ID)
+	require.NoError(t, err)
+	settle := func(to store.State) error {
+		return b.all.SettleEvidence(b.ctx, store.EvidenceSettlement{EvidenceKey: store.EvidenceKey{Target: "demo-payments", EventID: "evt_1"},
+			From: store.EvidencePending, To: store.EvidenceApplied, TenantID: "acme", ID: op.ID,
+			Change: &store.EvidenceChange{Revision: op.Revision, From: store.StateUnknown, To: to, RemoteRef: "ch_1",
+				Observation: store.Observation{Source: "EVIDENCE", Outcome: "EVIDENCE_" + string(to)}, Actor: "webhook:test", Reason: "EVIDENCE"}})
+	}
+	require.ErrorIs(t, settle(store.StateFailedTerminal), store.ErrEvidenceChanged)
+	require.NoError(t, settle(store.StateSucceeded))
+}
+
 // TestPostponedEvidenceWaitsItsTurn: an event whose decision could not be recorded
 // leaves the matchers' queue until its new turn, a second after the first failure and
 // twice as long after each next one, never more than a minute.

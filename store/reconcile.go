@@ -181,10 +181,11 @@ type BeginReplayParams struct {
 
 // BeginReplay moves an UNKNOWN operation to IN_FLIGHT for a same-key replay: fence + 1,
 // attempt + 1 and an event, only under the caller's fence, and never once the target
-// said it accepted the request without finishing it: accepted_unfinished, which an event
-// saying so sets on an UNKNOWN operation without taking its fence, or a stale outcome of
-// one of p.AcceptedClasses (an answer a worker received after losing its fence); either
-// may have come after the caller decided. The returned claim is sent and recorded like a
+// said it accepted the request without finishing it, or answered it with a verified
+// success: accepted_unfinished, which an event saying so sets on an UNKNOWN operation
+// without taking its fence, or a stale outcome of one of p.AcceptedClasses or
+// VERIFIED_SUCCESS (an answer a worker received after losing its fence); any may have
+// come after the caller decided. The returned claim is sent and recorded like a
 // dispatcher's.
 func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
 	rows := q.query(ctx, `
@@ -195,7 +196,7 @@ func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, e
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
 				AND NOT accepted_unfinished
 				AND NOT EXISTS (SELECT 1 FROM stale_outcomes s
-					WHERE s.tenant_id = $1 AND s.operation_id = $2 AND s.outcome = ANY($6))
+					WHERE s.tenant_id = $1 AND s.operation_id = $2 AND (s.outcome = ANY($6) OR s.outcome = 'VERIFIED_SUCCESS'))
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "'reconciler:' || $4", "'SAME_KEY_REPLAY'", "NULL")+`)
 		SELECT `+claimedColumns+` FROM upd`,

@@ -173,8 +173,9 @@ func TestNoReplayAfterAStaleAcceptedAnswer(t *testing.T) {
 }
 
 // TestNoFailureAfterAStaleVerifiedSuccess: once a worker that lost its fence received
-// the target's verified success, the ledger refuses to record the operation as failed,
-// whatever a reconciler decided: it may have decided before that answer was kept.
+// the target's verified success, the ledger refuses to record the operation as failed
+// or to replay it, whatever a reconciler decided: it may have decided before that
+// answer was kept.
 func TestNoFailureAfterAStaleVerifiedSuccess(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -190,6 +191,9 @@ func TestNoFailureAfterAStaleVerifiedSuccess(t *testing.T) {
 		Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, Actor: "rec"}
 	_, err = b.all.ResolveUnknown(b.ctx, params)
 	require.ErrorIs(t, err, store.ErrFenceLost, "the target answered the operation's send with a success")
+	_, err = b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
+		Worker: "rec", Lease: time.Minute, AcceptedClasses: []string{"IN_PROGRESS"}})
+	require.ErrorIs(t, err, store.ErrFenceLost, "nor is it sent again")
 	params.State, params.RemoteRef = store.StateSucceeded, "ch_late"
 	done, err := b.all.ResolveUnknown(b.ctx, params)
 	require.NoError(t, err)
