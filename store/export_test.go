@@ -83,8 +83,11 @@ func MigrateTo(ctx context.Context, pool *pgxpool.Pool, version int32) error {
 	if err != nil {
 		return err
 	}
-	return m.MigrateTo(ctx, version)
+	return withTempLast(ctx, conn, func() error { return m.MigrateTo(ctx, version) })
 }
+
+// WithTempLast is withTempLast.
+var WithTempLast = withTempLast
 
 // SetListenCheck sets how long a listening connection waits in silence before it checks
 // its server, and how long the check may take, until the test ends.

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 
@@ -45,10 +46,30 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	if err := m.Migrate(ctx); err != nil {
+	if err := withTempLast(ctx, conn, func() error { return m.Migrate(ctx) }); err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
 	}
 	return nil
+}
+
+// withTempLast runs fn with pg_temp last in conn's search path, and puts the path back
+// after. PostgreSQL searches a session's temporary tables before any schema of the path
+// unless the path names pg_temp, so a function that a migration pins with SET
+// search_path FROM CURRENT then reads the ledger's tables, never a temporary table of
+// the same name (migration 030).
+func withTempLast(ctx context.Context, conn *pgxpool.Conn, fn func() error) error {
+	var path string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, `SELECT set_config('search_path', $1, false)`, path+", pg_temp"); err != nil {
+		return err
+	}
+	err := fn()
+	if _, resetErr := conn.Exec(context.WithoutCancel(ctx), `SELECT set_config('search_path', $1, false)`, path); resetErr != nil {
+		err = errors.Join(err, resetErr)
+	}
+	return err
 }
 
 // CheckSchema returns an error unless the schema is at the version this binary expects,

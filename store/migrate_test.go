@@ -167,6 +167,38 @@ func TestMigrationsCarryAPopulatedLedger(t *testing.T) {
 
 // An index built beforehand for migration 016 that is not the intent key it needs is
 // refused, not swapped in: the migration stops and says how to build it again.
+// TestEveryFunctionSearchesTemporaryTablesLast: every function of the ledger's schema
+// names its search path, with pg_temp last, so that no session's temporary table stands
+// in for a table it reads (migration 030). A migration that creates a function pins it
+// with SET search_path FROM CURRENT, which takes the migrator's path: that path has
+// pg_temp last while the migrations run, and is put back after.
+func TestEveryFunctionSearchesTemporaryTablesLast(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rows, _ := b.pool.Query(b.ctx, `SELECT p.proname::text || ' ' || coalesce(array_to_string(p.proconfig, ' '), '(none)')
+		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = current_schema() AND p.prokind = 'f'
+			AND NOT coalesce(p.proconfig @> ARRAY['search_path=' || quote_ident(current_schema()) || ', pg_temp'], false)`)
+	unpinned, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, unpinned, "functions whose search path does not end with pg_temp")
+
+	conn, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	path := func() string {
+		var p string
+		require.NoError(t, conn.QueryRow(b.ctx, `SELECT current_setting('search_path')`).Scan(&p))
+		return p
+	}
+	before := path()
+	require.NoError(t, store.WithTempLast(b.ctx, conn, func() error {
+		require.Equal(t, before+", pg_temp", path(), "while the migrations run")
+		return nil
+	}))
+	require.Equal(t, before, path(), "put back")
+}
+
 func TestIntentKeyBuiltBeforehandMustBeTheRightOne(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
