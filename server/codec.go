@@ -30,14 +30,23 @@ func newRequestCodec() requestCodec {
 // undecodedField is the field number under which requestCodec keeps why a request
 // could not be decoded: the largest a field may have, which no request of ours uses.
 // Its value is "F" and the name of the field whose text is not valid UTF-8, or "M" and
-// what did not decode. A client that sends it itself only has its request refused.
+// what did not decode. A request that carries it itself is refused for that
+// (errReservedField), whatever it says there.
 const undecodedField = protowire.MaxValidNumber
+
+var errReservedField = fmt.Errorf("field number %d is reserved", undecodedField)
 
 func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.CodecV2.Unmarshal(data, v)
 	m, ok := v.(proto.Message)
-	if err == nil || !ok {
+	if !ok {
 		return err
+	}
+	if err == nil {
+		if _, marked := mark(m); !marked {
+			return nil
+		}
+		err = errReservedField
 	}
 	proto.Reset(m)
 	why := "M" + err.Error()
@@ -56,26 +65,32 @@ func undecoded(req any) error {
 	if !ok {
 		return nil
 	}
+	why, marked := mark(m)
+	if !marked || why == "" {
+		return nil
+	}
+	return undecodable(m.ProtoReflect().Descriptor(), why[:1], why[1:])
+}
+
+// mark returns the value of m's unknown field undecodedField, and whether it has one.
+func mark(m proto.Message) (string, bool) {
 	b := m.ProtoReflect().GetUnknown()
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return nil
+			return "", false
 		}
 		b = b[n:]
 		if num == undecodedField && typ == protowire.BytesType {
 			why, n := protowire.ConsumeString(b)
-			if n < 0 || why == "" {
-				return nil
-			}
-			return undecodable(m.ProtoReflect().Descriptor(), why[:1], why[1:])
+			return why, n >= 0
 		}
 		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-			return nil
+			return "", false
 		}
 		b = b[n:]
 	}
-	return nil
+	return "", false
 }
 
 // undecodable is the error for a request of md that did not decode: kind "F", the

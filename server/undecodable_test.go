@@ -88,3 +88,20 @@ func TestUndecodableRequestsAreInvalidArguments(t *testing.T) {
 	_, err = b.client.PrepareOperation(b.ctx, prepare)
 	require.NoError(t, err)
 }
+
+// TestTextThatIsNotUTF8InTheProcess: a call in the same process (the support view's,
+// through Local) brings its strings without a codec: text that is not valid UTF-8 is
+// refused as over the network, not answered INTERNAL by the database.
+func TestTextThatIsNotUTF8InTheProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	client := opbrokerv1.NewOperationServiceClient(b.srv.Local)
+	_, err := client.ListOperations(b.ctx, &opbrokerv1.ListOperationsRequest{Tenant: "acme", IntentRef: "order-\xff"})
+	st := requireStatus(t, err, codes.InvalidArgument, server.ReasonFieldInvalid)
+	require.Equal(t, []string{"intent_ref: must be valid UTF-8 (FIELD_INVALID)"}, violationsOf(st))
+	stream, err := client.WatchOperation(b.ctx, &opbrokerv1.WatchOperationRequest{Name: "tenants/acme/operations/\xff"})
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	st = requireStatus(t, err, codes.InvalidArgument, server.ReasonFieldInvalid)
+	require.Contains(t, violationsOf(st), "name: must be valid UTF-8 (FIELD_INVALID)")
+}

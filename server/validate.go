@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"buf.build/go/protovalidate"
 	"google.golang.org/genproto/googleapis/api/annotations"
@@ -40,46 +41,61 @@ func validateRequest(v protovalidate.Validator, msg any) error {
 	case err != nil:
 		return err // a rule that failed to compile: an internal error
 	}
-	violations = append(violations, nulViolations("", m.ProtoReflect())...)
+	violations = append(violations, textViolations("", m.ProtoReflect())...)
 	if len(violations) == 0 {
 		return nil
 	}
 	return invalidArgument(violations...)
 }
 
-// nulViolations names the text fields of m (prefix, then the field's name; nested
-// messages too) that hold the NUL character: in the text itself, or in a list's element
-// or a map's key or value.
-func nulViolations(prefix string, m protoreflect.Message) []*errdetails.BadRequest_FieldViolation {
+// textViolations names the text fields of m (prefix, then the field's name; nested
+// messages too) that are not valid UTF-8 or hold the NUL character: in the text itself,
+// or in a list's element or a map's key or value. Over the network the codec refuses
+// text that is not UTF-8 before this runs (requestCodec); a call in the same process
+// (Local) brings its strings as they are.
+func textViolations(prefix string, m protoreflect.Message) []*errdetails.BadRequest_FieldViolation {
 	var out []*errdetails.BadRequest_FieldViolation
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		field := prefix + string(fd.Name())
-		has := false
+		why := ""
 		switch {
 		case fd.IsMap():
 			v.Map().Range(func(k protoreflect.MapKey, e protoreflect.Value) bool {
-				has = hasNul(fd.MapKey(), k.Value()) || hasNul(fd.MapValue(), e)
-				return !has
+				if why = badText(fd.MapKey(), k.Value()); why == "" {
+					why = badText(fd.MapValue(), e)
+				}
+				return why == ""
 			})
 		case fd.IsList():
-			for i := 0; i < v.List().Len() && !has; i++ {
-				has = hasNul(fd, v.List().Get(i))
+			for i := 0; i < v.List().Len() && why == ""; i++ {
+				why = badText(fd, v.List().Get(i))
 			}
 		case fd.Kind() == protoreflect.MessageKind:
-			out = append(out, nulViolations(field+".", v.Message())...)
+			out = append(out, textViolations(field+".", v.Message())...)
 		default:
-			has = hasNul(fd, v)
+			why = badText(fd, v)
 		}
-		if has {
-			out = append(out, violation(field, "must not contain the NUL character (U+0000)", ReasonFieldInvalid))
+		if why != "" {
+			out = append(out, violation(field, why, ReasonFieldInvalid))
 		}
 		return true
 	})
 	return out
 }
 
-func hasNul(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-	return fd.Kind() == protoreflect.StringKind && strings.ContainsRune(v.String(), 0)
+// badText says what is wrong with v if it is text that is not valid UTF-8 or holds the
+// NUL character, which the ledger can store in no text; "" otherwise.
+func badText(fd protoreflect.FieldDescriptor, v protoreflect.Value) string {
+	if fd.Kind() != protoreflect.StringKind {
+		return ""
+	}
+	switch s := v.String(); {
+	case !utf8.ValidString(s):
+		return "must be valid UTF-8"
+	case strings.ContainsRune(s, 0):
+		return "must not contain the NUL character (U+0000)"
+	}
+	return ""
 }
 
 // ruleKey names a protovalidate rule of a request field: the field's name (every
