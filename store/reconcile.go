@@ -227,11 +227,14 @@ func (q Scope) collectFenced(rows pgx.Rows, what string) (Operation, error) {
 }
 
 // StaleSuccess returns the target's reference from a verified success that a worker
-// observed after losing its fence (kept as evidence in stale_outcomes), if there is one.
+// observed after losing its fence (kept as evidence in stale_outcomes), if there is one:
+// the latest fence's, "" if that one has none. It is found by the same condition as the
+// ledger's refusals of a failure or a replay after one (ResolveUnknown, BeginReplay,
+// SettleEvidence), so that a reconciler never decides what the ledger then refuses.
 func (q Scope) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) (string, bool, error) {
 	var ref string
-	err := q.queryRow(ctx, `SELECT remote_ref FROM stale_outcomes
-		WHERE tenant_id = $1 AND operation_id = $2 AND outcome = 'VERIFIED_SUCCESS' AND remote_ref IS NOT NULL
+	err := q.queryRow(ctx, `SELECT coalesce(remote_ref, '') FROM stale_outcomes
+		WHERE tenant_id = $1 AND operation_id = $2 AND outcome = 'VERIFIED_SUCCESS'
 		ORDER BY fence_token DESC LIMIT 1`, tenantID, id).Scan(&ref)
 	if err = translate(err); errors.Is(err, ErrNotFound) {
 		return "", false, nil

@@ -194,6 +194,18 @@ func TestNoFailureAfterAStaleVerifiedSuccess(t *testing.T) {
 	_, err = b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
 		Worker: "rec", Lease: time.Minute, AcceptedClasses: []string{"IN_PROGRESS"}})
 	require.ErrorIs(t, err, store.ErrFenceLost, "nor is it sent again")
+	ref, ok, err := b.all.StaleSuccess(b.ctx, "acme", op.ID)
+	require.NoError(t, err)
+	require.Equal(t, [2]any{"ch_late", true}, [2]any{ref, ok})
+	// One without a reference (no answer of a target is classed so today) is found too:
+	// the reconciler must know what the ledger refuses for.
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
+		VALUES ('acme', $1, 2, 'w', 'VERIFIED_SUCCESS', '{}', true)`, op.ID)
+	require.NoError(t, err)
+	ref, ok, err = b.all.StaleSuccess(b.ctx, "acme", op.ID)
+	require.NoError(t, err)
+	require.Equal(t, [2]any{"", true}, [2]any{ref, ok})
+
 	params.State, params.RemoteRef = store.StateSucceeded, "ch_late"
 	done, err := b.all.ResolveUnknown(b.ctx, params)
 	require.NoError(t, err)
