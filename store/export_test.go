@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/tern/v2/migrate"
 )
 
 // PrepareTogether records intents as one combined statement would, as if they had
@@ -74,20 +75,11 @@ func (q Scope) RecordOutcomesTogether(ctx context.Context, ps []OutcomeParams) (
 // MigrateTo brings the schema to version, as an older binary's `opbroker migrate` did:
 // for tests that populate a ledger at an earlier version and migrate it forward.
 func MigrateTo(ctx context.Context, pool *pgxpool.Pool, version int32) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	m, err := newMigrator(ctx, conn)
-	if err != nil {
-		return err
-	}
-	return withTempLast(ctx, conn, func() error { return m.MigrateTo(ctx, version) })
+	return migrateWith(ctx, pool, func(m *migrate.Migrator) error { return m.MigrateTo(ctx, version) })
 }
 
-// WithTempLast is withTempLast.
-var WithTempLast = withTempLast
+// MigrationConn is migrationConn.
+var MigrationConn = migrationConn
 
 // SetListenCheck sets how long a listening connection waits in silence before it checks
 // its server, and how long the check may take, until the test ends.

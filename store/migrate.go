@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"io/fs"
 
@@ -19,8 +18,8 @@ var migrationFiles embed.FS
 // connection's search_path, like every other table of the ledger.
 const versionTable = "opbroker_schema_version"
 
-func newMigrator(ctx context.Context, conn *pgxpool.Conn) (*migrate.Migrator, error) {
-	m, err := migrate.NewMigrator(ctx, conn.Conn(), versionTable)
+func newMigrator(ctx context.Context, conn *pgx.Conn) (*migrate.Migrator, error) {
+	m, err := migrate.NewMigrator(ctx, conn, versionTable)
 	if err != nil {
 		return nil, fmt.Errorf("store: migrator: %w", err)
 	}
@@ -37,39 +36,44 @@ func newMigrator(ctx context.Context, conn *pgxpool.Conn) (*migrate.Migrator, er
 // Migrate brings the schema up to date. It is safe to run from several processes at
 // once: the migrator holds an advisory lock while it works.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	conn, err := pool.Acquire(ctx)
+	return migrateWith(ctx, pool, func(m *migrate.Migrator) error { return m.Migrate(ctx) })
+}
+
+// migrateWith runs migrate with the ledger's migrations, on a connection of its own
+// (migrationConn).
+func migrateWith(ctx context.Context, pool *pgxpool.Pool, migrate func(*migrate.Migrator) error) error {
+	conn, err := migrationConn(ctx, pool)
 	if err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
 	}
-	defer conn.Release()
+	defer conn.Close(context.WithoutCancel(ctx))
 	m, err := newMigrator(ctx, conn)
 	if err != nil {
 		return err
 	}
-	if err := withTempLast(ctx, conn, func() error { return m.Migrate(ctx) }); err != nil {
+	if err := migrate(m); err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
 	}
 	return nil
 }
 
-// withTempLast runs fn with pg_temp last in conn's search path, and puts the path back
-// after. PostgreSQL searches a session's temporary tables before any schema of the path
-// unless the path names pg_temp, so a function that a migration pins with SET
+// migrationConn opens a connection like pool's, but with pg_temp last in its search path
+// from its start. PostgreSQL searches a session's temporary tables before any schema of
+// the path unless the path names pg_temp, so a function that a migration pins with SET
 // search_path FROM CURRENT then reads the ledger's tables, never a temporary table of
-// the same name (migration 030).
-func withTempLast(ctx context.Context, conn *pgxpool.Conn, fn func() error) error {
+// the same name (migration 030). From its start, because the migrator resets the session
+// (RESET ALL) after each migration, to the values it started with.
+func migrationConn(ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, error) {
 	var path string
-	if err := conn.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
-		return err
+	if err := pool.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
+		return nil, err
 	}
-	if _, err := conn.Exec(ctx, `SELECT set_config('search_path', $1, false)`, path+", pg_temp"); err != nil {
-		return err
+	cfg := pool.Config().ConnConfig.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
 	}
-	err := fn()
-	if _, resetErr := conn.Exec(context.WithoutCancel(ctx), `SELECT set_config('search_path', $1, false)`, path); resetErr != nil {
-		err = errors.Join(err, resetErr)
-	}
-	return err
+	cfg.RuntimeParams["search_path"] = path + ", pg_temp"
+	return pgx.ConnectConfig(ctx, cfg)
 }
 
 // CheckSchema returns an error unless the schema is at the version this binary expects,
@@ -80,7 +84,7 @@ func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("store: check schema: %w", err)
 	}
 	defer conn.Release()
-	m, err := newMigrator(ctx, conn)
+	m, err := newMigrator(ctx, conn.Conn())
 	if err != nil {
 		return err
 	}

@@ -165,13 +165,12 @@ func TestMigrationsCarryAPopulatedLedger(t *testing.T) {
 	require.True(t, created, "another tenant's intent of the same reference is its own")
 }
 
-// An index built beforehand for migration 016 that is not the intent key it needs is
-// refused, not swapped in: the migration stops and says how to build it again.
 // TestEveryFunctionSearchesTemporaryTablesLast: every function of the ledger's schema
 // names its search path, with pg_temp last, so that no session's temporary table stands
 // in for a table it reads (migration 030). A migration that creates a function pins it
-// with SET search_path FROM CURRENT, which takes the migrator's path: that path has
-// pg_temp last while the migrations run, and is put back after.
+// with SET search_path FROM CURRENT, which takes the migrator's path: its connection has
+// pg_temp last from its start, so the path stays so after the migrator's RESET ALL
+// between migrations.
 func TestEveryFunctionSearchesTemporaryTablesLast(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -183,22 +182,19 @@ func TestEveryFunctionSearchesTemporaryTablesLast(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, unpinned, "functions whose search path does not end with pg_temp")
 
-	conn, err := b.pool.Acquire(b.ctx)
+	var before, during string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT current_setting('search_path')`).Scan(&before))
+	conn, err := store.MigrationConn(b.ctx, b.pool)
 	require.NoError(t, err)
-	defer conn.Release()
-	path := func() string {
-		var p string
-		require.NoError(t, conn.QueryRow(b.ctx, `SELECT current_setting('search_path')`).Scan(&p))
-		return p
-	}
-	before := path()
-	require.NoError(t, store.WithTempLast(b.ctx, conn, func() error {
-		require.Equal(t, before+", pg_temp", path(), "while the migrations run")
-		return nil
-	}))
-	require.Equal(t, before, path(), "put back")
+	defer conn.Close(b.ctx)
+	_, err = conn.Exec(b.ctx, `RESET ALL`) // as the migrator does after each migration
+	require.NoError(t, err)
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT current_setting('search_path')`).Scan(&during))
+	require.Equal(t, before+", pg_temp", during)
 }
 
+// An index built beforehand for migration 016 that is not the intent key it needs is
+// refused, not swapped in: the migration stops and says how to build it again.
 func TestIntentKeyBuiltBeforehandMustBeTheRightOne(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
