@@ -241,9 +241,11 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		// gRPC ends a call whose deadline passes by cancelling its context, which races
 		// with the context's own deadline: the deadline is what happened.
 		return newStatus(codes.DeadlineExceeded, "the call's deadline passed", ReasonDeadlineExceeded, nil)
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded) && deadlinePassed(ctx):
 		return newStatus(codes.DeadlineExceeded, "the call's deadline passed", ReasonDeadlineExceeded, nil)
-	case errors.Is(err, store.ErrUnavailable):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, store.ErrUnavailable):
+		// A bound of the broker's own (a combined write's 30 s, say), not the caller's
+		// deadline, ran out: the ledger did not answer in time.
 		log.WarnContext(ctx, "database unavailable", "error", err)
 		return newStatus(codes.Unavailable, "the ledger database is unavailable; retry with backoff", ReasonDatabaseUnavailable, nil)
 	default:

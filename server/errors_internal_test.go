@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/opbroker/opbroker/store"
@@ -39,4 +41,21 @@ func TestSendMayStillLandRoundsUp(t *testing.T) {
 		require.Equal(t, want, retry.GetRetryDelay().AsDuration(), wait)
 		require.Equal(t, strconv.FormatInt(int64(want/time.Second), 10), info.GetMetadata()["retryAfterSeconds"], wait)
 	}
+}
+
+// TestABoundOfTheBrokersOwnIsNotTheCallersDeadline: a store call cut by a bound of the
+// broker's own (a combined write's, or an intent recorded alone after it) is the ledger
+// not answering in time, UNAVAILABLE: a caller who set no deadline, or one that has
+// not passed, is not told that its deadline passed.
+func TestABoundOfTheBrokersOwnIsNotTheCallersDeadline(t *testing.T) {
+	t.Parallel()
+	cut := fmt.Errorf("store: prepare: %w", context.DeadlineExceeded)
+	log := slog.New(slog.DiscardHandler)
+	require.Equal(t, codes.Unavailable, status.Code(toStatus(context.Background(), log, cut)), "no deadline of the caller's")
+	later, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	require.Equal(t, codes.Unavailable, status.Code(toStatus(later, log, cut)), "the caller's deadline still ahead")
+	passed, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	require.Equal(t, codes.DeadlineExceeded, status.Code(toStatus(passed, log, cut)), "the caller's deadline passed")
 }
