@@ -277,6 +277,10 @@ func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 	if s.Change == nil && s.Revision > 0 {
 		observedAt = &s.Revision
 	}
+	if s.Change != nil && s.Change.To == StateFailedTerminal {
+		// It must see a verified success kept until it has the row (withOperationLocked).
+		ctx = withOperationLocked(ctx, OperationKey{TenantID: s.TenantID, ID: s.ID})
+	}
 	var settled, changed bool
 	err := q.queryRow(ctx, `
 		WITH row0 AS (

@@ -150,6 +150,10 @@ func (q Scope) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation, 
 	if p.RemoteRef != "" {
 		ref = &p.RemoteRef
 	}
+	if p.State == StateFailedTerminal {
+		// It must see a verified success kept until it has the row (withOperationLocked).
+		ctx = withOperationLocked(ctx, OperationKey{TenantID: p.TenantID, ID: p.ID})
+	}
 	rows := q.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET state = $4, revision = revision + 1, remote_ref = coalesce($5, remote_ref),
@@ -188,6 +192,8 @@ type BeginReplayParams struct {
 // come after the caller decided. The returned claim is sent and recorded like a
 // dispatcher's.
 func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
+	// It must see an answer kept until it has the row (withOperationLocked).
+	ctx = withOperationLocked(ctx, OperationKey{TenantID: p.TenantID, ID: p.ID})
 	rows := q.query(ctx, `
 		WITH upd AS (
 			UPDATE operations SET state = 'IN_FLIGHT', revision = revision + 1, fence_token = fence_token + 1,

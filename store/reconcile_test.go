@@ -1,6 +1,9 @@
 package store_test
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -210,6 +213,64 @@ func TestNoFailureAfterAStaleVerifiedSuccess(t *testing.T) {
 	done, err := b.all.ResolveUnknown(b.ctx, params)
 	require.NoError(t, err)
 	require.Equal(t, store.StateSucceeded, done.State)
+}
+
+// TestARefusalSeesASuccessKeptMeanwhile: a verified success being kept while a failure
+// or a replay is recorded is seen by the refusal, not missed because it had not
+// committed when the refusal began: the refusal waits for the row, which the keeping
+// transaction holds (key share) until it commits, and then reads the history again.
+func TestARefusalSeesASuccessKeptMeanwhile(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	type refusal func(op store.Operation, fence int64) error
+	refusals := map[string]refusal{
+		"a reconciler's failure": func(op store.Operation, fence int64) error {
+			_, err := b.all.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: op.ID, Fence: fence,
+				State: store.StateFailedTerminal, Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, Actor: "rec"})
+			return err
+		},
+		"a same-key replay": func(op store.Operation, fence int64) error {
+			_, err := b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: op.ID, Fence: fence,
+				Worker: "rec", Lease: time.Minute, AcceptedClasses: []string{"IN_PROGRESS"}})
+			return err
+		},
+		"a target's failure event": func(op store.Operation, _ int64) error {
+			now, err := b.all.Get(b.ctx, "acme", op.ID)
+			if err != nil {
+				return err
+			}
+			return b.all.SettleEvidence(b.ctx, store.EvidenceSettlement{EvidenceKey: store.EvidenceKey{Target: "demo-payments", EventID: "evt_1"},
+				From: store.EvidencePending, To: store.EvidenceApplied, TenantID: "acme", ID: op.ID,
+				Change: &store.EvidenceChange{Revision: now.Revision, From: store.StateUnknown, To: store.StateFailedTerminal,
+					Observation: store.Observation{Source: "EVIDENCE", Outcome: "EVIDENCE_FAILED"}, Actor: "webhook:test", Reason: "EVIDENCE"}})
+		},
+	}
+	_, _, err := b.all.ReceiveEvidence(b.ctx, webhookEvent("evt_1", ""), time.Hour, time.Minute)
+	require.NoError(t, err)
+	for what, refuse := range refusals {
+		op := unknownOp(t, b, "acme", "u-"+strings.ReplaceAll(what, " ", "-"))
+		claimed, err := b.all.ClaimUnknown(b.ctx, unknownParams())
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		keeping, err := b.pool.Begin(b.ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = keeping.Rollback(context.Background()) }) // on a failure
+		_, err = keeping.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, remote_ref, sent)
+			VALUES ('acme', $1, 1, 'w', 'VERIFIED_SUCCESS', '{}', 'ch_late', true)`, op.ID)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- refuse(op, claimed[0].FenceToken) }()
+		b.waitedOn(t, keeping)
+		require.NoError(t, keeping.Commit(b.ctx))
+		err = <-done
+		require.True(t, errors.Is(err, store.ErrFenceLost) || errors.Is(err, store.ErrEvidenceChanged), "%s: %v", what, err)
+		got, err := b.all.Get(b.ctx, "acme", op.ID)
+		require.NoError(t, err)
+		require.Equal(t, store.StateUnknown, got.State, what)
+		_, err = b.pool.Exec(b.ctx, `UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL, next_check_at = NULL
+			WHERE operation_id = $1`, op.ID) // out of the next claim's way
+		require.NoError(t, err)
+	}
 }
 
 // TestClaimUnknownReportsTheSends: a reconciler's claim says whether an attempt may have

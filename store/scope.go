@@ -92,7 +92,18 @@ type (
 	lockTimeoutKey struct{}
 	customPlanKey  struct{}
 	indexOrderKey  struct{}
+	lockedKey      struct{}
 )
+
+// withOperationLocked returns ctx whose statement first locks the operation's row
+// against every other lock (FOR UPDATE), in its transaction, and then runs with a
+// snapshot taken after it got the lock. A writer that adds to the operation's history
+// (an event, a stale outcome) holds a key-share lock on the row until it commits, which
+// an UPDATE alone does not wait for: the statement then sees what such a writer had
+// added, not only what had committed when it began.
+func withOperationLocked(ctx context.Context, key OperationKey) context.Context {
+	return context.WithValue(ctx, lockedKey{}, key)
+}
 
 // withLockTimeout returns ctx whose statements give up waiting for a lock after d
 // (PostgreSQL's lock_timeout, for the statement's transaction only).
@@ -180,11 +191,21 @@ func (q Scope) query(ctx context.Context, sql string, args ...any) pgx.Rows {
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(set, setArgs...)
+	locked, lock := ctx.Value(lockedKey{}).(OperationKey)
+	if lock {
+		batch.Queue(`SELECT FROM operations WHERE tenant_id = $1 AND operation_id = $2 FOR UPDATE`, locked.TenantID, locked.ID)
+	}
 	batch.Queue(sql, args...)
 	results := q.s.pool.SendBatch(ctx, batch)
-	if _, err := results.Exec(); err != nil {
-		results.Close()
-		return &failedRows{err: err}
+	before := 1 // the statements before sql: the settings, and the lock
+	if lock {
+		before++
+	}
+	for range before {
+		if _, err := results.Exec(); err != nil {
+			results.Close()
+			return &failedRows{err: err}
+		}
 	}
 	rows, _ := results.Query()
 	return &batchRows{Rows: rows, results: results}
