@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"iter"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
@@ -74,23 +75,43 @@ func undecoded(req any) error {
 
 // mark returns the value of m's unknown field undecodedField, and whether it has one.
 func mark(m proto.Message) (string, bool) {
-	b := m.ProtoReflect().GetUnknown()
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", false
+	for f := range wireFields(m.ProtoReflect().GetUnknown()) {
+		if f.num == undecodedField && f.typ == protowire.BytesType {
+			return string(f.bytes), true
 		}
-		b = b[n:]
-		if num == undecodedField && typ == protowire.BytesType {
-			why, n := protowire.ConsumeString(b)
-			return why, n >= 0
-		}
-		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-			return "", false
-		}
-		b = b[n:]
 	}
 	return "", false
+}
+
+// wireField is a field of a message in its wire form: its number, its type and, for a
+// length-delimited field, its bytes.
+type wireField struct {
+	num   protowire.Number
+	typ   protowire.Type
+	bytes []byte
+}
+
+// wireFields yields the fields of the wire form b, up to the first it cannot read.
+func wireFields(b []byte) iter.Seq[wireField] {
+	return func(yield func(wireField) bool) {
+		for len(b) > 0 {
+			num, typ, n := protowire.ConsumeTag(b)
+			if n < 0 {
+				return
+			}
+			b = b[n:]
+			f := wireField{num: num, typ: typ}
+			if typ == protowire.BytesType {
+				f.bytes, n = protowire.ConsumeBytes(b)
+			} else {
+				n = protowire.ConsumeFieldValue(num, typ, b)
+			}
+			if n < 0 || !yield(f) {
+				return
+			}
+			b = b[n:]
+		}
+	}
 }
 
 // undecodable is the error for a request of md that did not decode: kind "F", the
@@ -106,32 +127,18 @@ func undecodable(md protoreflect.MessageDescriptor, kind, detail string) error {
 // not valid UTF-8: in a nested message as "outer.inner", a map's key or value as the
 // map's field. "" if there is none, or b cannot be read far enough to find one.
 func notUTF8(md protoreflect.MessageDescriptor, b []byte) string {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return ""
-		}
-		b = b[n:]
-		fd := md.Fields().ByNumber(num)
-		if typ != protowire.BytesType || fd == nil {
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return ""
-			}
-			b = b[n:]
+	for f := range wireFields(b) {
+		fd := md.Fields().ByNumber(f.num)
+		if f.typ != protowire.BytesType || fd == nil {
 			continue
 		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return ""
-		}
-		b = b[n:]
 		switch fd.Kind() {
 		case protoreflect.StringKind:
-			if !utf8.Valid(v) {
+			if !utf8.Valid(f.bytes) {
 				return string(fd.Name())
 			}
 		case protoreflect.MessageKind:
-			if inner := notUTF8(fd.Message(), v); inner != "" {
+			if inner := notUTF8(fd.Message(), f.bytes); inner != "" {
 				if fd.IsMap() {
 					return string(fd.Name())
 				}

@@ -155,8 +155,7 @@ type Candidate struct {
 }
 
 // candidateColumns are a Candidate's columns, from operations.
-const candidateColumns = operationColumns + `, payload, EXISTS (SELECT 1 FROM stale_outcomes s
-	WHERE s.tenant_id = operations.tenant_id AND s.operation_id = operations.operation_id AND s.outcome = 'VERIFIED_SUCCESS')`
+var candidateColumns = operationColumns + `, payload, ` + successKept("operations.tenant_id", "operations.operation_id")
 
 // EvidenceCandidates returns the operations of the given types that an event's
 // reference names: by the remote key the broker sent, or by the target's reference. At
@@ -303,8 +302,7 @@ func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 				updated_at = now()
 			WHERE $7::bigint IS NOT NULL AND o.tenant_id = $5 AND o.operation_id = $6 AND o.revision = $7
 				AND o.state = $8 AND EXISTS (SELECT 1 FROM row0)
-				AND ($9::operation_state <> 'FAILED_TERMINAL' OR NOT EXISTS (SELECT 1 FROM stale_outcomes s
-					WHERE s.tenant_id = o.tenant_id AND s.operation_id = o.operation_id AND s.outcome = 'VERIFIED_SUCCESS'))
+				AND ($9::operation_state <> 'FAILED_TERMINAL' OR NOT `+successKept("o.tenant_id", "o.operation_id")+`)
 			RETURNING o.*
 		), ev AS (`+eventsFrom("upd", "$8", "$13", "$14", "last_observation")+`
 		), mark AS (

@@ -72,9 +72,7 @@ func TestNoFailureByEvidenceAfterAStaleVerifiedSuccess(t *testing.T) {
 	op := unknownOp(t, b, "acme", "order-1")
 	_, _, err := b.all.ReceiveEvidence(b.ctx, webhookEvent("evt_1", ""), time.Hour, time.Minute)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, remote_ref, sent)
-		VALUES ('acme', $1, 1, 'w', 'VERIFIED_SUCCESS', '{}', 'ch_1', true)`, op.ID)
-	require.NoError(t, err)
+	insertStaleSuccess(t, b.pool, op, 1, "ch_1")
 	settle := func(to store.State) error {
 		return b.all.SettleEvidence(b.ctx, store.EvidenceSettlement{EvidenceKey: store.EvidenceKey{Target: "demo-payments", EventID: "evt_1"},
 			From: store.EvidencePending, To: store.EvidenceApplied, TenantID: "acme", ID: op.ID,

@@ -160,8 +160,7 @@ func (q Scope) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation, 
 				last_observation = $6, escalation = $7, next_check_at = NULL,
 				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
-				AND ($4::operation_state <> 'FAILED_TERMINAL' OR NOT EXISTS (SELECT 1 FROM stale_outcomes s
-					WHERE s.tenant_id = $1 AND s.operation_id = $2 AND s.outcome = 'VERIFIED_SUCCESS'))
+				AND ($4::operation_state <> 'FAILED_TERMINAL' OR NOT `+successKept("$1", "$2")+`)
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "$8", "$9", "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,
@@ -202,7 +201,8 @@ func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, e
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
 				AND NOT accepted_unfinished
 				AND NOT EXISTS (SELECT 1 FROM stale_outcomes s
-					WHERE s.tenant_id = $1 AND s.operation_id = $2 AND (s.outcome = ANY($6) OR s.outcome = 'VERIFIED_SUCCESS'))
+					WHERE s.tenant_id = $1 AND s.operation_id = $2 AND s.outcome = ANY($6))
+				AND NOT `+successKept("$1", "$2")+`
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "'reconciler:' || $4", "'SAME_KEY_REPLAY'", "NULL")+`)
 		SELECT `+claimedColumns+` FROM upd`,
@@ -248,6 +248,15 @@ func (q Scope) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) 
 		return "", false, fmt.Errorf("store: stale success: %w", err)
 	}
 	return ref, true, nil
+}
+
+// successKept is the SQL condition that a verified success of the target's to one of
+// the operation's sends (tenant and id, SQL expressions of this package) is kept as a
+// stale outcome: it reached a worker after it lost its fence. StaleSuccess finds the
+// same ones.
+func successKept(tenant, id string) string {
+	return `EXISTS (SELECT 1 FROM stale_outcomes s WHERE s.tenant_id = ` + tenant + ` AND s.operation_id = ` + id + `
+		AND s.outcome = 'VERIFIED_SUCCESS')`
 }
 
 // acceptedByEvidence is the SQL condition that an event matched to the operation

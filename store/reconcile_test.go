@@ -186,9 +186,7 @@ func TestNoFailureAfterAStaleVerifiedSuccess(t *testing.T) {
 	claimed, err := b.all.ClaimUnknown(b.ctx, unknownParams())
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, remote_ref, sent)
-		VALUES ('acme', $1, 1, 'w', 'VERIFIED_SUCCESS', '{}', 'ch_late', true)`, op.ID)
-	require.NoError(t, err)
+	insertStaleSuccess(t, b.pool, op, 1, "ch_late")
 
 	params := store.ResolveParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken, State: store.StateFailedTerminal,
 		Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, Actor: "rec"}
@@ -202,9 +200,7 @@ func TestNoFailureAfterAStaleVerifiedSuccess(t *testing.T) {
 	require.Equal(t, [2]any{"ch_late", true}, [2]any{ref, ok})
 	// One without a reference (no answer of a target is classed so today) is found too:
 	// the reconciler must know what the ledger refuses for.
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
-		VALUES ('acme', $1, 2, 'w', 'VERIFIED_SUCCESS', '{}', true)`, op.ID)
-	require.NoError(t, err)
+	insertStaleSuccess(t, b.pool, op, 2, "")
 	ref, ok, err = b.all.StaleSuccess(b.ctx, "acme", op.ID)
 	require.NoError(t, err)
 	require.Equal(t, [2]any{"", true}, [2]any{ref, ok})
@@ -255,9 +251,7 @@ func TestARefusalSeesASuccessKeptMeanwhile(t *testing.T) {
 		keeping, err := b.pool.Begin(b.ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = keeping.Rollback(context.Background()) }) // on a failure
-		_, err = keeping.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, remote_ref, sent)
-			VALUES ('acme', $1, 1, 'w', 'VERIFIED_SUCCESS', '{}', 'ch_late', true)`, op.ID)
-		require.NoError(t, err)
+		insertStaleSuccess(t, keeping, op, 1, "ch_late")
 		done := make(chan error, 1)
 		go func() { done <- refuse(op, claimed[0].FenceToken) }()
 		b.waitedOn(t, keeping)

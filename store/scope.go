@@ -191,17 +191,12 @@ func (q Scope) query(ctx context.Context, sql string, args ...any) pgx.Rows {
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(set, setArgs...)
-	locked, lock := ctx.Value(lockedKey{}).(OperationKey)
-	if lock {
+	if locked, ok := ctx.Value(lockedKey{}).(OperationKey); ok {
 		batch.Queue(`SELECT FROM operations WHERE tenant_id = $1 AND operation_id = $2 FOR UPDATE`, locked.TenantID, locked.ID)
 	}
 	batch.Queue(sql, args...)
 	results := q.s.pool.SendBatch(ctx, batch)
-	before := 1 // the statements before sql: the settings, and the lock
-	if lock {
-		before++
-	}
-	for range before {
+	for range batch.Len() - 1 { // the statements before sql: the settings, and the lock
 		if _, err := results.Exec(); err != nil {
 			results.Close()
 			return &failedRows{err: err}

@@ -113,6 +113,18 @@ func insertStaleOutcome(t *testing.T, db execer, op store.Operation, fence int64
 	require.NoError(t, insertRow(db, "stale_outcomes", staleOutcomeRow(op, fence)))
 }
 
+// insertStaleSuccess writes, as db's role, a verified success of op's target under
+// fence, with the reference ref ("" for none), kept as a stale outcome.
+func insertStaleSuccess(t *testing.T, db execer, op store.Operation, fence int64, ref string) {
+	t.Helper()
+	row := staleOutcomeRow(op, fence)
+	row["outcome"] = "VERIFIED_SUCCESS"
+	if ref != "" {
+		row["remote_ref"] = ref
+	}
+	require.NoError(t, insertRow(db, "stale_outcomes", row))
+}
+
 // evidenceRow is a target's event eventID matched to no operation (PENDING), as
 // inbound_evidence's columns.
 func evidenceRow(eventID string) map[string]any {
