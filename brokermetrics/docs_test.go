@@ -76,7 +76,7 @@ func TestAlertsPointIntoTheRunbook(t *testing.T) {
 			}
 		}
 	}
-	require.Equal(t, 10, alerts)
+	require.Equal(t, 11, alerts)
 }
 
 // TestDashboardUsesDocumentedMetrics: the Grafana dashboard beside the alerts queries
@@ -146,7 +146,7 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 			names = append(names, name)
 		}
 	}
-	require.Len(t, names, 15, "%v", names)
+	require.Len(t, names, 16, "%v", names)
 	for _, name := range names {
 		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
 			if base, ok := strings.CutSuffix(name, suffix); ok && strings.HasSuffix(base, "_seconds") {

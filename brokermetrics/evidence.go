@@ -5,6 +5,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/opbroker/opbroker/store"
 )
 
 // Evidence counts the events targets report (package evidence): received, decided, and
@@ -41,6 +43,31 @@ func NewEvidence(mp metric.MeterProvider) (*Evidence, error) {
 	return e, nil
 }
 
+// StartQuarantineAtZero reports no quarantined event yet for each of targets and each of
+// reasons: an alert on the counter's increase then sees the first one, which it misses
+// when the series first appears at 1.
+func (e *Evidence) StartQuarantineAtZero(targets, reasons []string) {
+	if e == nil {
+		return
+	}
+	for _, t := range targets {
+		for _, reason := range reasons {
+			e.decided.Add(context.Background(), 0, decidedAttributes(t, store.EvidenceQuarantined, reason))
+		}
+	}
+}
+
+// StartRejectedAtZero reports no refused webhook delivery yet for target, for each of
+// reasons: an alert on the counter's increase then sees the first refusals.
+func (e *Evidence) StartRejectedAtZero(target string, reasons []string) {
+	if e == nil {
+		return
+	}
+	for _, reason := range reasons {
+		e.rejected.Add(context.Background(), 0, rejectedAttributes(target, reason))
+	}
+}
+
 // Received counts a verified event kept (fresh) or repeated.
 func (e *Evidence) Received(ctx context.Context, target, source string, fresh bool) {
 	if e == nil {
@@ -55,8 +82,12 @@ func (e *Evidence) Decided(ctx context.Context, target, disposition, reason stri
 	if e == nil {
 		return
 	}
-	e.decided.Add(ctx, 1, metric.WithAttributes(attribute.String("target", target), attribute.String("disposition", disposition),
-		attribute.String("reason", reason)))
+	e.decided.Add(ctx, 1, decidedAttributes(target, disposition, reason))
+}
+
+func decidedAttributes(target, disposition, reason string) metric.AddOption {
+	return metric.WithAttributes(attribute.String("target", target), attribute.String("disposition", disposition),
+		attribute.String("reason", reason))
 }
 
 // Rejected counts a webhook delivery refused before anything of it was kept.
@@ -64,7 +95,11 @@ func (e *Evidence) Rejected(ctx context.Context, target, reason string) {
 	if e == nil {
 		return
 	}
-	e.rejected.Add(ctx, 1, metric.WithAttributes(attribute.String("target", target), attribute.String("reason", reason)))
+	e.rejected.Add(ctx, 1, rejectedAttributes(target, reason))
+}
+
+func rejectedAttributes(target, reason string) metric.AddOption {
+	return metric.WithAttributes(attribute.String("target", target), attribute.String("reason", reason))
 }
 
 // Ignored counts a verified event of a type the contract does not list.

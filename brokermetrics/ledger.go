@@ -36,10 +36,10 @@ type LedgerConfig struct {
 	Interval time.Duration
 }
 
-// Ledger exports gauges of the ledger's open operations: every Interval it reads them
-// with one statement (store.Scope.OpenStats) and keeps the result; the gauges report
-// the last result at each scrape. It maps operation types to targets with the loaded
-// contracts. Start and Stop follow package startstop.
+// Ledger exports gauges of the ledger's open operations, and of its contradicted ones:
+// every Interval it reads them (store.Scope.OpenStats, store.Scope.Contradicted) and
+// keeps the result; the gauges report the last result at each scrape. It maps operation
+// types to targets with the loaded contracts. Start and Stop follow package startstop.
 //
 // A failed reading keeps the previous result (an alert that fires goes on firing) and
 // sets opbroker_database_up to 0 until a reading succeeds.
@@ -55,11 +55,16 @@ type Ledger struct {
 	readOK   bool      // the last reading succeeded
 }
 
+// endStates are the states a contradicted operation may have ended in
+// (store.ContradictedGroup): reported for every target, zero included.
+var endStates = []store.State{store.StateFailedTerminal, store.StateSucceeded}
+
 // snapshot is one reading, by target.
 type snapshot struct {
-	open   map[stateTarget]int64
-	oldest map[stateTarget]time.Duration
-	ready  map[string]int64
+	open         map[stateTarget]int64
+	oldest       map[stateTarget]time.Duration
+	ready        map[string]int64
+	contradicted map[stateTarget]int64
 }
 
 type stateTarget struct {
@@ -95,6 +100,11 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 	if err != nil {
 		return nil, err
 	}
+	contradicted, err := meter.Int64ObservableGauge("opbroker.operations.contradicted", metric.WithUnit("{operation}"),
+		metric.WithDescription("Operations the ledger ended FAILED_TERMINAL, or SUCCEEDED with another reference, while the target answered one of their sends with a verified success that came after the send's lease, by the state and target; every tenant's, as of the last reading of the ledger"))
+	if err != nil {
+		return nil, err
+	}
 	up, err := meter.Int64ObservableGauge("opbroker.database.up",
 		metric.WithDescription("1 when this replica's last reading of the ledger succeeded, 0 when it failed"))
 	if err != nil {
@@ -118,8 +128,11 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 		for name, n := range l.snap.ready {
 			o.ObserveInt64(ready, n, metric.WithAttributes(attribute.String("target", name)))
 		}
+		for k, n := range l.snap.contradicted {
+			o.ObserveInt64(contradicted, n, metric.WithAttributes(attribute.String("state", string(k.state)), attribute.String("target", k.target)))
+		}
 		return nil
-	}, open, ready, oldest, up)
+	}, open, ready, oldest, contradicted, up)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +165,12 @@ func (l *Ledger) Start(ctx context.Context) error {
 func (l *Ledger) Refresh(ctx context.Context) error {
 	readCtx, cancel := context.WithTimeout(ctx, l.cfg.Interval)
 	defer cancel()
-	groups, err := l.cfg.Store.AllTenants().OpenStats(readCtx, store.OpenStatsParams{})
+	all := l.cfg.Store.AllTenants()
+	groups, err := all.OpenStats(readCtx, store.OpenStatsParams{})
+	var contradicted []store.ContradictedGroup
+	if err == nil {
+		contradicted, err = all.Contradicted(readCtx)
+	}
 	if err != nil && ctx.Err() != nil {
 		return err // stopped: says nothing of the database
 	}
@@ -169,25 +187,27 @@ func (l *Ledger) Refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.snap = l.tally(groups)
+	l.snap = l.tally(groups, contradicted)
 	return nil
 }
 
-// tally sums the groups by target, with a zero for every target and open state.
-func (l *Ledger) tally(groups []store.OpenGroup) *snapshot {
-	s := &snapshot{open: map[stateTarget]int64{}, oldest: map[stateTarget]time.Duration{}, ready: map[string]int64{}}
+// tally sums the groups by target, with a zero for every target and open state, and for
+// every target and end state of the contradicted.
+func (l *Ledger) tally(groups []store.OpenGroup, contradicted []store.ContradictedGroup) *snapshot {
+	s := &snapshot{open: map[stateTarget]int64{}, oldest: map[stateTarget]time.Duration{}, ready: map[string]int64{},
+		contradicted: map[stateTarget]int64{}}
 	for _, c := range l.cfg.Targets.All() {
 		for _, state := range openStates {
 			s.open[stateTarget{state, c.Name}] = 0
 			s.oldest[stateTarget{state, c.Name}] = 0
 		}
+		for _, state := range endStates {
+			s.contradicted[stateTarget{state, c.Name}] = 0
+		}
 		s.ready[c.Name] = 0
 	}
 	for _, g := range groups {
-		name, ok := l.targetOf[g.OperationType]
-		if !ok {
-			name = NoTarget
-		}
+		name := l.targetName(g.OperationType)
 		k := stateTarget{g.State, name}
 		s.open[k] += g.Count
 		s.oldest[k] = max(s.oldest[k], g.OldestAge)
@@ -195,7 +215,18 @@ func (l *Ledger) tally(groups []store.OpenGroup) *snapshot {
 			s.ready[name] += g.Ready
 		}
 	}
+	for _, g := range contradicted {
+		s.contradicted[stateTarget{g.State, l.targetName(g.OperationType)}] += g.Count
+	}
 	return s
+}
+
+// targetName is the target label of an operation type: its contract's name, or NoTarget.
+func (l *Ledger) targetName(operationType string) string {
+	if name, ok := l.targetOf[operationType]; ok {
+		return name
+	}
+	return NoTarget
 }
 
 func boolInt(b bool) int64 {

@@ -87,6 +87,51 @@ func TestLedgerGaugesReportTheLastReading(t *testing.T) {
 	require.Equal(t, got.matching("opbroker_operations_open"), down.matching("opbroker_operations_open"), "the last reading stays")
 }
 
+// TestLedgerCountsContradictedOperations: opbroker_operations_contradicted reports, for
+// every target and both end states (zero included), the operations the ledger ended
+// otherwise than a late verified success of the target's says.
+func TestLedgerCountsContradictedOperations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, _ := storetest.NewStore(t)
+	mp, scrapeNow := meters(t)
+	ledger, err := brokermetrics.NewLedger(brokermetrics.LedgerConfig{Store: st, Targets: demoTargets(t), MeterProvider: mp,
+		Logger: slog.New(slog.DiscardHandler), Interval: time.Minute})
+	require.NoError(t, err)
+	zero := scrape{}
+	for _, name := range []string{"demo-notify", "demo-objects", "demo-payments"} {
+		for _, state := range []string{"FAILED_TERMINAL", "SUCCEEDED"} {
+			zero[`opbroker_operations_contradicted{state="`+state+`",target="`+name+`"}`] = 0
+		}
+	}
+	require.NoError(t, ledger.Refresh(ctx))
+	require.Equal(t, zero, scrapeNow().matching("opbroker_operations_contradicted"))
+
+	// A charge whose sender's lease expired, failed by a lookup, then answered 200.
+	all := st.AllTenants()
+	storetest.PrepareJSON(t, st, "acme", "demo.charge", "c-1", `{"amount":1}`)
+	claim := store.FairClaim{OperationTypes: []string{"demo.charge"}, Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}
+	sent, err := all.Claim(ctx, store.ClaimParams{FairClaim: claim})
+	require.NoError(t, err)
+	require.Len(t, sent, 1)
+	_, err = all.SweepExpiredLeases(ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 1})
+	require.NoError(t, err)
+	looked, err := all.ClaimUnknown(ctx, claim)
+	require.NoError(t, err)
+	require.Len(t, looked, 1)
+	_, err = all.ResolveUnknown(ctx, store.ResolveParams{TenantID: "acme", ID: sent[0].ID, Fence: looked[0].FenceToken,
+		State: store.StateFailedTerminal, Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, Actor: "test"})
+	require.NoError(t, err)
+	_, err = all.RecordOutcome(ctx, store.OutcomeParams{TenantID: "acme", ID: sent[0].ID, Fence: sent[0].FenceToken,
+		State: store.StateSucceeded, RemoteRef: "ch_late", Actor: "test",
+		Observation: store.Observation{Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS", HTTPStatus: 200}})
+	require.ErrorAs(t, err, new(*store.ContradictionError))
+
+	require.NoError(t, ledger.Refresh(ctx))
+	zero[`opbroker_operations_contradicted{state="FAILED_TERMINAL",target="demo-payments"}`] = 1
+	require.Equal(t, zero, scrapeNow().matching("opbroker_operations_contradicted"))
+}
+
 // TestLedgerLifecycle: Stop is safe without Start and idempotent; a Ledger that was
 // stopped starts again; a cancelled reading does not report the database down.
 func TestLedgerLifecycle(t *testing.T) {

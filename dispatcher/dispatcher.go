@@ -796,6 +796,7 @@ func (d *Dispatcher) record(contract *target.Contract, op store.Claimed, res tar
 	log := func() *slog.Logger {
 		return d.opLog(contract.Name, store.HeldLease{OperationKey: store.OperationKey{TenantID: op.TenantID, ID: op.ID}, Fence: op.FenceToken})
 	}
+	var contradiction *store.ContradictionError
 	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 		moved, err := d.cfg.Store.AllTenants().RecordOutcome(ctx, params)
 		switch {
@@ -810,8 +811,15 @@ func (d *Dispatcher) record(contract *target.Contract, op store.Claimed, res tar
 				d.events.UnknownEntered(ctx, contract, params.Observation.Outcome, 1)
 			}
 			return
+		case errors.As(err, &contradiction):
+			// The target made an effect the ledger does not record: a person must
+			// reconcile the two (the ledger's gauge opbroker_operations_contradicted
+			// raises it, docs/operations.md#opbrokersuccesscontradictsledger).
+			log().Error("the target's verified success came after the lease and contradicts the ledger, which keeps its state; a person must reconcile them",
+				"class", res.Class, "remote_ref", res.RemoteRef, "ledger_state", contradiction.State, "ledger_ref", contradiction.RemoteRef)
+			return
 		case errors.Is(err, store.ErrFenceLost):
-			log().Warn("fence lost before the outcome was recorded; kept as evidence only", "class", res.Class)
+			log().Warn("fence lost before the outcome was recorded; kept as evidence only", "class", res.Class, "error", err)
 			return
 		case !errors.Is(err, store.ErrUnavailable):
 			log().Error("outcome not recorded; the lease will expire and the operation become UNKNOWN", "error", err)

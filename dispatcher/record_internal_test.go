@@ -42,6 +42,33 @@ func TestAnOutcomeRecordedBeforeIsNotALostFence(t *testing.T) {
 	require.Equal(t, map[string]int64{"TIMEOUT": 1}, enteredUnknown(t, f.reader), "the UNKNOWN the first try made is counted")
 }
 
+// TestALateSuccessThatContradictsTheLedgerIsRaised: a verified success that reaches
+// the ledger after the lease, once the operation ended FAILED_TERMINAL, is logged at
+// error with both references: a false failure, which a person must reconcile (the
+// ledger's gauge counts it for the alert).
+func TestALateSuccessThatContradictsTheLedgerIsRaised(t *testing.T) {
+	t.Parallel()
+	var logs logtest.Buffer
+	f := claimOneCharge(t, slog.New(slog.NewTextHandler(&logs, nil)))
+	st, c, ctx := f.st, f.claimed, context.Background()
+	swept, err := st.AllTenants().SweepExpiredLeases(ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 1})
+	require.NoError(t, err)
+	require.Equal(t, 1, swept.Total())
+	unknown, err := st.AllTenants().ClaimUnknown(ctx, store.FairClaim{OperationTypes: []string{simtarget.DemoCharge}, Worker: "r",
+		Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1})
+	require.NoError(t, err)
+	require.Len(t, unknown, 1)
+	_, err = st.AllTenants().ResolveUnknown(ctx, store.ResolveParams{TenantID: c.TenantID, ID: c.ID, Fence: unknown[0].FenceToken,
+		State: store.StateFailedTerminal, Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, Actor: "r"})
+	require.NoError(t, err)
+
+	f.d.record(f.contract, c, target.Result{Outcome: target.Succeeded, Class: target.ClassVerifiedSuccess, HTTPStatus: 200,
+		RemoteRef: "ch_late", Sent: true})
+	require.Contains(t, logs.String(), `level=ERROR msg="the target's verified success came after the lease and contradicts the ledger`)
+	require.Contains(t, logs.String(), "remote_ref=ch_late ledger_state=FAILED_TERMINAL")
+	require.NotContains(t, logs.String(), "fence lost")
+}
+
 // TestAnUnknownOutcomeIsCountedByItsCause: a send recorded UNKNOWN counts once, by the
 // class of its observation.
 func TestAnUnknownOutcomeIsCountedByItsCause(t *testing.T) {

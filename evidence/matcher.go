@@ -65,6 +65,13 @@ func New(cfg Config) (*Matcher, error) {
 	if m.metrics, err = brokermetrics.NewEvidence(cfg.MeterProvider); err != nil {
 		return nil, err
 	}
+	var withEvidence []string
+	for _, c := range cfg.Targets.All() {
+		if c.Evidence != nil {
+			withEvidence = append(withEvidence, c.Name)
+		}
+	}
+	m.metrics.StartQuarantineAtZero(withEvidence, Reasons)
 	if m.events, err = brokermetrics.NewEvents(cfg.MeterProvider); err != nil {
 		return nil, err
 	}

@@ -51,10 +51,17 @@ func NewWebhooks(m *Matcher, targets *target.Targets, maxBody int64, clock func(
 	for _, c := range targets.All() {
 		if c.Evidence != nil && c.Evidence.Webhook != nil {
 			w.byPath[c.Evidence.Webhook.Path] = webhookTarget{contract: c, verifier: c.Verifier()}
+			m.metrics.StartRejectedAtZero(c.Name, rejectionReasons)
 		}
 	}
 	return w
 }
+
+// rejectionReasons are why ServeHTTP refuses a delivery to a target's path
+// (opbroker_webhook_rejected_total): the signature's (target.SignatureError's reasons)
+// and the listener's own.
+var rejectionReasons = []string{"missing", "malformed", "mismatch", "timestamp", "too_large", "secret_unreadable",
+	"malformed_event", "unavailable"}
 
 // Paths reports how many targets have a webhook.
 func (w *Webhooks) Paths() int { return len(w.byPath) }

@@ -84,6 +84,34 @@ var ErrFenceLost = errors.New("fence lost")
 // is answered with the operation as that outcome left it, as the earlier try was.)
 var ErrRecordedBefore = errors.New("outcome recorded before, by an earlier try")
 
+// ContradictionError is ErrFenceLost for a verified success kept as stale evidence
+// (its fence was lost) while the ledger has the operation ended otherwise: FAILED_TERMINAL,
+// or SUCCEEDED with another reference of the target's. The target says it made an effect
+// the ledger does not record: a false failure, or a second effect. The ledger keeps its
+// terminal state; a person must reconcile the two.
+type ContradictionError struct {
+	State     State  // the operation's state in the ledger
+	RemoteRef string // the reference the ledger recorded, if any
+}
+
+func (e *ContradictionError) Error() string {
+	if e.RemoteRef == "" {
+		return fmt.Sprintf("%v: the target's verified success contradicts the ledger's %s", ErrFenceLost, e.State)
+	}
+	return fmt.Sprintf("%v: the target's verified success contradicts the ledger's %s (reference %s)", ErrFenceLost,
+		e.State, e.RemoteRef)
+}
+
+func (e *ContradictionError) Unwrap() error { return ErrFenceLost }
+
+// contradicts is the SQL condition that the stale outcome s (an alias of
+// stale_outcomes) is a verified success that contradicts how the ledger ended its
+// operation o (of operations): FAILED_TERMINAL, or SUCCEEDED with another reference.
+func contradicts(s, o string) string {
+	return s + `.outcome = 'VERIFIED_SUCCESS' AND (` + o + `.state = 'FAILED_TERMINAL'
+		OR (` + o + `.state = 'SUCCEEDED' AND ` + o + `.remote_ref IS DISTINCT FROM ` + s + `.remote_ref))`
+}
+
 // rotate runs claim from p.AfterTenant and, when that comes back short, once more from
 // the first tenant for the rest: the cursor goes round the tenants, and a claim that
 // started late in the order still takes the work of the tenants before it. (Without
@@ -615,7 +643,8 @@ func (q Scope) recordTogether(ctx context.Context, ps []OutcomeParams) (recorded
 // stale (at their indexes at in the batch): one already recorded under its fence by an
 // earlier try is answered as that try was, with the operation as it left it, or with
 // ErrRecordedBefore once the operation has moved on; the others are kept as evidence
-// (keepStale) and answered ErrFenceLost, unless that fails.
+// (keepStale) and answered ErrFenceLost, unless that fails, and a verified success that
+// contradicts the ledger with a *ContradictionError (contradictions).
 func (q Scope) settleStale(ctx context.Context, recorded *recordedOutcomes, n int, stale []OutcomeParams, at []int) {
 	before, err := q.keepStale(ctx, stale)
 	if err != nil {
@@ -624,16 +653,66 @@ func (q Scope) settleStale(ctx context.Context, recorded *recordedOutcomes, n in
 		}
 		return
 	}
+	var successes []OutcomeParams
+	var successAt []int
 	for k, p := range stale {
 		b, ok := before[HeldLease{OperationKey: OperationKey{TenantID: p.TenantID, ID: p.ID}, Fence: p.Fence}]
 		switch {
 		case !ok:
+			if p.State == StateSucceeded {
+				successes, successAt = append(successes, p), append(successAt, at[k])
+			}
 		case b.op.Revision == b.revision && b.op.FenceToken == p.Fence: // as the earlier try left it (a reconciler's claim takes the fence, not the revision)
 			recorded.moved[OperationKey{TenantID: p.TenantID, ID: p.ID}] = recordedOutcomeOf(b.op)
 		default:
 			recorded.failed(n, at[k], at[k]+1, ErrRecordedBefore)
 		}
 	}
+	if len(successes) == 0 {
+		return
+	}
+	found, err := q.contradictions(ctx, successes)
+	for k, i := range successAt {
+		switch {
+		case err != nil: // kept all the same; the ledger's count (Contradicted) finds it
+			recorded.failed(n, i, i+1, fmt.Errorf("%w (kept as evidence; whether it contradicts the ledger was not read: %w)", ErrFenceLost, err))
+		case found[k] != nil:
+			recorded.failed(n, i, i+1, found[k])
+		}
+	}
+}
+
+// contradictions reads, for verified successes that keepStale has handled (ps), which
+// contradict the ledger: each one's *ContradictionError at its index, nil for the
+// others. A success contradicts when its fence's stale outcome is a verified success
+// and the operation ended FAILED_TERMINAL, or SUCCEEDED with another reference. It is
+// a statement after keepStale's, so that it reads the operation as the ledger has it
+// once that success is kept: a failure recorded while keepStale ran (after its
+// snapshot, before its row lock) is seen, and one recorded after it is refused by the
+// ledger (successKept).
+func (q Scope) contradictions(ctx context.Context, ps []OutcomeParams) ([]*ContradictionError, error) {
+	tenants, ids, fences := make([]string, len(ps)), make([][16]byte, len(ps)), make([]int64, len(ps))
+	for i, p := range ps {
+		tenants[i], ids[i], fences[i] = p.TenantID, p.ID, p.Fence
+	}
+	rows := q.query(ctx, `
+		SELECT u.i::int, o.state, coalesce(o.remote_ref, '')
+		FROM unnest($1::text[], $2::uuid[], $3::bigint[]) WITH ORDINALITY AS u (tenant_id, operation_id, fence, i)
+		JOIN stale_outcomes s ON s.tenant_id = u.tenant_id AND s.operation_id = u.operation_id AND s.fence_token = u.fence
+		JOIN operations o ON o.tenant_id = u.tenant_id AND o.operation_id = u.operation_id
+		WHERE `+contradicts("s", "o"),
+		tenants, ids, fences)
+	found := make([]*ContradictionError, len(ps))
+	var i int
+	var c ContradictionError
+	_, err := pgx.ForEachRow(rows, []any{&i, &c.State, &c.RemoteRef}, func() error {
+		found[i-1] = &ContradictionError{State: c.State, RemoteRef: c.RemoteRef}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: record outcome: reading whether a stale success contradicts the ledger: %w", translate(err))
+	}
+	return found, nil
 }
 
 // recordedBefore is an outcome its fence's holder recorded already: the operation as

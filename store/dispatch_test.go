@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -276,6 +277,157 @@ func TestRecordOutcomeOnlyUnderTheFence(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, extended.Left, "a swept claim's lease is not extended")
 	require.Empty(t, extended.Busy)
+}
+
+// sentThenSwept prepares n operations of acme and claims them, as sent, then sweeps
+// their leases and claims them as a reconciler: the sends' claims, and the reconciler's
+// (in its order).
+func sentThenSwept(t *testing.T, b *testBundle, n int) ([]store.Claimed, []store.UnknownClaim) {
+	t.Helper()
+	b.prepareN(t, "acme", n)
+	claimed, err := b.all.Claim(b.ctx, claimParams(n))
+	require.NoError(t, err)
+	require.Len(t, claimed, n)
+	swept, err := b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: n})
+	require.NoError(t, err)
+	require.Equal(t, n, swept.Total())
+	unknown, err := b.all.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, unknown, n)
+	return claimed, unknown
+}
+
+// TestAStaleSuccessThatContradictsTheLedgerIsSaidSo: a worker's verified success that
+// reaches the ledger after its lease expired, once the operation ended FAILED_TERMINAL,
+// or SUCCEEDED with another reference, is kept and answered with a *ContradictionError
+// (still ErrFenceLost): the target made an effect the ledger does not record. One that
+// agrees, or finds the operation still open, is answered ErrFenceLost alone.
+func TestAStaleSuccessThatContradictsTheLedgerIsSaidSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	claimed, unknown := sentThenSwept(t, b, 5)
+	resolve := func(c store.UnknownClaim, state store.State, ref string) {
+		t.Helper()
+		_, err := b.all.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: c.ID, Fence: c.FenceToken, State: state,
+			RemoteRef: ref, Observation: store.Observation{Source: "LOOKUP", Outcome: "LOOKUP"}, Actor: "rec"})
+		require.NoError(t, err)
+	}
+	resolve(unknown[0], store.StateFailedTerminal, "")
+	resolve(unknown[1], store.StateSucceeded, "ch_other")
+	resolve(unknown[2], store.StateSucceeded, "ch_late")
+	// unknown[3] and [4] stay UNKNOWN, held by the reconciler.
+
+	sentUnder := map[uuid.UUID]int64{}
+	for _, c := range claimed {
+		sentUnder[c.ID] = c.FenceToken
+	}
+	late := func(c store.UnknownClaim) error {
+		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: c.ID, Fence: sentUnder[c.ID],
+			State: store.StateSucceeded, RemoteRef: "ch_late", Actor: "dispatcher:test",
+			Observation: store.Observation{Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS", HTTPStatus: 200}})
+		return err
+	}
+	for i, want := range []*store.ContradictionError{
+		{State: store.StateFailedTerminal},
+		{State: store.StateSucceeded, RemoteRef: "ch_other"},
+		nil, nil,
+	} {
+		err := late(unknown[i])
+		require.ErrorIs(t, err, store.ErrFenceLost, "operation %d", i)
+		var got *store.ContradictionError
+		if want == nil {
+			require.False(t, errors.As(err, &got), "operation %d: %v", i, err)
+		} else {
+			require.ErrorAs(t, err, &got, "operation %d", i)
+			require.Equal(t, want, got, "operation %d", i)
+		}
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM stale_outcomes WHERE operation_id = $1
+			AND outcome = 'VERIFIED_SUCCESS' AND remote_ref = 'ch_late'`, unknown[i].ID), "kept, operation %d", i)
+	}
+	// The same answer tried again (its first try's answer lost) is said again: nothing
+	// else tells whether the first reached the caller.
+	require.ErrorAs(t, late(unknown[0]), new(*store.ContradictionError))
+	final, err := b.all.Get(b.ctx, "acme", unknown[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateFailedTerminal, final.State, "a terminal state never changes")
+
+	// A failure that commits while the success is being kept (it holds the row, which
+	// keeping the success waits for) is seen: the statement that tells reads the
+	// operation after the success is kept, not as it was when keeping began.
+	failing, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = failing.Rollback(context.Background()) }) // on a failure
+	_, err = failing.Exec(b.ctx, `SELECT FROM operations WHERE operation_id = $1 FOR UPDATE`, unknown[4].ID)
+	require.NoError(t, err)
+	_, err = failing.Exec(b.ctx, `UPDATE operations SET state = 'FAILED_TERMINAL', revision = revision + 1,
+		fence_token = fence_token + 1, lease_owner = NULL, lease_expires_at = NULL, next_check_at = NULL
+		WHERE operation_id = $1`, unknown[4].ID)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- late(unknown[4]) }()
+	b.waitedOn(t, failing)
+	require.NoError(t, failing.Commit(b.ctx))
+	require.ErrorAs(t, <-done, new(*store.ContradictionError))
+
+	contradicted, err := b.all.Contradicted(b.ctx)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []store.ContradictedGroup{
+		{State: store.StateFailedTerminal, OperationType: "demo.charge", Count: 2},
+		{State: store.StateSucceeded, OperationType: "demo.charge", Count: 1},
+	}, contradicted, "the ledger's count of them, read for a gauge")
+}
+
+// TestAnEndRecordedAfterAStaleSuccessIsCounted: a verified success kept while the
+// operation is still open (here during a same-key replay, and while it is UNKNOWN)
+// contradicts the end the ledger records for it later: the replay's own rejection, its
+// success with another reference (a second effect), an operator's failure. Nothing
+// answers the stale success with a ContradictionError then; the ledger's count
+// (Contradicted) finds each.
+func TestAnEndRecordedAfterAStaleSuccessIsCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	claimed, unknown := sentThenSwept(t, b, 4)
+	success := store.Observation{Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS", HTTPStatus: 200}
+	replays := make([]store.Claimed, 3)
+	var err error
+	for i := range replays {
+		replays[i], err = b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: unknown[i].ID,
+			Fence: unknown[i].FenceToken, Worker: "rec", Lease: time.Minute})
+		require.NoError(t, err)
+	}
+	for _, c := range claimed { // every first send's late success, kept while the operation is open
+		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: c.ID, Fence: c.FenceToken,
+			State: store.StateSucceeded, RemoteRef: "ch_late", Observation: success, Actor: "dispatcher:test"})
+		require.ErrorIs(t, err, store.ErrFenceLost)
+		require.False(t, errors.As(err, new(*store.ContradictionError)), "still open when it was kept")
+	}
+	replayed := func(i int, state store.State, ref string, obs store.Observation) {
+		t.Helper()
+		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: replays[i].ID, Fence: replays[i].FenceToken,
+			State: state, RemoteRef: ref, Observation: obs, Actor: "dispatcher:test"})
+		require.NoError(t, err)
+	}
+	replayed(0, store.StateFailedTerminal, "", store.Observation{Source: "DISPATCH", Outcome: "DOCUMENTED_REJECTION", HTTPStatus: 400})
+	replayed(1, store.StateSucceeded, "ch_other", success)
+	replayed(2, store.StateSucceeded, "ch_late", success) // the same effect: agrees
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET lease_expires_at = now() - interval '1 second'
+		WHERE operation_id = $1`, unknown[3].ID) // the reconciler's lease over
+	require.NoError(t, err)
+	now, err := b.all.Get(b.ctx, "acme", unknown[3].ID)
+	require.NoError(t, err)
+	_, err = b.all.ResolveManually(b.ctx, store.ManualResolution{TenantID: "acme", ID: now.ID, Revision: now.Revision,
+		State: store.StateFailedTerminal, Reason: "not found at the target", Actor: "ops@example.com"})
+	require.NoError(t, err)
+
+	contradicted, err := b.all.Contradicted(b.ctx)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []store.ContradictedGroup{
+		{State: store.StateFailedTerminal, OperationType: "demo.charge", Count: 2},
+		{State: store.StateSucceeded, OperationType: "demo.charge", Count: 1},
+	}, contradicted)
+	none, err := b.store.Tenant("globex").Contradicted(b.ctx)
+	require.NoError(t, err)
+	require.Empty(t, none, "another tenant's scope sees none of them")
 }
 
 // TestAnOutcomeTriedAgainAfterTheOperationMovedOn: an outcome tried again after its

@@ -67,6 +67,33 @@ func (q Scope) OpenStats(ctx context.Context, p OpenStatsParams) ([]OpenGroup, e
 	return groups, nil
 }
 
+// ContradictedGroup counts the operations of one type that the ledger ended in State
+// (FAILED_TERMINAL, or SUCCEEDED with another reference) while a verified success of the
+// target's is on record for them: an answer to a send that came after its lease
+// (ContradictionError), kept before or after the operation ended.
+type ContradictedGroup struct {
+	State         State
+	OperationType string
+	Count         int64
+}
+
+// Contradicted counts the operations whose end a verified success contradicts, by state
+// and operation type, every tenant's in the scope of Store.AllTenants; groups with none
+// are left out. It reads the stale outcomes (one per lost fence; a verified success among
+// them is rare) and looks each one's operation up by its key: it finds every such
+// operation, however it ended and in whichever order the two were recorded.
+func (q Scope) Contradicted(ctx context.Context) ([]ContradictedGroup, error) {
+	rows := q.query(ctx, `SELECT o.state, o.operation_type, count(DISTINCT (o.tenant_id, o.operation_id))
+		FROM stale_outcomes s JOIN operations o USING (tenant_id, operation_id)
+		WHERE `+contradicts("s", "o")+`
+		GROUP BY o.state, o.operation_type`)
+	groups, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ContradictedGroup])
+	if err != nil {
+		return nil, fmt.Errorf("store: contradicted: %w", translate(err))
+	}
+	return groups, nil
+}
+
 // readyToClaim is the condition, on a PREPARED operation o at time at.t, under which the
 // dispatcher's claim takes it.
 const readyToClaim = `(o.next_check_at IS NULL OR o.next_check_at <= at.t) AND (o.dispatch_deadline IS NULL OR o.dispatch_deadline > at.t)`

@@ -86,6 +86,9 @@ func New(cfg Config) (*Sweeper, error) {
 		metric.WithDescription("IN_FLIGHT operations moved to UNKNOWN because their lease expired"), metric.WithUnit("{operation}")); err != nil {
 		return nil, err
 	}
+	// From zero, so that an alert on its increase sees the first sweep, which it misses
+	// when the series first appears at the number swept.
+	s.swept.Add(context.Background(), 0)
 	if s.expired, err = meter.Int64Counter("opbroker.dispatch.deadlines_passed",
 		metric.WithDescription("PREPARED operations failed because their dispatch deadline passed before any send"), metric.WithUnit("{operation}")); err != nil {
 		return nil, err

@@ -168,7 +168,8 @@ func TestSweepsOnItsOwn(t *testing.T) {
 }
 
 // TestExpiredLeasesCountAsUnknownEntered: an operation the sweeper makes UNKNOWN counts
-// in opbroker_unknown_entered_total under its target, with cause LEASE_EXPIRED.
+// in opbroker_unknown_entered_total under its target, with cause LEASE_EXPIRED, and in
+// opbroker_leases_expired_total, which starts at zero.
 func TestExpiredLeasesCountAsUnknownEntered(t *testing.T) {
 	t.Parallel()
 	st, _ := storetest.NewStore(t)
@@ -183,23 +184,29 @@ func TestExpiredLeasesCountAsUnknownEntered(t *testing.T) {
 	_, err = st.AllTenants().Claim(ctx, store.ClaimParams{FairClaim: store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "gone", Lease: time.Millisecond, Limit: 2, PerTenant: 2, MaxTenants: 1}})
 	require.NoError(t, err)
-	require.NoError(t, s.Sweep(ctx, time.Now().Add(time.Minute)))
-
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(ctx, &rm))
-	entered := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "opbroker.unknown.entered" {
-				for _, dp := range sum.DataPoints {
-					target, _ := dp.Attributes.Value("target")
-					cause, _ := dp.Attributes.Value("cause")
-					entered[target.AsString()+" "+cause.AsString()] += dp.Value
+	counted := func(name string) map[string]int64 {
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(ctx, &rm))
+		counts := map[string]int64{}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+					for _, dp := range sum.DataPoints {
+						target, _ := dp.Attributes.Value("target")
+						cause, _ := dp.Attributes.Value("cause")
+						counts[target.AsString()+" "+cause.AsString()] += dp.Value
+					}
 				}
 			}
 		}
+		return counts
 	}
-	require.Equal(t, map[string]int64{"demo-payments LEASE_EXPIRED": 2}, entered)
+	// From zero, so that an alert on the increase sees the first sweep.
+	require.Equal(t, map[string]int64{" ": 0}, counted("opbroker.leases.expired"))
+	require.NoError(t, s.Sweep(ctx, time.Now().Add(time.Minute)))
+
+	require.Equal(t, map[string]int64{"demo-payments LEASE_EXPIRED": 2}, counted("opbroker.unknown.entered"))
+	require.Equal(t, map[string]int64{" ": 2}, counted("opbroker.leases.expired"))
 }
 
 // TestStuckSweepIsReported: a pass the database never answers (a broken network: no
