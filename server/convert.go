@@ -68,6 +68,9 @@ func operationToProto(op store.Operation) *opbrokerv1.Operation {
 	if e := op.Escalation; e != nil {
 		out.Escalation = &opbrokerv1.Operation_Escalation{Owner: e.Owner, Reason: e.Reason, EscalateTime: timestamppb.New(e.EscalatedAt)}
 	}
+	if c := op.Contradiction; c != nil {
+		out.Contradiction = &opbrokerv1.Operation_Contradiction{RemoteRef: c.RemoteRef, RecordTime: timestamppb.New(c.RecordedAt)}
+	}
 	if op.SupersedesID.Valid {
 		out.Supersedes = operationName(op.TenantID, op.SupersedesID.UUID)
 	}

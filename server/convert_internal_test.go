@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -32,4 +33,17 @@ func TestRemoteKeyForThoseWhoLookIntoEscalations(t *testing.T) {
 		require.Equal(t, "http://127.0.0.1:9/v1/charges?reference="+key.String(), out.GetLookupUrl(), roles)
 	}
 	require.Empty(t, operationFor(context.Background(), targets, op).GetRemoteKey(), "no principal, no key")
+}
+
+// TestAContradictionIsRendered: a verified success that contradicts how the operation
+// ended reaches the API with its reference and time; an operation without one has none.
+func TestAContradictionIsRendered(t *testing.T) {
+	at := time.Date(2026, 12, 6, 15, 0, 0, 0, time.UTC)
+	op := store.Operation{TenantID: "acme", ID: uuid.New(), State: store.StateFailedTerminal,
+		Contradiction: &store.Contradiction{RemoteRef: "ch_late", RecordedAt: at}}
+	out := operationToProto(op)
+	require.Equal(t, "ch_late", out.GetContradiction().GetRemoteRef())
+	require.Equal(t, at, out.GetContradiction().GetRecordTime().AsTime())
+	op.Contradiction = nil
+	require.Nil(t, operationToProto(op).GetContradiction())
 }

@@ -350,6 +350,22 @@ func TestAStaleSuccessThatContradictsTheLedgerIsSaidSo(t *testing.T) {
 	final, err := b.all.Get(b.ctx, "acme", unknown[0].ID)
 	require.NoError(t, err)
 	require.Equal(t, store.StateFailedTerminal, final.State, "a terminal state never changes")
+	// Reading an operation (as the API does) tells of the contradiction.
+	require.NotNil(t, final.Contradiction)
+	require.Equal(t, "ch_late", final.Contradiction.RemoteRef)
+	require.WithinDuration(t, time.Now(), final.Contradiction.RecordedAt, time.Minute)
+	listed, _, err := b.store.Tenant("acme").List(b.ctx, store.ListParams{TenantID: "acme", Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, listed, 5)
+	for _, op := range listed {
+		switch op.ID {
+		case unknown[0].ID, unknown[1].ID:
+			require.NotNil(t, op.Contradiction, "%s", op.ID)
+			require.Equal(t, "ch_late", op.Contradiction.RemoteRef)
+		default: // agrees, or still open
+			require.Nil(t, op.Contradiction, "%s", op.ID)
+		}
+	}
 
 	// A failure that commits while the success is being kept (it holds the row, which
 	// keeping the success waits for) is seen: the statement that tells reads the

@@ -111,6 +111,20 @@ type Operation struct {
 
 	// TraceParent is the W3C traceparent of the call that prepared it, or "".
 	TraceParent string
+
+	// Contradiction, as Scope.Get and Scope.List read an operation, is a verified success
+	// of the target's that contradicts how the operation ended (ContradictionError): the
+	// first one recorded, or nil.
+	Contradiction *Contradiction
+}
+
+// Contradiction is a target's verified success, to a send, that came after the send's
+// lease, of an operation the ledger ended FAILED_TERMINAL, or SUCCEEDED with another
+// reference: the effect the target confirmed, by its reference, and when the answer was
+// recorded.
+type Contradiction struct {
+	RemoteRef  string
+	RecordedAt time.Time
 }
 
 // Escalation records who an operation was handed to, and why.
@@ -130,6 +144,31 @@ func scanOperation(row pgx.CollectableRow) (Operation, error) {
 	var op Operation
 	err := row.Scan(operationDest(&op)...)
 	return op, err
+}
+
+// contradicted is operations o joined to the first verified success that contradicts
+// how o ended (contradicts), if any: the FROM clause of the statements that read
+// operations with contradictedColumns.
+var contradicted = `operations o LEFT JOIN LATERAL (
+		SELECT s.remote_ref AS contradicting_ref, s.recorded_at AS contradicted_at FROM stale_outcomes s
+		WHERE s.tenant_id = o.tenant_id AND s.operation_id = o.operation_id AND ` + contradicts("s", "o") + `
+		ORDER BY s.recorded_at, s.fence_token LIMIT 1) c ON true`
+
+// contradictedColumns is operationColumns and the contradiction's, from contradicted,
+// as scanContradicted reads them.
+const contradictedColumns = operationColumns + `, contradicting_ref, contradicted_at`
+
+func scanContradicted(row pgx.CollectableRow) (Operation, error) {
+	var op Operation
+	var ref *string
+	var at *time.Time
+	if err := row.Scan(operationDest(&op, &ref, &at)...); err != nil {
+		return Operation{}, err
+	}
+	if at != nil {
+		op.Contradiction = &Contradiction{RemoteRef: *ref, RecordedAt: *at}
+	}
+	return op, nil
 }
 
 // operationDest returns the scan destinations of operationColumns, then more, in one

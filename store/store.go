@@ -397,11 +397,11 @@ func (q Scope) findByIntent(ctx context.Context, tenantID, operationType, intent
 	return op, translate(err)
 }
 
-// Get returns one operation of a tenant, or ErrNotFound.
+// Get returns one operation of a tenant, with its Contradiction if any, or ErrNotFound.
 func (q Scope) Get(ctx context.Context, tenantID string, id uuid.UUID) (Operation, error) {
-	rows := q.query(ctx, `SELECT `+operationColumns+` FROM operations
-		WHERE tenant_id = $1 AND operation_id = $2`, tenantID, id)
-	op, err := pgx.CollectExactlyOneRow(rows, scanOperation)
+	rows := q.query(ctx, `SELECT `+contradictedColumns+` FROM `+contradicted+`
+		WHERE o.tenant_id = $1 AND o.operation_id = $2`, tenantID, id)
+	op, err := pgx.CollectExactlyOneRow(rows, scanContradicted)
 	if err != nil {
 		return Operation{}, fmt.Errorf("store: get: %w", translate(err))
 	}
@@ -423,26 +423,27 @@ type ListParams struct {
 	Limit  int
 }
 
-// List returns up to Limit operations and whether more follow.
+// List returns up to Limit operations, each with its Contradiction if any, and whether
+// more follow.
 func (q Scope) List(ctx context.Context, p ListParams) (ops []Operation, more bool, err error) {
 	args := []any{p.TenantID, stateNames(p.States), p.Before, p.Limit + 1}
 	var search string // each filter its own statement text, planned on its own index
 	if p.IntentRef != "" {
 		args = append(args, p.IntentRef, p.OperationTypes)
-		search += ` AND operation_id IN (SELECT operation_id FROM operation_keys
+		search += ` AND o.operation_id IN (SELECT operation_id FROM operation_keys
 			WHERE operation_type = ANY ($6::text[]) AND intent_ref = $5 AND tenant_id = $1)`
 	}
 	if p.RemoteRef != "" {
 		args = append(args, p.RemoteRef)
-		search += fmt.Sprintf(` AND remote_ref = $%d`, len(args))
+		search += fmt.Sprintf(` AND o.remote_ref = $%d`, len(args))
 	}
-	rows := q.query(ctx, `SELECT `+operationColumns+` FROM operations
-		WHERE tenant_id = $1
-		  AND (coalesce(cardinality($2::text[]), 0) = 0 OR state = ANY ($2::text[]::operation_state[]))
-		  AND ($3::uuid IS NULL OR operation_id < $3)`+search+`
-		ORDER BY operation_id DESC
+	rows := q.query(ctx, `SELECT `+contradictedColumns+` FROM `+contradicted+`
+		WHERE o.tenant_id = $1
+		  AND (coalesce(cardinality($2::text[]), 0) = 0 OR o.state = ANY ($2::text[]::operation_state[]))
+		  AND ($3::uuid IS NULL OR o.operation_id < $3)`+search+`
+		ORDER BY o.operation_id DESC
 		LIMIT $4`, args...)
-	ops, err = pgx.CollectRows(rows, scanOperation)
+	ops, err = pgx.CollectRows(rows, scanContradicted)
 	if err != nil {
 		return nil, false, fmt.Errorf("store: list: %w", translate(err))
 	}

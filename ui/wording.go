@@ -56,6 +56,9 @@ func set(outcomes ...string) map[string]bool {
 // what support reads. provider is how the target is named to them ("the payment
 // provider"); owner is who an escalation went to.
 func describe(op *opbrokerv1.Operation, provider string, now time.Time) Status {
+	if c := op.GetContradiction(); c != nil {
+		return contradicted(op, c, provider)
+	}
 	outcome := op.GetLastObservation().GetOutcome()
 	switch op.GetState() {
 	case opbrokerv1.Operation_STATE_PREPARED:
@@ -129,6 +132,21 @@ func describe(op *opbrokerv1.Operation, provider string, now time.Time) Status {
 			"Nothing more will happen.", "neutral"}
 	}
 	return Status{"Status not known to this page", "This page does not know the state the broker reports.", "Ask the broker's operators.", "attention"}
+}
+
+// contradicted is what support reads of a terminal operation whose end the provider
+// contradicts (a confirmation that came after the send's lease): what it confirmed,
+// that the record stays as it is, and that the broker's operators are alerted.
+func contradicted(op *opbrokerv1.Operation, c *opbrokerv1.Operation_Contradiction, provider string) Status {
+	next := "The people who run the broker have been alerted and will settle it with " + provider + "; this record will not change."
+	if op.GetState() == opbrokerv1.Operation_STATE_SUCCEEDED {
+		return Status{"Needs attention: " + provider + " confirmed it twice",
+			capital(provider) + " confirmed it with reference " + op.GetRemoteRef() + ", and confirmed an earlier attempt too, with reference " +
+				c.GetRemoteRef() + ": it may have gone through twice.", next, "attention"}
+	}
+	return Status{"Needs attention: " + provider + " confirmed it after we recorded it as not done",
+		"We recorded it as not done, but " + provider + " then confirmed that it went through; their reference is " + c.GetRemoteRef() +
+			". Do not tell the customer it failed, and do not ask them to try again.", next, "attention"}
 }
 
 // eventLine is one step of an operation's history in words.

@@ -227,7 +227,11 @@ type Operation struct {
 	RemoteKey string `protobuf:"bytes,22,opt,name=remote_key,json=remoteKey,proto3" json:"remote_key,omitempty"`
 	// The target's lookup URL for this operation (its contract's lookup with remote_key
 	// filled in), where the target offers one. Shown with remote_key.
-	LookupUrl     string `protobuf:"bytes,23,opt,name=lookup_url,json=lookupUrl,proto3" json:"lookup_url,omitempty"`
+	LookupUrl string `protobuf:"bytes,23,opt,name=lookup_url,json=lookupUrl,proto3" json:"lookup_url,omitempty"`
+	// For a terminal operation: the target confirmed an effect that contradicts how it
+	// ended (a false failure, or a second effect). Set by GetOperation and
+	// ListOperations.
+	Contradiction *Operation_Contradiction `protobuf:"bytes,24,opt,name=contradiction,proto3" json:"contradiction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -423,6 +427,13 @@ func (x *Operation) GetLookupUrl() string {
 	return ""
 }
 
+func (x *Operation) GetContradiction() *Operation_Contradiction {
+	if x != nil {
+		return x.Contradiction
+	}
+	return nil
+}
+
 // The most recent thing the broker learned about the remote effect. It never holds
 // payload bytes.
 type Operation_Observation struct {
@@ -570,11 +581,69 @@ func (x *Operation_Escalation) GetEscalateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+// A confirmation of an effect by the target that contradicts how the operation ended:
+// the target answered one of its sends with a verified success after the send's lease
+// had expired, and the operation ended STATE_FAILED_TERMINAL, or STATE_SUCCEEDED with
+// another remote_ref. The state stays as it is; a person must reconcile the two.
+type Operation_Contradiction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The target's identifier of the effect it confirmed.
+	RemoteRef string `protobuf:"bytes,1,opt,name=remote_ref,json=remoteRef,proto3" json:"remote_ref,omitempty"`
+	// When the broker recorded that answer.
+	RecordTime    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=record_time,json=recordTime,proto3" json:"record_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Operation_Contradiction) Reset() {
+	*x = Operation_Contradiction{}
+	mi := &file_opbroker_v1_operation_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Operation_Contradiction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Operation_Contradiction) ProtoMessage() {}
+
+func (x *Operation_Contradiction) ProtoReflect() protoreflect.Message {
+	mi := &file_opbroker_v1_operation_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Operation_Contradiction.ProtoReflect.Descriptor instead.
+func (*Operation_Contradiction) Descriptor() ([]byte, []int) {
+	return file_opbroker_v1_operation_proto_rawDescGZIP(), []int{0, 2}
+}
+
+func (x *Operation_Contradiction) GetRemoteRef() string {
+	if x != nil {
+		return x.RemoteRef
+	}
+	return ""
+}
+
+func (x *Operation_Contradiction) GetRecordTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RecordTime
+	}
+	return nil
+}
+
 var File_opbroker_v1_operation_proto protoreflect.FileDescriptor
 
 const file_opbroker_v1_operation_proto_rawDesc = "" +
 	"\n" +
-	"\x1bopbroker/v1/operation.proto\x12\vopbroker.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe4\x0f\n" +
+	"\x1bopbroker/v1/operation.proto\x12\vopbroker.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\x11\n" +
 	"\tOperation\x12\x17\n" +
 	"\x04name\x18\x01 \x01(\tB\x03\xe0A\bR\x04name\x12\x1b\n" +
 	"\x06tenant\x18\x02 \x01(\tB\x03\xe0A\x05R\x06tenant\x12*\n" +
@@ -611,7 +680,8 @@ const file_opbroker_v1_operation_proto_rawDesc = "" +
 	"\n" +
 	"remote_key\x18\x16 \x01(\tB\x03\xe0A\x03R\tremoteKey\x12\"\n" +
 	"\n" +
-	"lookup_url\x18\x17 \x01(\tB\x03\xe0A\x03R\tlookupUrl\x1a\xd8\x01\n" +
+	"lookup_url\x18\x17 \x01(\tB\x03\xe0A\x03R\tlookupUrl\x12O\n" +
+	"\rcontradiction\x18\x18 \x01(\v2$.opbroker.v1.Operation.ContradictionB\x03\xe0A\x03R\rcontradiction\x1a\xd8\x01\n" +
 	"\vObservation\x12=\n" +
 	"\fobserve_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vobserveTime\x125\n" +
 	"\x06source\x18\x02 \x01(\x0e2\x1d.opbroker.v1.Operation.SourceR\x06source\x12\x18\n" +
@@ -623,7 +693,12 @@ const file_opbroker_v1_operation_proto_rawDesc = "" +
 	"Escalation\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12?\n" +
-	"\rescalate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fescalateTime\x1a9\n" +
+	"\rescalate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fescalateTime\x1ak\n" +
+	"\rContradiction\x12\x1d\n" +
+	"\n" +
+	"remote_ref\x18\x01 \x01(\tR\tremoteRef\x12;\n" +
+	"\vrecord_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"recordTime\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb4\x01\n" +
@@ -661,35 +736,38 @@ func file_opbroker_v1_operation_proto_rawDescGZIP() []byte {
 }
 
 var file_opbroker_v1_operation_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_opbroker_v1_operation_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_opbroker_v1_operation_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_opbroker_v1_operation_proto_goTypes = []any{
-	(Operation_State)(0),          // 0: opbroker.v1.Operation.State
-	(Operation_Source)(0),         // 1: opbroker.v1.Operation.Source
-	(*Operation)(nil),             // 2: opbroker.v1.Operation
-	(*Operation_Observation)(nil), // 3: opbroker.v1.Operation.Observation
-	(*Operation_Escalation)(nil),  // 4: opbroker.v1.Operation.Escalation
-	nil,                           // 5: opbroker.v1.Operation.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(Operation_State)(0),            // 0: opbroker.v1.Operation.State
+	(Operation_Source)(0),           // 1: opbroker.v1.Operation.Source
+	(*Operation)(nil),               // 2: opbroker.v1.Operation
+	(*Operation_Observation)(nil),   // 3: opbroker.v1.Operation.Observation
+	(*Operation_Escalation)(nil),    // 4: opbroker.v1.Operation.Escalation
+	(*Operation_Contradiction)(nil), // 5: opbroker.v1.Operation.Contradiction
+	nil,                             // 6: opbroker.v1.Operation.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 7: google.protobuf.Timestamp
 }
 var file_opbroker_v1_operation_proto_depIdxs = []int32{
 	0,  // 0: opbroker.v1.Operation.state:type_name -> opbroker.v1.Operation.State
 	3,  // 1: opbroker.v1.Operation.last_observation:type_name -> opbroker.v1.Operation.Observation
-	5,  // 2: opbroker.v1.Operation.labels:type_name -> opbroker.v1.Operation.LabelsEntry
-	6,  // 3: opbroker.v1.Operation.dispatch_deadline:type_name -> google.protobuf.Timestamp
-	6,  // 4: opbroker.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
-	6,  // 5: opbroker.v1.Operation.update_time:type_name -> google.protobuf.Timestamp
-	6,  // 6: opbroker.v1.Operation.first_send_time:type_name -> google.protobuf.Timestamp
+	6,  // 2: opbroker.v1.Operation.labels:type_name -> opbroker.v1.Operation.LabelsEntry
+	7,  // 3: opbroker.v1.Operation.dispatch_deadline:type_name -> google.protobuf.Timestamp
+	7,  // 4: opbroker.v1.Operation.create_time:type_name -> google.protobuf.Timestamp
+	7,  // 5: opbroker.v1.Operation.update_time:type_name -> google.protobuf.Timestamp
+	7,  // 6: opbroker.v1.Operation.first_send_time:type_name -> google.protobuf.Timestamp
 	4,  // 7: opbroker.v1.Operation.escalation:type_name -> opbroker.v1.Operation.Escalation
-	6,  // 8: opbroker.v1.Operation.next_check_time:type_name -> google.protobuf.Timestamp
-	6,  // 9: opbroker.v1.Operation.not_before:type_name -> google.protobuf.Timestamp
-	6,  // 10: opbroker.v1.Operation.Observation.observe_time:type_name -> google.protobuf.Timestamp
-	1,  // 11: opbroker.v1.Operation.Observation.source:type_name -> opbroker.v1.Operation.Source
-	6,  // 12: opbroker.v1.Operation.Escalation.escalate_time:type_name -> google.protobuf.Timestamp
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	7,  // 8: opbroker.v1.Operation.next_check_time:type_name -> google.protobuf.Timestamp
+	7,  // 9: opbroker.v1.Operation.not_before:type_name -> google.protobuf.Timestamp
+	5,  // 10: opbroker.v1.Operation.contradiction:type_name -> opbroker.v1.Operation.Contradiction
+	7,  // 11: opbroker.v1.Operation.Observation.observe_time:type_name -> google.protobuf.Timestamp
+	1,  // 12: opbroker.v1.Operation.Observation.source:type_name -> opbroker.v1.Operation.Source
+	7,  // 13: opbroker.v1.Operation.Escalation.escalate_time:type_name -> google.protobuf.Timestamp
+	7,  // 14: opbroker.v1.Operation.Contradiction.record_time:type_name -> google.protobuf.Timestamp
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_opbroker_v1_operation_proto_init() }
@@ -703,7 +781,7 @@ func file_opbroker_v1_operation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_opbroker_v1_operation_proto_rawDesc), len(file_opbroker_v1_operation_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
