@@ -34,15 +34,26 @@ type LedgerConfig struct {
 	Logger        *slog.Logger
 	// Interval between readings (DefaultInterval); a reading is abandoned after it.
 	Interval time.Duration
+	// ContradictedInterval is how often the contradicted operations are read
+	// (DefaultContradictedInterval), at the first reading and then at the first reading
+	// this long after the last one.
+	ContradictedInterval time.Duration
 }
 
+// DefaultContradictedInterval is how often a Ledger reads the contradicted operations
+// (store.Scope.Contradicted): a statement that reads every stale outcome, which grows
+// with the leases ever lost, for a count that changes rarely.
+const DefaultContradictedInterval = 5 * time.Minute
+
 // Ledger exports gauges of the ledger's open operations, and of its contradicted ones:
-// every Interval it reads them (store.Scope.OpenStats, store.Scope.Contradicted) and
-// keeps the result; the gauges report the last result at each scrape. It maps operation
-// types to targets with the loaded contracts. Start and Stop follow package startstop.
+// every Interval it reads the open ones (store.Scope.OpenStats), every
+// ContradictedInterval the contradicted (store.Scope.Contradicted), and keeps the
+// results; the gauges report the last results at each scrape. It maps operation types
+// to targets with the loaded contracts. Start and Stop follow package startstop.
 //
-// A failed reading keeps the previous result (an alert that fires goes on firing) and
-// sets opbroker_database_up to 0 until a reading succeeds.
+// A failed reading keeps the previous result (an alert that fires goes on firing); one
+// of the open operations sets opbroker_database_up to 0 until a reading succeeds, one of
+// the contradicted is logged and tried again at the next reading.
 type Ledger struct {
 	startstop.Base
 	cfg      LedgerConfig
@@ -53,6 +64,10 @@ type Ledger struct {
 	snap     *snapshot // the last successful reading; nil before the first
 	readOnce bool      // a reading was attempted
 	readOK   bool      // the last reading succeeded
+	// contradicted is the last successful reading of the contradicted operations, by
+	// state and target (nil before the first), read at contradictedRead.
+	contradicted     map[stateTarget]int64
+	contradictedRead time.Time
 }
 
 // endStates are the states a contradicted operation may have ended in
@@ -61,10 +76,9 @@ var endStates = []store.State{store.StateFailedTerminal, store.StateSucceeded}
 
 // snapshot is one reading, by target.
 type snapshot struct {
-	open         map[stateTarget]int64
-	oldest       map[stateTarget]time.Duration
-	ready        map[string]int64
-	contradicted map[stateTarget]int64
+	open   map[stateTarget]int64
+	oldest map[stateTarget]time.Duration
+	ready  map[string]int64
 }
 
 type stateTarget struct {
@@ -77,6 +91,9 @@ type stateTarget struct {
 func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
+	}
+	if cfg.ContradictedInterval <= 0 {
+		cfg.ContradictedInterval = DefaultContradictedInterval
 	}
 	l := &Ledger{cfg: cfg, log: cfg.Logger.With("component", "metrics"), targetOf: map[string]string{}}
 	for _, c := range cfg.Targets.All() {
@@ -116,6 +133,9 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 		if l.readOnce {
 			o.ObserveInt64(up, boolInt(l.readOK))
 		}
+		for k, n := range l.contradicted {
+			o.ObserveInt64(contradicted, n, metric.WithAttributes(attribute.String("state", string(k.state)), attribute.String("target", k.target)))
+		}
 		if l.snap == nil {
 			return nil
 		}
@@ -127,9 +147,6 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 		}
 		for name, n := range l.snap.ready {
 			o.ObserveInt64(ready, n, metric.WithAttributes(attribute.String("target", name)))
-		}
-		for k, n := range l.snap.contradicted {
-			o.ObserveInt64(contradicted, n, metric.WithAttributes(attribute.String("state", string(k.state)), attribute.String("target", k.target)))
 		}
 		return nil
 	}, open, ready, oldest, contradicted, up)
@@ -163,14 +180,10 @@ func (l *Ledger) Start(ctx context.Context) error {
 // the last reading and reports the database down. Start's loop calls it; tests call it
 // directly.
 func (l *Ledger) Refresh(ctx context.Context) error {
+	l.refreshContradicted(ctx)
 	readCtx, cancel := context.WithTimeout(ctx, l.cfg.Interval)
 	defer cancel()
-	all := l.cfg.Store.AllTenants()
-	groups, err := all.OpenStats(readCtx, store.OpenStatsParams{})
-	var contradicted []store.ContradictedGroup
-	if err == nil {
-		contradicted, err = all.Contradicted(readCtx)
-	}
+	groups, err := l.cfg.Store.AllTenants().OpenStats(readCtx, store.OpenStatsParams{})
 	if err != nil && ctx.Err() != nil {
 		return err // stopped: says nothing of the database
 	}
@@ -187,22 +200,51 @@ func (l *Ledger) Refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.snap = l.tally(groups, contradicted)
+	l.snap = l.tally(groups)
 	return nil
 }
 
-// tally sums the groups by target, with a zero for every target and open state, and for
-// every target and end state of the contradicted.
-func (l *Ledger) tally(groups []store.OpenGroup, contradicted []store.ContradictedGroup) *snapshot {
-	s := &snapshot{open: map[stateTarget]int64{}, oldest: map[stateTarget]time.Duration{}, ready: map[string]int64{},
-		contradicted: map[stateTarget]int64{}}
+// refreshContradicted reads the contradicted operations when ContradictedInterval has
+// passed since the last reading (or there was none), abandoned after Interval, as a
+// reading of the open ones is. A failure is logged and leaves the last reading; it says
+// nothing of opbroker_database_up, which the open operations' reading reports.
+func (l *Ledger) refreshContradicted(ctx context.Context) {
+	l.mu.Lock()
+	due := l.contradicted == nil || time.Since(l.contradictedRead) >= l.cfg.ContradictedInterval
+	l.mu.Unlock()
+	if !due {
+		return
+	}
+	readCtx, cancel := context.WithTimeout(ctx, l.cfg.Interval)
+	defer cancel()
+	groups, err := l.cfg.Store.AllTenants().Contradicted(readCtx)
+	if err != nil {
+		if ctx.Err() == nil {
+			l.log.Warn("the contradicted operations were not read: opbroker_operations_contradicted keeps its last values", "error", err)
+		}
+		return
+	}
+	counts := map[stateTarget]int64{}
+	for _, c := range l.cfg.Targets.All() {
+		for _, state := range endStates {
+			counts[stateTarget{state, c.Name}] = 0
+		}
+	}
+	for _, g := range groups {
+		counts[stateTarget{g.State, l.targetName(g.OperationType)}] += g.Count
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.contradicted, l.contradictedRead = counts, time.Now()
+}
+
+// tally sums the groups by target, with a zero for every target and open state.
+func (l *Ledger) tally(groups []store.OpenGroup) *snapshot {
+	s := &snapshot{open: map[stateTarget]int64{}, oldest: map[stateTarget]time.Duration{}, ready: map[string]int64{}}
 	for _, c := range l.cfg.Targets.All() {
 		for _, state := range openStates {
 			s.open[stateTarget{state, c.Name}] = 0
 			s.oldest[stateTarget{state, c.Name}] = 0
-		}
-		for _, state := range endStates {
-			s.contradicted[stateTarget{state, c.Name}] = 0
 		}
 		s.ready[c.Name] = 0
 	}
@@ -214,9 +256,6 @@ func (l *Ledger) tally(groups []store.OpenGroup, contradicted []store.Contradict
 		if g.State == store.StatePrepared {
 			s.ready[name] += g.Ready
 		}
-	}
-	for _, g := range contradicted {
-		s.contradicted[stateTarget{g.State, l.targetName(g.OperationType)}] += g.Count
 	}
 	return s
 }

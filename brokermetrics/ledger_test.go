@@ -89,14 +89,15 @@ func TestLedgerGaugesReportTheLastReading(t *testing.T) {
 
 // TestLedgerCountsContradictedOperations: opbroker_operations_contradicted reports, for
 // every target and both end states (zero included), the operations the ledger ended
-// otherwise than a late verified success of the target's says.
+// otherwise than a late verified success of the target's says, read at the first
+// reading and again once ContradictedInterval has passed.
 func TestLedgerCountsContradictedOperations(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st, _ := storetest.NewStore(t)
 	mp, scrapeNow := meters(t)
 	ledger, err := brokermetrics.NewLedger(brokermetrics.LedgerConfig{Store: st, Targets: demoTargets(t), MeterProvider: mp,
-		Logger: slog.New(slog.DiscardHandler), Interval: time.Minute})
+		Logger: slog.New(slog.DiscardHandler), Interval: time.Minute, ContradictedInterval: time.Hour})
 	require.NoError(t, err)
 	zero := scrape{}
 	for _, name := range []string{"demo-notify", "demo-objects", "demo-payments"} {
@@ -128,8 +129,35 @@ func TestLedgerCountsContradictedOperations(t *testing.T) {
 	require.ErrorAs(t, err, new(*store.ContradictionError))
 
 	require.NoError(t, ledger.Refresh(ctx))
+	require.Equal(t, zero, scrapeNow().matching("opbroker_operations_contradicted"),
+		"read again only once its interval has passed")
+	mp, scrapeNow = meters(t)
+	again, err := brokermetrics.NewLedger(brokermetrics.LedgerConfig{Store: st, Targets: demoTargets(t), MeterProvider: mp,
+		Logger: slog.New(slog.DiscardHandler), Interval: time.Minute, ContradictedInterval: time.Nanosecond})
+	require.NoError(t, err)
+	require.NoError(t, again.Refresh(ctx))
 	zero[`opbroker_operations_contradicted{state="FAILED_TERMINAL",target="demo-payments"}`] = 1
 	require.Equal(t, zero, scrapeNow().matching("opbroker_operations_contradicted"))
+}
+
+// TestAFailedReadingOfTheContradictedLeavesTheDatabaseUp: the contradicted operations'
+// reading failing (here its table gone) is no outage: the open operations are read, the
+// database reported up, and the contradicted gauge reports nothing it did not read.
+func TestAFailedReadingOfTheContradictedLeavesTheDatabaseUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, admin := storetest.NewStore(t)
+	_, err := admin.Exec(ctx, `ALTER TABLE stale_outcomes RENAME TO stale_outcomes_gone`)
+	require.NoError(t, err)
+	mp, scrapeNow := meters(t)
+	ledger, err := brokermetrics.NewLedger(brokermetrics.LedgerConfig{Store: st, Targets: demoTargets(t), MeterProvider: mp,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	require.NoError(t, ledger.Refresh(ctx))
+	got := scrapeNow()
+	require.Equal(t, scrape{`opbroker_database_up{}`: 1}, got.matching("opbroker_database_up"))
+	require.NotEmpty(t, got.matching("opbroker_operations_open"))
+	require.Empty(t, got.matching("opbroker_operations_contradicted"))
 }
 
 // TestLedgerLifecycle: Stop is safe without Start and idempotent; a Ledger that was

@@ -816,7 +816,7 @@ func (d *Dispatcher) record(contract *target.Contract, op store.Claimed, res tar
 			// reconcile the two (the ledger's gauge opbroker_operations_contradicted
 			// raises it, docs/operations.md#opbrokersuccesscontradictsledger).
 			log().Error("the target's verified success came after the lease and contradicts the ledger, which keeps its state; a person must reconcile them",
-				"class", res.Class, "remote_ref", res.RemoteRef, "ledger_state", contradiction.State, "ledger_ref", contradiction.RemoteRef)
+				"class", res.Class, "ledger_state", contradiction.State)
 			return
 		case errors.Is(err, store.ErrFenceLost):
 			log().Warn("fence lost before the outcome was recorded; kept as evidence only", "class", res.Class, "error", err)

@@ -688,8 +688,9 @@ func (q Scope) settleStale(ctx context.Context, recorded *recordedOutcomes, n in
 // and the operation ended FAILED_TERMINAL, or SUCCEEDED with another reference. It is
 // a statement after keepStale's, so that it reads the operation as the ledger has it
 // once that success is kept: a failure recorded while keepStale ran (after its
-// snapshot, before its row lock) is seen, and one recorded after it is refused by the
-// ledger (successKept).
+// snapshot, before its row lock) is seen. An end recorded after it (by a replay's own
+// answer; a reconciler's, a target event's or an operator's failure is refused,
+// successKept) is not answered here; the ledger's count (Contradicted) finds every one.
 func (q Scope) contradictions(ctx context.Context, ps []OutcomeParams) ([]*ContradictionError, error) {
 	tenants, ids, fences := make([]string, len(ps)), make([][16]byte, len(ps)), make([]int64, len(ps))
 	for i, p := range ps {

@@ -79,9 +79,10 @@ type ContradictedGroup struct {
 
 // Contradicted counts the operations whose end a verified success contradicts, by state
 // and operation type, every tenant's in the scope of Store.AllTenants; groups with none
-// are left out. It reads the stale outcomes (one per lost fence; a verified success among
-// them is rare) and looks each one's operation up by its key: it finds every such
-// operation, however it ended and in whichever order the two were recorded.
+// are left out. It reads every stale outcome (one per fence lost while a send's answer
+// was still to come, most often a success) and looks up the operation of each verified
+// success by its key: it finds every such operation, however it ended and in whichever
+// order the two were recorded, at a cost that grows with the leases ever lost.
 func (q Scope) Contradicted(ctx context.Context) ([]ContradictedGroup, error) {
 	rows := q.query(ctx, `SELECT o.state, o.operation_type, count(DISTINCT (o.tenant_id, o.operation_id))
 		FROM stale_outcomes s JOIN operations o USING (tenant_id, operation_id)
