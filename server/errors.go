@@ -32,6 +32,7 @@ const (
 	ReasonRevisionChanged             = "REVISION_CHANGED"
 	ReasonBeingReconciled             = "BEING_RECONCILED"
 	ReasonSendMayStillLand            = "SEND_MAY_STILL_LAND"
+	ReasonTargetConfirmedEffect       = "TARGET_CONFIRMED_EFFECT"
 	ReasonNoPendingResolution         = "NO_PENDING_RESOLUTION"
 	ReasonSameOperator                = "SAME_OPERATOR"
 	ReasonResolutionExpired           = "RESOLUTION_EXPIRED"
@@ -169,6 +170,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		unresolved *store.SupersededUnresolvedError
 		revChanged *store.RevisionChangedError
 		mayLand    *store.SendMayStillLandError
+		confirmed  *store.TargetConfirmedError
 		tenantErr  *tenantError
 	)
 	switch {
@@ -211,6 +213,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
 				{Type: "LAST_SEND", Description: desc}}},
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)})
+	case errors.As(err, &confirmed):
+		desc := "the target answered one of the operation's sends with a verified success (its answer came after the send's lease): " +
+			"the effect exists, whatever a later look at the target showed; resolve it as SUCCEEDED with the reference in remoteRef"
+		return newStatus(codes.FailedPrecondition, desc, ReasonTargetConfirmedEffect, map[string]string{"remoteRef": confirmed.RemoteRef},
+			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
+				{Type: "TARGET_ANSWER", Description: desc}}})
 	case errors.Is(err, store.ErrBeingReconciled):
 		return newStatus(codes.Aborted, "a reconciler is working on the operation at this moment: retry in a few seconds",
 			ReasonBeingReconciled, nil)

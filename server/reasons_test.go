@@ -268,6 +268,28 @@ func TestEveryDocumentedReason(t *testing.T) {
 				Reason: "not at the target", Evidence: "searched the dashboard"})
 			return received(t, err)
 		},
+		server.ReasonTargetConfirmedEffect: func(t *testing.T) seen {
+			own := setup(t)
+			resp, err := own.client.PrepareOperation(own.ctx, prepareRequest("acme", "confirmed late", `{"amount":1}`))
+			require.NoError(t, err)
+			all := own.store.AllTenants()
+			claimed, err := all.Claim(own.ctx, store.ClaimParams{FairClaim: store.FairClaim{OperationTypes: []string{simtarget.DemoCharge},
+				Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+			require.NoError(t, err)
+			require.Len(t, claimed, 1)
+			_, err = all.SweepExpiredLeases(own.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 1})
+			require.NoError(t, err)
+			_, err = all.RecordOutcome(own.ctx, store.OutcomeParams{TenantID: "acme", ID: claimed[0].ID, Fence: claimed[0].FenceToken,
+				State: store.StateSucceeded, RemoteRef: "ch_late", Actor: "test", Observation: store.Observation{Outcome: "VERIFIED_SUCCESS"}})
+			require.ErrorIs(t, err, store.ErrFenceLost, "kept: the lease had expired")
+			got, err := own.client.GetOperation(own.ctx, &opbrokerv1.GetOperationRequest{Name: resp.GetOperation().GetName()})
+			require.NoError(t, err)
+			_, err = opbrokerv1.NewAdminServiceClient(own.conn).ResolveOperation(own.ctx, &opbrokerv1.ResolveOperationRequest{
+				Name: got.GetOperation().GetName(), Revision: got.GetOperation().GetRevision(),
+				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
+				Reason:     "not at the target", Evidence: "searched the dashboard"})
+			return received(t, err)
+		},
 		server.ReasonNoPendingResolution: func(t *testing.T) seen {
 			own, op := unknownOp(t, false)
 			return received(t, approve(own, op, op.GetRevision()))

@@ -396,9 +396,9 @@ func TestAStaleSuccessThatContradictsTheLedgerIsSaidSo(t *testing.T) {
 // TestAnEndRecordedAfterAStaleSuccessIsCounted: a verified success kept while the
 // operation is still open (here during a same-key replay, and while it is UNKNOWN)
 // contradicts the end the ledger records for it later: the replay's own rejection, its
-// success with another reference (a second effect), an operator's failure. Nothing
-// answers the stale success with a ContradictionError then; the ledger's count
-// (Contradicted) finds each.
+// success with another reference (a second effect). Nothing answers the stale success
+// with a ContradictionError then; the ledger's count (Contradicted) finds each. An
+// operator's failure is refused (TargetConfirmedError), proposed or not.
 func TestAnEndRecordedAfterAStaleSuccessIsCounted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -431,14 +431,24 @@ func TestAnEndRecordedAfterAStaleSuccessIsCounted(t *testing.T) {
 	require.NoError(t, err)
 	now, err := b.all.Get(b.ctx, "acme", unknown[3].ID)
 	require.NoError(t, err)
-	_, err = b.all.ResolveManually(b.ctx, store.ManualResolution{TenantID: "acme", ID: now.ID, Revision: now.Revision,
-		State: store.StateFailedTerminal, Reason: "not found at the target", Actor: "ops@example.com"})
+	// An operator's failure is refused while the target's success is on record: the
+	// effect exists, whatever a look at the target showed later.
+	resolution := store.ManualResolution{TenantID: "acme", ID: now.ID, Revision: now.Revision,
+		State: store.StateFailedTerminal, Reason: "not found at the target", Actor: "ops@example.com"}
+	_, err = b.all.ResolveManually(b.ctx, resolution)
+	var confirmed *store.TargetConfirmedError
+	require.ErrorAs(t, err, &confirmed)
+	require.Equal(t, "ch_late", confirmed.RemoteRef)
+	_, err = b.all.ProposeResolution(b.ctx, resolution, time.Hour)
+	require.ErrorAs(t, err, &confirmed, "nor proposed")
+	resolution.State, resolution.RemoteRef = store.StateSucceeded, "ch_late"
+	_, err = b.all.ResolveManually(b.ctx, resolution)
 	require.NoError(t, err)
 
 	contradicted, err := b.all.Contradicted(b.ctx)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []store.ContradictedGroup{
-		{State: store.StateFailedTerminal, OperationType: "demo.charge", Count: 2},
+		{State: store.StateFailedTerminal, OperationType: "demo.charge", Count: 1},
 		{State: store.StateSucceeded, OperationType: "demo.charge", Count: 1},
 	}, contradicted)
 	none, err := b.store.Tenant("globex").Contradicted(b.ctx)

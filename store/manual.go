@@ -57,13 +57,27 @@ type SendMayStillLandError struct{ Wait time.Duration }
 func (e *SendMayStillLandError) Error() string { return ErrSendMayStillLand.Error() }
 func (e *SendMayStillLandError) Unwrap() error { return ErrSendMayStillLand }
 
+// ErrTargetConfirmed means a resolution as FAILED_TERMINAL of an operation whose target
+// answered one of its sends with a verified success (kept as a stale outcome: it came
+// after the send's lease); ResolveManually returns it as a *TargetConfirmedError.
+var ErrTargetConfirmed = errors.New("the target confirmed an effect of the operation")
+
+// TargetConfirmedError is ErrTargetConfirmed with the target's reference of the effect.
+type TargetConfirmedError struct{ RemoteRef string }
+
+func (e *TargetConfirmedError) Error() string { return ErrTargetConfirmed.Error() }
+func (e *TargetConfirmedError) Unwrap() error { return ErrTargetConfirmed }
+
 // ResolveManually records an operator's resolution: the operation moves to p.State with
 // fence + 1, so a reconciler that held it earlier can no longer record, and an event
 // whose actor is the operator and whose observation holds the reason and evidence. It is
 // refused, recording nothing, when the operation is not UNKNOWN or ESCALATED
 // (*StateError), changed since p.Revision (*RevisionChangedError), or is held by a
 // reconciler's live lease (ErrBeingReconciled), or is a FAILED_TERMINAL sooner than
-// p.FailureSettlesAfter after the last send ended (*SendMayStillLandError). The
+// p.FailureSettlesAfter after the last send ended (*SendMayStillLandError), or a
+// FAILED_TERMINAL while the target's verified success of one of its sends is on record
+// (*TargetConfirmedError: the effect exists, whatever a later look at the target
+// showed; resolve it SUCCEEDED with that reference). The
 // resolved operation keeps its Escalation when it was ESCALATED, and has none when it
 // was UNKNOWN.
 func (q Scope) ResolveManually(ctx context.Context, p ManualResolution) (Operation, error) {
@@ -127,7 +141,8 @@ type manualStep struct {
 // only proposes: the state, the fence and the reference stay, and the observation's
 // proposal expires after the window. With $9 it is an approval, applied only before $9.
 // A FAILED_TERMINAL is recorded or proposed only $10 or longer after the last send
-// ended.
+// ended, and never while a verified success of the target's is kept (successKept; the
+// caller locks the row first, withOperationLocked, so that one being kept is seen).
 var manualResolution = `
 	WITH cur AS (
 		SELECT tenant_id, operation_id, state AS from_state FROM operations
@@ -150,6 +165,7 @@ var manualResolution = `
 			AND o.state IN ('UNKNOWN', 'ESCALATED') AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
 			AND ($9::timestamptz IS NULL OR now() < $9)
 			AND ($4::operation_state <> 'FAILED_TERMINAL' OR coalesce(now() - ` + lastSendEnded("o") + ` >= $10::interval, true))
+			AND ($4::operation_state <> 'FAILED_TERMINAL' OR NOT ` + successKept("o.tenant_id", "o.operation_id") + `)
 		RETURNING o.*, cur.from_state
 	), ev AS (` + eventsFrom("upd", "from_state", "$7", "$6::jsonb->>'outcome'", "last_observation") + `)
 	SELECT ` + operationColumns + ` FROM upd`
@@ -179,7 +195,9 @@ func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step man
 	case step.approve != nil:
 		obs.ProposedBy, expires = step.approve.ProposedBy, &step.approve.ExpiresAt
 	}
-	rows := q.query(ctx, manualResolution, p.TenantID, p.ID, p.Revision, p.State, ref, obs, p.Actor, window, expires,
+	// It must see a success kept until it has the row (withOperationLocked).
+	locked := withOperationLocked(ctx, OperationKey{TenantID: p.TenantID, ID: p.ID})
+	rows := q.query(locked, manualResolution, p.TenantID, p.ID, p.Revision, p.State, ref, obs, p.Actor, window, expires,
 		p.FailureSettlesAfter)
 	op, err := q.collectFenced(rows, "resolve manually")
 	if !errors.Is(err, ErrFenceLost) {
@@ -194,6 +212,14 @@ func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step man
 		return Operation{}, &StateError{Operation: current, Want: StateEscalated}
 	case current.Revision != p.Revision:
 		return Operation{}, &RevisionChangedError{Current: current.Revision}
+	}
+	if p.State == StateFailedTerminal {
+		switch confirmed, ok, err := q.StaleSuccess(ctx, p.TenantID, p.ID); {
+		case err != nil:
+			return Operation{}, err
+		case ok:
+			return Operation{}, &TargetConfirmedError{RemoteRef: confirmed}
+		}
 	}
 	// The rest of the statement's conditions, by the database's clock.
 	var expired, leased bool

@@ -230,6 +230,19 @@ func TestARefusalSeesASuccessKeptMeanwhile(t *testing.T) {
 				Worker: "rec", Lease: time.Minute, AcceptedClasses: []string{"IN_PROGRESS"}})
 			return err
 		},
+		"an operator's failure": func(op store.Operation, _ int64) error {
+			if _, err := b.pool.Exec(b.ctx, `UPDATE operations SET lease_expires_at = now() - interval '1 second'
+				WHERE operation_id = $1`, op.ID); err != nil { // the reconciler's lease over
+				return err
+			}
+			now, err := b.all.Get(b.ctx, "acme", op.ID)
+			if err != nil {
+				return err
+			}
+			_, err = b.all.ResolveManually(b.ctx, store.ManualResolution{TenantID: "acme", ID: op.ID, Revision: now.Revision,
+				State: store.StateFailedTerminal, Reason: "not found at the target", Actor: "ops@example.com"})
+			return err
+		},
 		"a target's failure event": func(op store.Operation, _ int64) error {
 			now, err := b.all.Get(b.ctx, "acme", op.ID)
 			if err != nil {
@@ -257,7 +270,8 @@ func TestARefusalSeesASuccessKeptMeanwhile(t *testing.T) {
 		b.waitedOn(t, keeping)
 		require.NoError(t, keeping.Commit(b.ctx))
 		err = <-done
-		require.True(t, errors.Is(err, store.ErrFenceLost) || errors.Is(err, store.ErrEvidenceChanged), "%s: %v", what, err)
+		require.True(t, errors.Is(err, store.ErrFenceLost) || errors.Is(err, store.ErrEvidenceChanged) ||
+			errors.Is(err, store.ErrTargetConfirmed), "%s: %v", what, err)
 		got, err := b.all.Get(b.ctx, "acme", op.ID)
 		require.NoError(t, err)
 		require.Equal(t, store.StateUnknown, got.State, what)

@@ -55,7 +55,10 @@ type AdminServiceClient interface {
 	// with a RetryInfo and metadata retryAfterSeconds) until the target's settling time
 	// has passed since the operation's last send ended (the longer of its lookup's
 	// visibility_delay and absence_final_after): until then the send may still take
-	// effect, or its effect not be visible at the target yet.
+	// effect, or its effect not be visible at the target yet. FAILED_TERMINAL is
+	// FAILED_PRECONDITION (TARGET_CONFIRMED_EFFECT, metadata remoteRef) while the target's
+	// verified success of one of its sends is on record, an answer that came after the
+	// send's lease: the effect exists; resolve it SUCCEEDED with that reference.
 	//
 	// For a target whose contract asks for a second operator (manual_resolution), the
 	// resolution is not applied: it is proposed, recorded as an event with the same
@@ -69,7 +72,8 @@ type AdminServiceClient interface {
 	// anything happened since). It is FAILED_PRECONDITION when no resolution is pending
 	// (NO_PENDING_RESOLUTION), when the approver proposed it (SAME_OPERATOR), or when it
 	// expired (RESOLUTION_EXPIRED: propose it again); a FAILED_TERMINAL before the
-	// target's settling time, as in ResolveOperation (SEND_MAY_STILL_LAND).
+	// target's settling time, as in ResolveOperation (SEND_MAY_STILL_LAND), or while the
+	// target's verified success is on record (TARGET_CONFIRMED_EFFECT).
 	ApproveResolution(ctx context.Context, in *ApproveResolutionRequest, opts ...grpc.CallOption) (*ApproveResolutionResponse, error)
 	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
 	// reason, how long it has waited and the owner's runbook from the target's contract.
@@ -218,7 +222,10 @@ type AdminServiceServer interface {
 	// with a RetryInfo and metadata retryAfterSeconds) until the target's settling time
 	// has passed since the operation's last send ended (the longer of its lookup's
 	// visibility_delay and absence_final_after): until then the send may still take
-	// effect, or its effect not be visible at the target yet.
+	// effect, or its effect not be visible at the target yet. FAILED_TERMINAL is
+	// FAILED_PRECONDITION (TARGET_CONFIRMED_EFFECT, metadata remoteRef) while the target's
+	// verified success of one of its sends is on record, an answer that came after the
+	// send's lease: the effect exists; resolve it SUCCEEDED with that reference.
 	//
 	// For a target whose contract asks for a second operator (manual_resolution), the
 	// resolution is not applied: it is proposed, recorded as an event with the same
@@ -232,7 +239,8 @@ type AdminServiceServer interface {
 	// anything happened since). It is FAILED_PRECONDITION when no resolution is pending
 	// (NO_PENDING_RESOLUTION), when the approver proposed it (SAME_OPERATOR), or when it
 	// expired (RESOLUTION_EXPIRED: propose it again); a FAILED_TERMINAL before the
-	// target's settling time, as in ResolveOperation (SEND_MAY_STILL_LAND).
+	// target's settling time, as in ResolveOperation (SEND_MAY_STILL_LAND), or while the
+	// target's verified success is on record (TARGET_CONFIRMED_EFFECT).
 	ApproveResolution(context.Context, *ApproveResolutionRequest) (*ApproveResolutionResponse, error)
 	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
 	// reason, how long it has waited and the owner's runbook from the target's contract.
