@@ -76,7 +76,7 @@ func TestAlertsPointIntoTheRunbook(t *testing.T) {
 			}
 		}
 	}
-	require.Equal(t, 11, alerts)
+	require.Equal(t, 12, alerts)
 }
 
 // TestDashboardUsesDocumentedMetrics: the Grafana dashboard beside the alerts queries

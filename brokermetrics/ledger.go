@@ -35,8 +35,9 @@ type LedgerConfig struct {
 	// Interval between readings (DefaultInterval); a reading is abandoned after it.
 	Interval time.Duration
 	// ContradictedInterval is how often the contradicted operations are read
-	// (DefaultContradictedInterval), at the first reading and then at the first reading
-	// this long after the last one.
+	// (DefaultContradictedInterval): at the first reading, and then at the first reading
+	// this long after the last try. Their gauge reports a reading for three times this
+	// long, and nothing after.
 	ContradictedInterval time.Duration
 }
 
@@ -51,9 +52,11 @@ const DefaultContradictedInterval = 5 * time.Minute
 // results; the gauges report the last results at each scrape. It maps operation types
 // to targets with the loaded contracts. Start and Stop follow package startstop.
 //
-// A failed reading keeps the previous result (an alert that fires goes on firing); one
-// of the open operations sets opbroker_database_up to 0 until a reading succeeds, one of
-// the contradicted is logged and tried again at the next reading.
+// A failed reading keeps the previous result (an alert that fires goes on firing). One of
+// the open operations sets opbroker_database_up to 0 until a reading succeeds; one of the
+// contradicted is logged and tried again a ContradictedInterval later, and a result
+// older than three of them is no longer reported (OpbrokerContradictionsUnread then
+// fires).
 type Ledger struct {
 	startstop.Base
 	cfg      LedgerConfig
@@ -65,9 +68,11 @@ type Ledger struct {
 	readOnce bool      // a reading was attempted
 	readOK   bool      // the last reading succeeded
 	// contradicted is the last successful reading of the contradicted operations, by
-	// state and target (nil before the first), read at contradictedRead.
-	contradicted     map[stateTarget]int64
-	contradictedRead time.Time
+	// state and target (nil before the first), read at contradictedRead; the last try
+	// was at contradictedTried.
+	contradicted                        map[stateTarget]int64
+	contradictedRead, contradictedTried time.Time
+	now                                 func() time.Time // time.Now; tests set it
 }
 
 // endStates are the states a contradicted operation may have ended in
@@ -95,7 +100,7 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 	if cfg.ContradictedInterval <= 0 {
 		cfg.ContradictedInterval = DefaultContradictedInterval
 	}
-	l := &Ledger{cfg: cfg, log: cfg.Logger.With("component", "metrics"), targetOf: map[string]string{}}
+	l := &Ledger{cfg: cfg, log: cfg.Logger.With("component", "metrics"), targetOf: map[string]string{}, now: time.Now}
 	for _, c := range cfg.Targets.All() {
 		for _, typ := range c.OperationTypes {
 			l.targetOf[typ] = c.Name
@@ -133,8 +138,10 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 		if l.readOnce {
 			o.ObserveInt64(up, boolInt(l.readOK))
 		}
-		for k, n := range l.contradicted {
-			o.ObserveInt64(contradicted, n, metric.WithAttributes(attribute.String("state", string(k.state)), attribute.String("target", k.target)))
+		if l.now().Sub(l.contradictedRead) < 3*l.cfg.ContradictedInterval {
+			for k, n := range l.contradicted {
+				o.ObserveInt64(contradicted, n, metric.WithAttributes(attribute.String("state", string(k.state)), attribute.String("target", k.target)))
+			}
 		}
 		if l.snap == nil {
 			return nil
@@ -205,12 +212,16 @@ func (l *Ledger) Refresh(ctx context.Context) error {
 }
 
 // refreshContradicted reads the contradicted operations when ContradictedInterval has
-// passed since the last reading (or there was none), abandoned after Interval, as a
-// reading of the open ones is. A failure is logged and leaves the last reading; it says
-// nothing of opbroker_database_up, which the open operations' reading reports.
+// passed since the last try (or there was none), abandoned after Interval, as a reading
+// of the open ones is. A failure is logged and leaves the last reading; it says nothing
+// of opbroker_database_up, which the open operations' reading reports.
 func (l *Ledger) refreshContradicted(ctx context.Context) {
 	l.mu.Lock()
-	due := l.contradicted == nil || time.Since(l.contradictedRead) >= l.cfg.ContradictedInterval
+	now := l.now()
+	due := l.contradictedTried.IsZero() || now.Sub(l.contradictedTried) >= l.cfg.ContradictedInterval
+	if due {
+		l.contradictedTried = now
+	}
 	l.mu.Unlock()
 	if !due {
 		return
@@ -220,7 +231,7 @@ func (l *Ledger) refreshContradicted(ctx context.Context) {
 	groups, err := l.cfg.Store.AllTenants().Contradicted(readCtx)
 	if err != nil {
 		if ctx.Err() == nil {
-			l.log.Warn("the contradicted operations were not read: opbroker_operations_contradicted keeps its last values", "error", err)
+			l.log.Warn("the contradicted operations were not read: opbroker_operations_contradicted keeps its last values for a while", "error", err)
 		}
 		return
 	}
@@ -235,7 +246,7 @@ func (l *Ledger) refreshContradicted(ctx context.Context) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.contradicted, l.contradictedRead = counts, time.Now()
+	l.contradicted, l.contradictedRead = counts, now
 }
 
 // tally sums the groups by target, with a zero for every target and open state.

@@ -3,6 +3,7 @@ package brokermetrics_test
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"testing"
 	"time"
 
@@ -89,16 +90,19 @@ func TestLedgerGaugesReportTheLastReading(t *testing.T) {
 
 // TestLedgerCountsContradictedOperations: opbroker_operations_contradicted reports, for
 // every target and both end states (zero included), the operations the ledger ended
-// otherwise than a late verified success of the target's says, read at the first
-// reading and again once ContradictedInterval has passed.
+// otherwise than a late verified success of the target's says: read at the first
+// reading and again once ContradictedInterval has passed since the last try; a failed
+// reading keeps the last values, for up to three intervals after the last success.
 func TestLedgerCountsContradictedOperations(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st, _ := storetest.NewStore(t)
+	st, admin := storetest.NewStore(t)
 	mp, scrapeNow := meters(t)
 	ledger, err := brokermetrics.NewLedger(brokermetrics.LedgerConfig{Store: st, Targets: demoTargets(t), MeterProvider: mp,
-		Logger: slog.New(slog.DiscardHandler), Interval: time.Minute, ContradictedInterval: time.Hour})
+		Logger: slog.New(slog.DiscardHandler), Interval: time.Minute, ContradictedInterval: 5 * time.Minute})
 	require.NoError(t, err)
+	now := time.Now()
+	ledger.SetNow(func() time.Time { return now })
 	zero := scrape{}
 	for _, name := range []string{"demo-notify", "demo-objects", "demo-payments"} {
 		for _, state := range []string{"FAILED_TERMINAL", "SUCCEEDED"} {
@@ -128,16 +132,23 @@ func TestLedgerCountsContradictedOperations(t *testing.T) {
 		Observation: store.Observation{Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS", HTTPStatus: 200}})
 	require.ErrorAs(t, err, new(*store.ContradictionError))
 
+	now = now.Add(4 * time.Minute)
 	require.NoError(t, ledger.Refresh(ctx))
-	require.Equal(t, zero, scrapeNow().matching("opbroker_operations_contradicted"),
-		"read again only once its interval has passed")
-	mp, scrapeNow = meters(t)
-	again, err := brokermetrics.NewLedger(brokermetrics.LedgerConfig{Store: st, Targets: demoTargets(t), MeterProvider: mp,
-		Logger: slog.New(slog.DiscardHandler), Interval: time.Minute, ContradictedInterval: time.Nanosecond})
+	require.Equal(t, zero, scrapeNow().matching("opbroker_operations_contradicted"), "not read again within its interval")
+	now = now.Add(time.Minute)
+	require.NoError(t, ledger.Refresh(ctx))
+	counted := maps.Clone(zero)
+	counted[`opbroker_operations_contradicted{state="FAILED_TERMINAL",target="demo-payments"}`] = 1
+	require.Equal(t, counted, scrapeNow().matching("opbroker_operations_contradicted"))
+
+	_, err = admin.Exec(ctx, `ALTER TABLE stale_outcomes RENAME TO stale_outcomes_gone`)
 	require.NoError(t, err)
-	require.NoError(t, again.Refresh(ctx))
-	zero[`opbroker_operations_contradicted{state="FAILED_TERMINAL",target="demo-payments"}`] = 1
-	require.Equal(t, zero, scrapeNow().matching("opbroker_operations_contradicted"))
+	now = now.Add(5 * time.Minute)
+	require.NoError(t, ledger.Refresh(ctx), "the open operations are read all the same")
+	require.Equal(t, counted, scrapeNow().matching("opbroker_operations_contradicted"), "a failed reading keeps the last values")
+	now = now.Add(10 * time.Minute)
+	require.NoError(t, ledger.Refresh(ctx))
+	require.Empty(t, scrapeNow().matching("opbroker_operations_contradicted"), "then, three intervals after the last reading, none")
 }
 
 // TestAFailedReadingOfTheContradictedLeavesTheDatabaseUp: the contradicted operations'

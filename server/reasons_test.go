@@ -288,6 +288,7 @@ func TestEveryDocumentedReason(t *testing.T) {
 				Name: got.GetOperation().GetName(), Revision: got.GetOperation().GetRevision(),
 				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
 				Reason:     "not at the target", Evidence: "searched the dashboard"})
+			require.Equal(t, "ch_late", errorInfo(status.Convert(err)).GetMetadata()["remoteRef"], "the reference to resolve it with")
 			return received(t, err)
 		},
 		server.ReasonNoPendingResolution: func(t *testing.T) seen {

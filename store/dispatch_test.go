@@ -451,6 +451,9 @@ func TestAnEndRecordedAfterAStaleSuccessIsCounted(t *testing.T) {
 		{State: store.StateFailedTerminal, OperationType: "demo.charge", Count: 1},
 		{State: store.StateSucceeded, OperationType: "demo.charge", Count: 1},
 	}, contradicted)
+	own, err := b.store.Tenant("acme").Contradicted(b.ctx)
+	require.NoError(t, err)
+	require.ElementsMatch(t, contradicted, own, "the tenant's own scope sees its own")
 	none, err := b.store.Tenant("globex").Contradicted(b.ctx)
 	require.NoError(t, err)
 	require.Empty(t, none, "another tenant's scope sees none of them")

@@ -114,7 +114,7 @@ type Operation struct {
 
 	// Contradiction, as Scope.Get and Scope.List read an operation, is a verified success
 	// of the target's that contradicts how the operation ended (ContradictionError): the
-	// first one recorded, or nil.
+	// one of the latest fence, as StaleSuccess finds it, or nil.
 	Contradiction *Contradiction
 }
 
@@ -152,7 +152,7 @@ func scanOperation(row pgx.CollectableRow) (Operation, error) {
 var contradicted = `operations o LEFT JOIN LATERAL (
 		SELECT s.remote_ref AS contradicting_ref, s.recorded_at AS contradicted_at FROM stale_outcomes s
 		WHERE s.tenant_id = o.tenant_id AND s.operation_id = o.operation_id AND ` + contradicts("s", "o") + `
-		ORDER BY s.recorded_at, s.fence_token LIMIT 1) c ON true`
+		ORDER BY s.fence_token DESC LIMIT 1) c ON true`
 
 // contradictedColumns is operationColumns and the contradiction's, from contradicted,
 // as scanContradicted reads them.

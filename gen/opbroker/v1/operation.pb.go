@@ -229,8 +229,9 @@ type Operation struct {
 	// filled in), where the target offers one. Shown with remote_key.
 	LookupUrl string `protobuf:"bytes,23,opt,name=lookup_url,json=lookupUrl,proto3" json:"lookup_url,omitempty"`
 	// For a terminal operation: the target confirmed an effect that contradicts how it
-	// ended (a false failure, or a second effect). Set by GetOperation and
-	// ListOperations.
+	// ended (a false failure, or a second effect). Set where an operation is read whole:
+	// GetOperation, ListOperations and a WatchOperation stream's first message, not the
+	// changes a watch streams after it.
 	Contradiction *Operation_Contradiction `protobuf:"bytes,24,opt,name=contradiction,proto3" json:"contradiction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
