@@ -37,7 +37,7 @@ type LedgerConfig struct {
 	// ContradictedInterval is how often the contradicted operations are read
 	// (DefaultContradictedInterval): at the first reading, and then at the first reading
 	// this long after the last try. Their gauge reports a reading for three times this
-	// long, and nothing after.
+	// long (or Interval, if longer), and nothing after.
 	ContradictedInterval time.Duration
 }
 
@@ -52,11 +52,12 @@ const DefaultContradictedInterval = 5 * time.Minute
 // results; the gauges report the last results at each scrape. It maps operation types
 // to targets with the loaded contracts. Start and Stop follow package startstop.
 //
-// A failed reading keeps the previous result (an alert that fires goes on firing). One of
-// the open operations sets opbroker_database_up to 0 until a reading succeeds; one of the
-// contradicted is logged and tried again a ContradictedInterval later, and a result
-// older than three of them is no longer reported (OpbrokerContradictionsUnread then
-// fires).
+// A failed reading of the open operations keeps the previous result (an alert on them
+// that fires goes on firing) and sets opbroker_database_up to 0 until a reading
+// succeeds. One of the contradicted is logged and tried again a ContradictedInterval
+// later; its last result is reported for three of them, and then nothing (the
+// alert on a rise then resolves; OpbrokerContradictionsUnread fires where the database
+// can be read).
 type Ledger struct {
 	startstop.Base
 	cfg      LedgerConfig
@@ -138,7 +139,7 @@ func NewLedger(cfg LedgerConfig) (*Ledger, error) {
 		if l.readOnce {
 			o.ObserveInt64(up, boolInt(l.readOK))
 		}
-		if l.now().Sub(l.contradictedRead) < 3*l.cfg.ContradictedInterval {
+		if l.contradictedFresh(l.now()) {
 			for k, n := range l.contradicted {
 				o.ObserveInt64(contradicted, n, metric.WithAttributes(attribute.String("state", string(k.state)), attribute.String("target", k.target)))
 			}
@@ -246,7 +247,16 @@ func (l *Ledger) refreshContradicted(ctx context.Context) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.contradicted, l.contradictedRead = counts, now
+	if now.After(l.contradictedRead) { // not older than a reading that began later and ended first
+		l.contradicted, l.contradictedRead = counts, now
+	}
+}
+
+// contradictedFresh reports whether the last reading of the contradicted operations is
+// recent enough to report at now: within three of its intervals, or of Interval where
+// that is longer (a reading is tried no more often).
+func (l *Ledger) contradictedFresh(now time.Time) bool {
+	return now.Sub(l.contradictedRead) < 3*max(l.cfg.ContradictedInterval, l.cfg.Interval)
 }
 
 // tally sums the groups by target, with a zero for every target and open state.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/brokermetrics"
+	"github.com/opbroker/opbroker/logtest"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/storetest"
 )
@@ -98,8 +100,9 @@ func TestLedgerCountsContradictedOperations(t *testing.T) {
 	ctx := context.Background()
 	st, admin := storetest.NewStore(t)
 	mp, scrapeNow := meters(t)
+	var logs logtest.Buffer
 	ledger, err := brokermetrics.NewLedger(brokermetrics.LedgerConfig{Store: st, Targets: demoTargets(t), MeterProvider: mp,
-		Logger: slog.New(slog.DiscardHandler), Interval: time.Minute, ContradictedInterval: 5 * time.Minute})
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Interval: time.Minute, ContradictedInterval: 5 * time.Minute})
 	require.NoError(t, err)
 	now := time.Now()
 	ledger.SetNow(func() time.Time { return now })
@@ -141,14 +144,24 @@ func TestLedgerCountsContradictedOperations(t *testing.T) {
 	counted[`opbroker_operations_contradicted{state="FAILED_TERMINAL",target="demo-payments"}`] = 1
 	require.Equal(t, counted, scrapeNow().matching("opbroker_operations_contradicted"))
 
+	// Read last at +5m. The reading fails from +10m.
 	_, err = admin.Exec(ctx, `ALTER TABLE stale_outcomes RENAME TO stale_outcomes_gone`)
 	require.NoError(t, err)
+	failures := func() int { return strings.Count(logs.String(), "the contradicted operations were not read") }
 	now = now.Add(5 * time.Minute)
 	require.NoError(t, ledger.Refresh(ctx), "the open operations are read all the same")
+	require.Equal(t, 1, failures())
 	require.Equal(t, counted, scrapeNow().matching("opbroker_operations_contradicted"), "a failed reading keeps the last values")
-	now = now.Add(10 * time.Minute)
+	now = now.Add(time.Minute)
 	require.NoError(t, ledger.Refresh(ctx))
-	require.Empty(t, scrapeNow().matching("opbroker_operations_contradicted"), "then, three intervals after the last reading, none")
+	require.Equal(t, 1, failures(), "a failure is not tried again within the interval")
+	now = now.Add(8 * time.Minute) // +19m
+	require.NoError(t, ledger.Refresh(ctx))
+	require.Equal(t, 2, failures())
+	require.Equal(t, counted, scrapeNow().matching("opbroker_operations_contradicted"), "reported for three intervals")
+	now = now.Add(time.Minute) // +20m
+	require.NoError(t, ledger.Refresh(ctx))
+	require.Empty(t, scrapeNow().matching("opbroker_operations_contradicted"), "and then not")
 }
 
 // TestAFailedReadingOfTheContradictedLeavesTheDatabaseUp: the contradicted operations'

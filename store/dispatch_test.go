@@ -393,6 +393,39 @@ func TestAStaleSuccessThatContradictsTheLedgerIsSaidSo(t *testing.T) {
 	}, contradicted, "the ledger's count of them, read for a gauge")
 }
 
+// TestTheLatestContradictionIsTheOneSaid: with two late successes of different sends,
+// the operation's Contradiction and StaleSuccess (which an operator's refused failure
+// names) give the same one, the latest fence's.
+func TestTheLatestContradictionIsTheOneSaid(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	claimed, unknown := sentThenSwept(t, b, 1)
+	replay, err := b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: unknown[0].ID,
+		Fence: unknown[0].FenceToken, Worker: "rec", Lease: time.Minute})
+	require.NoError(t, err)
+	swept, err := b.all.SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 1})
+	require.NoError(t, err)
+	require.Equal(t, 1, swept.Total())
+	again, err := b.all.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, again, 1)
+	_, err = b.all.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: "acme", ID: again[0].ID, Fence: again[0].FenceToken,
+		State: store.StateFailedTerminal, Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND"}, Actor: "rec"})
+	require.NoError(t, err)
+	for fence, ref := range map[int64]string{claimed[0].FenceToken: "ch_first", replay.FenceToken: "ch_second"} {
+		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: replay.ID, Fence: fence,
+			State: store.StateSucceeded, RemoteRef: ref, Actor: "dispatcher:test",
+			Observation: store.Observation{Source: "DISPATCH", Outcome: "VERIFIED_SUCCESS", HTTPStatus: 200}})
+		require.ErrorAs(t, err, new(*store.ContradictionError), ref)
+	}
+	got, err := b.all.Get(b.ctx, "acme", replay.ID)
+	require.NoError(t, err)
+	require.Equal(t, "ch_second", got.Contradiction.RemoteRef)
+	ref, ok, err := b.all.StaleSuccess(b.ctx, "acme", replay.ID)
+	require.NoError(t, err)
+	require.Equal(t, [2]any{"ch_second", true}, [2]any{ref, ok})
+}
+
 // TestAnEndRecordedAfterAStaleSuccessIsCounted: a verified success kept while the
 // operation is still open (here during a same-key replay, and while it is UNKNOWN)
 // contradicts the end the ledger records for it later: the replay's own rejection, its

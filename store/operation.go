@@ -113,8 +113,9 @@ type Operation struct {
 	TraceParent string
 
 	// Contradiction, as Scope.Get and Scope.List read an operation, is a verified success
-	// of the target's that contradicts how the operation ended (ContradictionError): the
-	// one of the latest fence, as StaleSuccess finds it, or nil.
+	// of the target's that contradicts how the operation ended (ContradictionError): of
+	// those, the one of the latest fence (for a FAILED_TERMINAL, the one StaleSuccess
+	// finds), or nil.
 	Contradiction *Contradiction
 }
 
