@@ -690,11 +690,11 @@ func (q Scope) settleStale(ctx context.Context, recorded *recordedOutcomes, n in
 // once that success is kept: a failure recorded while keepStale ran (after its
 // snapshot, before its row lock) is seen. An end recorded after it (by a replay's own
 // answer; a reconciler's, a target event's or an operator's failure is refused,
-// successKept) is not answered here; the ledger's count (Contradicted) finds every one.
+// noFailureAfterSuccess) is not answered here; the ledger's count (Contradicted) finds every one.
 func (q Scope) contradictions(ctx context.Context, ps []OutcomeParams) ([]*ContradictionError, error) {
-	tenants, ids, fences := make([]string, len(ps)), make([][16]byte, len(ps)), make([]int64, len(ps))
-	for i, p := range ps {
-		tenants[i], ids[i], fences[i] = p.TenantID, p.ID, p.Fence
+	c, err := columnsOf(ps)
+	if err != nil {
+		return nil, err
 	}
 	rows := q.query(ctx, `
 		SELECT u.i::int, o.state, coalesce(o.remote_ref, '')
@@ -702,12 +702,12 @@ func (q Scope) contradictions(ctx context.Context, ps []OutcomeParams) ([]*Contr
 		JOIN stale_outcomes s ON s.tenant_id = u.tenant_id AND s.operation_id = u.operation_id AND s.fence_token = u.fence
 		JOIN operations o ON o.tenant_id = u.tenant_id AND o.operation_id = u.operation_id
 		WHERE `+contradicts("s", "o"),
-		tenants, ids, fences)
+		c.tenants, c.ids, c.fences)
 	found := make([]*ContradictionError, len(ps))
 	var i int
-	var c ContradictionError
-	_, err := pgx.ForEachRow(rows, []any{&i, &c.State, &c.RemoteRef}, func() error {
-		found[i-1] = &ContradictionError{State: c.State, RemoteRef: c.RemoteRef}
+	var e ContradictionError
+	_, err = pgx.ForEachRow(rows, []any{&i, &e.State, &e.RemoteRef}, func() error {
+		found[i-1] = &ContradictionError{State: e.State, RemoteRef: e.RemoteRef}
 		return nil
 	})
 	if err != nil {

@@ -276,9 +276,8 @@ func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 	if s.Change == nil && s.Revision > 0 {
 		observedAt = &s.Revision
 	}
-	if s.Change != nil && s.Change.To == StateFailedTerminal {
-		// It must see a verified success kept until it has the row (withOperationLocked).
-		ctx = withOperationLocked(ctx, OperationKey{TenantID: s.TenantID, ID: s.ID})
+	if s.Change != nil {
+		ctx = lockedForFailure(ctx, s.Change.To, OperationKey{TenantID: s.TenantID, ID: s.ID})
 	}
 	var settled, changed bool
 	err := q.queryRow(ctx, `
@@ -302,7 +301,7 @@ func (q Scope) SettleEvidence(ctx context.Context, s EvidenceSettlement) error {
 				updated_at = now()
 			WHERE $7::bigint IS NOT NULL AND o.tenant_id = $5 AND o.operation_id = $6 AND o.revision = $7
 				AND o.state = $8 AND EXISTS (SELECT 1 FROM row0)
-				AND ($9::operation_state <> 'FAILED_TERMINAL' OR NOT `+successKept("o.tenant_id", "o.operation_id")+`)
+				AND `+noFailureAfterSuccess("$9", "o.tenant_id", "o.operation_id")+`
 			RETURNING o.*
 		), ev AS (`+eventsFrom("upd", "$8", "$13", "$14", "last_observation")+`
 		), mark AS (

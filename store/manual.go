@@ -141,8 +141,8 @@ type manualStep struct {
 // only proposes: the state, the fence and the reference stay, and the observation's
 // proposal expires after the window. With $9 it is an approval, applied only before $9.
 // A FAILED_TERMINAL is recorded or proposed only $10 or longer after the last send
-// ended, and never while a verified success of the target's is kept (successKept; the
-// caller locks the row first, withOperationLocked, so that one being kept is seen).
+// ended, and never while a verified success of the target's is kept
+// (noFailureAfterSuccess, under lockedForFailure).
 var manualResolution = `
 	WITH cur AS (
 		SELECT tenant_id, operation_id, state AS from_state FROM operations
@@ -165,7 +165,7 @@ var manualResolution = `
 			AND o.state IN ('UNKNOWN', 'ESCALATED') AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
 			AND ($9::timestamptz IS NULL OR now() < $9)
 			AND ($4::operation_state <> 'FAILED_TERMINAL' OR coalesce(now() - ` + lastSendEnded("o") + ` >= $10::interval, true))
-			AND ($4::operation_state <> 'FAILED_TERMINAL' OR NOT ` + successKept("o.tenant_id", "o.operation_id") + `)
+			AND ` + noFailureAfterSuccess("$4", "o.tenant_id", "o.operation_id") + `
 		RETURNING o.*, cur.from_state
 	), ev AS (` + eventsFrom("upd", "from_state", "$7", "$6::jsonb->>'outcome'", "last_observation") + `)
 	SELECT ` + operationColumns + ` FROM upd`
@@ -195,9 +195,7 @@ func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step man
 	case step.approve != nil:
 		obs.ProposedBy, expires = step.approve.ProposedBy, &step.approve.ExpiresAt
 	}
-	// It must see a success kept until it has the row (withOperationLocked).
-	locked := withOperationLocked(ctx, OperationKey{TenantID: p.TenantID, ID: p.ID})
-	rows := q.query(locked, manualResolution, p.TenantID, p.ID, p.Revision, p.State, ref, obs, p.Actor, window, expires,
+	rows := q.query(lockedForFailure(ctx, p.State, OperationKey{TenantID: p.TenantID, ID: p.ID}), manualResolution, p.TenantID, p.ID, p.Revision, p.State, ref, obs, p.Actor, window, expires,
 		p.FailureSettlesAfter)
 	op, err := q.collectFenced(rows, "resolve manually")
 	if !errors.Is(err, ErrFenceLost) {

@@ -150,17 +150,13 @@ func (q Scope) ResolveUnknown(ctx context.Context, p ResolveParams) (Operation, 
 	if p.RemoteRef != "" {
 		ref = &p.RemoteRef
 	}
-	if p.State == StateFailedTerminal {
-		// It must see a verified success kept until it has the row (withOperationLocked).
-		ctx = withOperationLocked(ctx, OperationKey{TenantID: p.TenantID, ID: p.ID})
-	}
-	rows := q.query(ctx, `
+	rows := q.query(lockedForFailure(ctx, p.State, OperationKey{TenantID: p.TenantID, ID: p.ID}), `
 		WITH upd AS (
 			UPDATE operations SET state = $4, revision = revision + 1, remote_ref = coalesce($5, remote_ref),
 				last_observation = $6, escalation = $7, next_check_at = NULL,
 				lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 			WHERE tenant_id = $1 AND operation_id = $2 AND state = 'UNKNOWN' AND fence_token = $3
-				AND ($4::operation_state <> 'FAILED_TERMINAL' OR NOT `+successKept("$1", "$2")+`)
+				AND `+noFailureAfterSuccess("$4", "$1", "$2")+`
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "$8", "$9", "last_observation")+`)
 		SELECT `+operationColumns+` FROM upd`,
@@ -235,8 +231,8 @@ func (q Scope) collectFenced(rows pgx.Rows, what string) (Operation, error) {
 // StaleSuccess returns the target's reference from a verified success that a worker
 // observed after losing its fence (kept as evidence in stale_outcomes), if there is one:
 // the latest fence's, "" if that one has none. It is found by the same condition as the
-// ledger's refusals of a failure or a replay after one (ResolveUnknown, BeginReplay,
-// SettleEvidence), so that a reconciler never decides what the ledger then refuses.
+// ledger's refusals of a failure or a replay after one (successKept), so that a
+// reconciler never decides what the ledger then refuses.
 func (q Scope) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) (string, bool, error) {
 	var ref string
 	err := q.queryRow(ctx, `SELECT coalesce(remote_ref, '') FROM stale_outcomes
@@ -257,6 +253,24 @@ func (q Scope) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) 
 func successKept(tenant, id string) string {
 	return `EXISTS (SELECT 1 FROM stale_outcomes s WHERE s.tenant_id = ` + tenant + ` AND s.operation_id = ` + id + `
 		AND s.outcome = 'VERIFIED_SUCCESS')`
+}
+
+// noFailureAfterSuccess is the SQL condition of every write that may record a
+// FAILED_TERMINAL (to, an operation_state expression): none while a verified success of
+// the target's is kept (successKept) for the operation (tenant and id). Each such write
+// runs under lockedForFailure, so that a success being kept meanwhile is seen.
+func noFailureAfterSuccess(to, tenant, id string) string {
+	return `(` + to + `::operation_state <> 'FAILED_TERMINAL' OR NOT ` + successKept(tenant, id) + `)`
+}
+
+// lockedForFailure returns ctx for a write that records to for the operation key: a
+// FAILED_TERMINAL first locks the row (withOperationLocked), so that its condition
+// (noFailureAfterSuccess) sees a verified success being kept until it has the row.
+func lockedForFailure(ctx context.Context, to State, key OperationKey) context.Context {
+	if to != StateFailedTerminal {
+		return ctx
+	}
+	return withOperationLocked(ctx, key)
 }
 
 // acceptedByEvidence is the SQL condition that an event matched to the operation
