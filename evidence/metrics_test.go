@@ -52,8 +52,7 @@ func TestAlertedCountsStartAtZero(t *testing.T) {
 	for _, reason := range evidence.Reasons {
 		want["opbroker.evidence.decided disposition="+store.EvidenceQuarantined+" reason="+reason+" target=demo-payments"] = 0
 	}
-	for _, reason := range []string{"missing", "malformed", "mismatch", "timestamp", "too_large", "secret_unreadable",
-		"malformed_event", "unavailable"} {
+	for _, reason := range evidence.RejectionReasons {
 		want["opbroker.webhook.rejected reason="+reason+" target=demo-payments"] = 0
 	}
 	require.Equal(t, want, got)
