@@ -179,29 +179,14 @@ const (
 var ErrMalformedEvent = errors.New("malformed event")
 
 // Read reads an event's id, type, meaning and references. It does not judge whether
-// the event matches anything.
+// the event matches anything. An event of a type in no list is read no further: it
+// means nothing to the broker, and its other fields may be anywhere or nowhere (a
+// provider sends an endpoint events of every kind).
 func (e *Evidence) Read(body []byte) (Event, error) {
 	var ev Event
-	fields := []struct {
-		name, pointer string
-		dest          *string
-		max           int
-	}{
-		{"event_id", e.EventID, &ev.ID, maxEventID},
-		{"event_type", e.EventType, &ev.Type, maxEventType},
-		{"reference", e.Reference, &ev.Reference, maxReference},
-	}
-	for _, f := range fields {
-		v, ok := jsonPointerString(body, f.pointer)
-		switch {
-		case !ok:
-			return Event{}, fmt.Errorf("%w: no %s at %s", ErrMalformedEvent, f.name, f.pointer)
-		case len(v) > f.max:
-			return Event{}, fmt.Errorf("%w: %s is longer than %d bytes", ErrMalformedEvent, f.name, f.max)
-		case strings.ContainsFunc(v, isControl):
-			return Event{}, fmt.Errorf("%w: %s holds a control character", ErrMalformedEvent, f.name)
-		}
-		*f.dest = v
+	var err error
+	if ev.Type, err = eventField(body, "event_type", e.EventType, maxEventType); err != nil {
+		return Event{}, err
 	}
 	switch {
 	case slices.Contains(e.Succeeded, ev.Type):
@@ -210,6 +195,14 @@ func (e *Evidence) Read(body []byte) (Event, error) {
 		ev.Meaning = MeaningPending
 	case slices.Contains(e.Failed, ev.Type):
 		ev.Meaning = MeaningFailed
+	default:
+		return ev, nil
+	}
+	if ev.ID, err = eventField(body, "event_id", e.EventID, maxEventID); err != nil {
+		return Event{}, err
+	}
+	if ev.Reference, err = eventField(body, "reference", e.Reference, maxReference); err != nil {
+		return Event{}, err
 	}
 	if e.ReferenceKind == ReferenceRemoteRef {
 		ev.RemoteRef = ev.Reference
@@ -219,6 +212,21 @@ func (e *Evidence) Read(body []byte) (Event, error) {
 		}
 	}
 	return ev, nil
+}
+
+// eventField reads the string at pointer in an event's body, one of its fields (name):
+// present, at most limit bytes, without control characters.
+func eventField(body []byte, name, pointer string, limit int) (string, error) {
+	v, ok := jsonPointerString(body, pointer)
+	switch {
+	case !ok:
+		return "", fmt.Errorf("%w: no %s at %s", ErrMalformedEvent, name, pointer)
+	case len(v) > limit:
+		return "", fmt.Errorf("%w: %s is longer than %d bytes", ErrMalformedEvent, name, limit)
+	case strings.ContainsFunc(v, isControl):
+		return "", fmt.Errorf("%w: %s holds a control character", ErrMalformedEvent, name)
+	}
+	return v, nil
 }
 
 // TenantMatches checks the tenant the event names against the approved payload: true

@@ -120,8 +120,14 @@ func TestEvidenceRead(t *testing.T) {
 	ev, err = e.Read([]byte(`{"id":"evt_2","type":"charge.refunded","data":{"object":{"id":"ch_1","reference":"k1"}}}`))
 	require.NoError(t, err)
 	require.Equal(t, target.Meaning(""), ev.Meaning)
-	for _, body := range []string{`not json`, `{"type":"charge.succeeded","data":{"object":{"reference":"k"}}}`,
-		`{"id":"e","type":"charge.succeeded","data":{}}`, `{"id":"` + strings.Repeat("x", 300) + `","type":"t","data":{"object":{"reference":"k"}}}`,
+	// A type in no list is read no further: an endpoint receives events of every kind.
+	for _, body := range []string{`{"type":"customer.created","data":{"object":{"id":"cus_1"}}}`, `{"type":"balance.available"}`} {
+		ev, err = e.Read([]byte(body))
+		require.NoError(t, err, body)
+		require.Equal(t, target.Meaning(""), ev.Meaning, body)
+	}
+	for _, body := range []string{`not json`, `{"id":"e","data":{"object":{"reference":"k"}}}`, `{"id":"e","type":"t\u0001"}`, `{"type":"charge.succeeded","data":{"object":{"reference":"k"}}}`,
+		`{"id":"e","type":"charge.succeeded","data":{}}`, `{"id":"` + strings.Repeat("x", 300) + `","type":"charge.succeeded","data":{"object":{"reference":"k"}}}`,
 		`{"id":"evt\u0000","type":"charge.succeeded","data":{"object":{"reference":"k"}}}`} {
 		_, err := e.Read([]byte(body))
 		require.ErrorIs(t, err, target.ErrMalformedEvent, body)
