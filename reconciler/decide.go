@@ -310,11 +310,14 @@ func (in Input) replayable(absenceProven bool) (bool, string) {
 // second time: one may have executed, and the key does not cover it.
 func (in Input) mayExecuteAgain() bool { return in.MayHaveExecuted && !in.KeyCoversEveryAttempt }
 
-// absenceFinal applies the three conditions for turning "not found" into a failure:
-// the write of the last send would be visible, the target documents that a request sent
-// that long ago can no longer take effect, and no same-key replay is possible.
+// absenceFinal applies the conditions for turning "not found" into a failure: the
+// write of the last send would be visible, the target documents that a request sent
+// that long ago can no longer take effect, and no same-key replay is possible. Never
+// once the contract changed since the key was first sent: the lookup asks the contract
+// as it is now (another endpoint, account or credential), where the effect of a send
+// made under the old one need not be found.
 func (in Input) absenceFinal(replayable bool) bool {
-	return in.Lookup &&
+	return in.Lookup && !in.KeyScopeChanged &&
 		in.SinceLastSend >= in.VisibilityDelay &&
 		in.AbsenceFinalAfter > 0 && in.SinceLastSend >= in.AbsenceFinalAfter &&
 		!replayable

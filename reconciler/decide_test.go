@@ -92,8 +92,13 @@ func TestDecideTable(t *testing.T) {
 		"key in use, key saves only successes": {with(func(in *Input) {
 			in.Evidence.Kind, in.Lookup, in.KeyCoversEveryAttempt = KeyInUse, false, false
 		}), Escalate},
-		"scope changed":                 {with(func(in *Input) { in.Lookup = false; in.KeyScopeChanged = true }), Escalate},
-		"scope changed, lookup":         {with(func(in *Input) { in.Evidence.Kind = NotFound; in.KeyScopeChanged = true }), Wait},
+		"scope changed":         {with(func(in *Input) { in.Lookup = false; in.KeyScopeChanged = true }), Escalate},
+		"scope changed, lookup": {with(func(in *Input) { in.Evidence.Kind = NotFound; in.KeyScopeChanged = true }), Wait},
+		"scope changed, not found long after the send": {with(func(in *Input) {
+			in.Evidence.Kind, in.KeyScopeChanged = NotFound, true
+			in.AbsenceFinalAfter = time.Hour
+			in.KeyWindowLeft, in.SinceLastSend = 24*time.Hour-2*time.Hour, 2*time.Hour
+		}), Wait},
 		"conditional only, nothing yet": {Input{Conditional: true, MayHaveExecuted: true, ResolutionLeft: time.Hour, MaxReplays: 3, Jitter: 0.5}, Replay},
 		"conditional, after a key's window": {with(func(in *Input) {
 			in.Lookup, in.Conditional, in.KeyCoversEveryAttempt, in.KeyWindowLeft = false, true, false, -time.Hour
@@ -268,6 +273,7 @@ func FuzzDecide(f *testing.F) {
 			}
 			require.True(t, absenceProven && in.AbsenceFinalAfter > 0 && in.SinceLastSend >= in.AbsenceFinalAfter,
 				"not found becomes a failure only when absence is provably final")
+			require.False(t, in.KeyScopeChanged, "nor once the contract changed: the lookup asks the contract as it is now")
 			replayable, _ := in.replayable(true)
 			require.False(t, replayable)
 		case Wait:
