@@ -115,6 +115,11 @@ type Input struct {
 	// success, which reached a worker after it lost its fence. Nothing the reconciler
 	// learns afterwards makes that a failure, or the request worth sending again.
 	VerifiedSuccess bool
+	// EffectExists: the target refused one of the operation's sends because its
+	// precondition failed, saying an earlier send made the effect. Nothing the
+	// reconciler learns afterwards makes the request worth sending again, or its absence
+	// final: a lookup that does not find it may lag, or the object was removed since.
+	EffectExists bool
 
 	// Jitter in [0, 1) spreads waits; the caller draws it.
 	Jitter float64
@@ -200,10 +205,11 @@ func Decide(in Input) Decision {
 	if in.VerifiedSuccess {
 		return in.afterVerifiedSuccess(budgetSpent)
 	}
+	if in.EffectExists || ev.Kind == Exists {
+		return in.afterEffectExists(budgetSpent)
+	}
 
 	switch ev.Kind {
-	case Exists:
-		return in.waitOrEscalate(budgetSpent, 0, "the target refused a send because its precondition failed: an earlier send made the effect; look it up to confirm it matches")
 	case KeyInUse:
 		replayable, whyNot := in.replayable(false)
 		if !replayable || !in.KeyCoversEveryAttempt {
@@ -278,6 +284,20 @@ func (in Input) afterVerifiedSuccess(budgetSpent bool) Decision {
 	}
 }
 
+// afterEffectExists decides for an operation one of whose sends the target refused
+// because an earlier send made the effect, when the evidence is not the found effect:
+// neither a replay nor a failure can follow.
+func (in Input) afterEffectExists(budgetSpent bool) Decision {
+	const refused = "the target refused a send because its precondition failed: an earlier send made the effect"
+	if in.Evidence.Kind == NotFound {
+		if in.SinceLastSend < in.VisibilityDelay {
+			return in.waitOrEscalate(budgetSpent, in.VisibilityDelay-in.SinceLastSend, refused+"; the lookup does not find it yet, and the last send's write may not be visible")
+		}
+		return Decision{Action: Escalate, Reason: refused + ", but a lookup after the visibility delay does not find it: it may have been removed since; it is never sent again"}
+	}
+	return in.waitOrEscalate(budgetSpent, 0, refused+"; look it up to confirm it matches (no replay, no failure)")
+}
+
 // replayable reports whether a same-key replay is allowed now, and if not, why.
 // absenceProven says that a lookup has shown that no earlier attempt took effect.
 //
@@ -294,6 +314,8 @@ func (in Input) replayable(absenceProven bool) (bool, string) {
 		return false, "the business deadline passed: nothing that could create the effect may be sent"
 	case in.AcceptedBefore:
 		return false, "the target accepted the request earlier without finishing it"
+	case in.EffectExists || in.Evidence.Kind == Exists:
+		return false, "the target refused a send because an earlier send made the effect"
 	case in.MaxReplays > 0 && in.Replays >= in.MaxReplays:
 		return false, "the replay budget is spent"
 	case in.Conditional:

@@ -107,6 +107,19 @@ func TestDecideTable(t *testing.T) {
 		"conditional, budget spent":  {Input{Conditional: true, Replays: 3, MaxReplays: 3, ResolutionLeft: time.Hour}, Escalate},
 		"exists, lookup":             {with(func(in *Input) { in.Evidence.Kind = Exists }), Wait},
 		"exists, no lookup":          {Input{Conditional: true, Evidence: Evidence{Kind: Exists}, ResolutionLeft: time.Hour, MaxReplays: 3}, Escalate},
+		// A 412 on record stays, whatever the lookup says later (it lags, or the object was
+		// removed since): never sent again, never a failure.
+		"effect exists, not found long after": {with(func(in *Input) {
+			in.Evidence.Kind, in.EffectExists, in.Conditional, in.Replay = NotFound, true, true, false
+			in.AbsenceFinalAfter, in.SinceLastSend = time.Hour, 2*time.Hour
+		}), Escalate},
+		"effect exists, not found yet": {with(func(in *Input) {
+			in.Evidence.Kind, in.EffectExists, in.Conditional = NotFound, true, true
+			in.VisibilityDelay, in.SinceLastSend = time.Minute, time.Second
+		}), Wait},
+		"effect exists, lookup failed": {with(func(in *Input) { in.Evidence.Kind, in.EffectExists, in.Conditional = LookupFailed, true, true }), Wait},
+		"effect exists, no lookup, looked before": {Input{Conditional: true, EffectExists: true, Evidence: Evidence{Kind: NoEvidence},
+			ResolutionLeft: time.Hour, MaxReplays: 3}, Escalate},
 		"key in use, after the window": {with(func(in *Input) {
 			in.Evidence.Kind, in.Lookup, in.KeyWindowLeft = KeyInUse, false, -time.Hour
 		}), Escalate},
@@ -225,6 +238,8 @@ func FuzzDecide(f *testing.F) {
 		false, true, int64(time.Minute))
 	f.Add(uint8(Found), "", false, false, true, int64(0), int64(0), int64(time.Hour), int64(2*time.Hour), true, int64(0), 5, 3, 10, 10, true, 0.1,
 		true, true, int64(time.Hour))
+	f.Add(uint8(NotFound)|0x60, "", false, false, true, int64(time.Hour), int64(time.Second), int64(time.Second), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5,
+		false, true, int64(time.Hour))
 	f.Add(uint8(LookupFailed), "", false, true, true, int64(time.Hour), int64(time.Second), int64(0), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5,
 		false, true, int64(time.Millisecond))
 	f.Fuzz(func(t *testing.T, kind uint8, ref string, matches, replay, lookup bool, retention, visibility, absenceFinal, since int64,
@@ -238,9 +253,9 @@ func FuzzDecide(f *testing.F) {
 			Replay:   replay, Lookup: lookup, KeyCoversEveryAttempt: keyCovers,
 			// retention and since (from the first send) make the key's window; kind's top
 			// bit says the contract's key scope changed since, the next that the target is
-			// conditional (C).
+			// conditional (C), the next that a send was refused because the effect exists.
 			KeyWindowLeft: time.Duration(retention) - time.Duration(since), KeyScopeChanged: kind&0x80 != 0,
-			Conditional:     kind&0x40 != 0,
+			Conditional: kind&0x40 != 0, EffectExists: kind&0x20 != 0,
 			VisibilityDelay: time.Duration(visibility), AbsenceFinalAfter: time.Duration(absenceFinal),
 			MayHaveExecuted: mayHaveExecuted, SinceLastSend: time.Duration(sinceLast),
 			BusinessDeadlinePassed: deadlinePassed, ResolutionLeft: time.Duration(resolutionLeft),
@@ -256,6 +271,7 @@ func FuzzDecide(f *testing.F) {
 			require.True(t, in.Replay || in.Conditional, "never replay without a key or a precondition")
 			require.True(t, in.Conditional || in.KeyWindowLeft > 0, "never replay outside the window the key was first sent with")
 			require.NotEqual(t, Exists, in.Evidence.Kind, "never send again what the target says exists")
+			require.False(t, in.EffectExists, "nor once it said so of any send")
 			require.False(t, in.KeyScopeChanged, "never replay a key whose contract changed since it was sent")
 			require.False(t, in.BusinessDeadlinePassed, "never replay after the business deadline")
 			require.False(t, in.AcceptedBefore, "never replay after the target accepted the request")
@@ -274,6 +290,7 @@ func FuzzDecide(f *testing.F) {
 			require.True(t, absenceProven && in.AbsenceFinalAfter > 0 && in.SinceLastSend >= in.AbsenceFinalAfter,
 				"not found becomes a failure only when absence is provably final")
 			require.False(t, in.KeyScopeChanged, "nor once the contract changed: the lookup asks the contract as it is now")
+			require.False(t, in.EffectExists, "nor once the target said an earlier send made the effect")
 			replayable, _ := in.replayable(true)
 			require.False(t, replayable)
 		case Wait:

@@ -253,6 +253,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		MaxLooks:              r.cfg.MaxLooks,
 		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress || accepted,
 		VerifiedSuccess:       verified,
+		EffectExists:          op.EffectExists,
 		Jitter:                rand.Float64(),
 	}
 	if contract.Evidence != nil {
@@ -423,7 +424,7 @@ func (r *Reconciler) evidence(ctx context.Context, contract *target.Contract, op
 		obs.Outcome = "STALE_VERIFIED_SUCCESS"
 		return Evidence{Kind: Found, RemoteRef: staleRef, Matches: true}, obs
 	}
-	if last := op.LastObservation; last != nil && last.Outcome == target.ClassPreconditionFailed {
+	if op.EffectExists {
 		obs.Outcome = "EFFECT_EXISTS"
 		return Evidence{Kind: Exists}, obs
 	}

@@ -155,6 +155,27 @@ func TestNotFoundWhileSlowStaysUnknown(t *testing.T) {
 	require.Equal(t, 1, b.truth(t, op).Attempts)
 }
 
+// TestNeverSentAgainAfterThePreconditionFailed: a conditional replay the target refuses
+// with 412 (an earlier send made the effect) is the last send, though the lookup still
+// does not find the effect (it lags here; the object may also have been removed since):
+// the operation is escalated, and nothing can create the object a second time.
+func TestNeverSentAgainAfterThePreconditionFailed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{LookupLag: time.Hour}, func(c *target.Contract) {
+		if c.Lookup != nil {
+			c.Lookup.VisibilityDelay = target.Duration(100 * time.Millisecond)
+		}
+	})
+	op := b.prepare(t, simtarget.DemoObject, "object-412", fault(simtarget.FaultCommitThenReset))
+	b.unknownThenReconciled(t, op)
+	got := b.waitState(t, op, store.StateEscalated)
+	require.Contains(t, got.Escalation.Reason, "never sent again")
+	kt := b.truth(t, op)
+	require.Equal(t, 1, kt.Effects)
+	require.Equal(t, 2, kt.Attempts, "the first send, and one conditional replay that the target refused")
+	require.Equal(t, int32(1), got.Replays)
+}
+
 // TestReplayInsideTheWindow: nothing arrived; a same-key replay inside the retention
 // window completes the intent with one effect.
 func TestReplayInsideTheWindow(t *testing.T) {

@@ -29,6 +29,10 @@ type UnknownClaim struct {
 	// their fence (kept in stale_outcomes), oldest first: a target's answer that came
 	// after the operation's lease expired is among them, not in LastObservation.
 	StaleAnswers []string
+	// EffectExists reports that the target refused one of the operation's sends because
+	// its precondition failed (PRECONDITION_FAILED, answered in time or after the lease):
+	// an earlier send made the effect (effectExists). No replay may follow.
+	EffectExists bool
 }
 
 // lastSendEnded is when the broker stopped waiting for the last send of the operation of
@@ -73,14 +77,15 @@ func (q Scope) claimUnknownFrom(ctx context.Context, p FairClaim) ([]UnknownClai
 			`+acceptedByEvidence("claimed.tenant_id", "claimed.operation_id")+`,
 			ARRAY(SELECT s.outcome FROM stale_outcomes s
 				WHERE s.tenant_id = claimed.tenant_id AND s.operation_id = claimed.operation_id
-				ORDER BY s.recorded_at, s.fence_token)
+				ORDER BY s.recorded_at, s.fence_token),
+			`+effectExists("claimed.tenant_id", "claimed.operation_id")+`
 		FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease)
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (UnknownClaim, error) {
 		var c UnknownClaim
 		var sinceLast int64
 		var accepted bool
-		err := scanClaimedInto(row, &c.Claimed, &c.MayHaveExecuted, &sinceLast, &accepted, &c.StaleAnswers)
+		err := scanClaimedInto(row, &c.Claimed, &c.MayHaveExecuted, &sinceLast, &accepted, &c.StaleAnswers, &c.EffectExists)
 		c.SinceLastSend = duration(sinceLast)
 		c.AcceptedUnfinished = c.AcceptedUnfinished || accepted
 		return c, err
@@ -180,10 +185,11 @@ type BeginReplayParams struct {
 
 // BeginReplay moves an UNKNOWN operation to IN_FLIGHT for a same-key replay: fence + 1,
 // attempt + 1 and an event, only under the caller's fence, and never once the target
-// said it accepted the request without finishing it, or answered it with a verified
-// success: accepted_unfinished, which an event saying so sets on an UNKNOWN operation
-// without taking its fence, or a stale outcome of one of p.AcceptedClasses or
-// VERIFIED_SUCCESS (an answer a worker received after losing its fence); any may have
+// said it accepted the request without finishing it, answered it with a verified
+// success, or refused a send because an earlier one made the effect:
+// accepted_unfinished, which an event saying so sets on an UNKNOWN operation without
+// taking its fence, or a stale outcome of one of p.AcceptedClasses or VERIFIED_SUCCESS
+// (an answer a worker received after losing its fence), or effectExists; any may have
 // come after the caller decided. The returned claim is sent and recorded like a
 // dispatcher's.
 func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, error) {
@@ -199,6 +205,7 @@ func (q Scope) BeginReplay(ctx context.Context, p BeginReplayParams) (Claimed, e
 				AND NOT EXISTS (SELECT 1 FROM stale_outcomes s
 					WHERE s.tenant_id = $1 AND s.operation_id = $2 AND s.outcome = ANY($6))
 				AND NOT `+successKept("$1", "$2")+`
+				AND NOT `+effectExists("$1", "$2")+`
 			RETURNING *
 		), ev AS (`+eventsFrom("upd", "'UNKNOWN'", "'reconciler:' || $4", "'SAME_KEY_REPLAY'", "NULL")+`)
 		SELECT `+claimedColumns+` FROM upd`,
@@ -253,6 +260,19 @@ func (q Scope) StaleSuccess(ctx context.Context, tenantID string, id uuid.UUID) 
 func successKept(tenant, id string) string {
 	return `EXISTS (SELECT 1 FROM stale_outcomes s WHERE s.tenant_id = ` + tenant + ` AND s.operation_id = ` + id + `
 		AND s.outcome = 'VERIFIED_SUCCESS')`
+}
+
+// effectExists is the SQL condition that the target refused one of the operation's
+// sends (tenant and id, SQL expressions of this package) because its precondition
+// failed: a conditional send's answer that an earlier send made the effect, recorded
+// as the send's outcome or kept as a stale one. It stays true whatever a lookup finds
+// later (a lookup that lags, an object its owner removed since): sending again could
+// make the effect a second time.
+func effectExists(tenant, id string) string {
+	return `(EXISTS (SELECT 1 FROM operation_events e WHERE e.tenant_id = ` + tenant + ` AND e.operation_id = ` + id + `
+		AND e.from_state = 'IN_FLIGHT' AND e.reason = 'PRECONDITION_FAILED')
+		OR EXISTS (SELECT 1 FROM stale_outcomes s WHERE s.tenant_id = ` + tenant + ` AND s.operation_id = ` + id + `
+		AND s.outcome = 'PRECONDITION_FAILED'))`
 }
 
 // noFailureAfterSuccess is the SQL condition of every write that may record a

@@ -175,6 +175,45 @@ func TestNoReplayAfterAStaleAcceptedAnswer(t *testing.T) {
 	require.Equal(t, []string{"ACCEPTED_NOT_CONFIRMED"}, again[0].StaleAnswers)
 }
 
+// TestNoReplayAfterThePreconditionFailed: once the target refused a send because its
+// precondition failed (an earlier send made the effect), in time or after the lease,
+// the claim says so and the ledger refuses a replay, whatever a lookup found since.
+func TestNoReplayAfterThePreconditionFailed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	unknownAfter(t, b, "acme", "u-412", store.OutcomeParams{
+		Observation: store.Observation{Source: "DISPATCH", Outcome: "PRECONDITION_FAILED", HTTPStatus: 412}})
+	late := unknownOp(t, b, "acme", "u-412-late")
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO stale_outcomes (tenant_id, operation_id, fence_token, actor, outcome, observation, sent)
+		VALUES ('acme', $1, 1, 'w', 'PRECONDITION_FAILED', '{}', true)`, late.ID)
+	require.NoError(t, err)
+	plain := unknownOp(t, b, "acme", "u-timeout")
+	claimed, err := b.all.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, claimed, 3)
+	for _, c := range claimed {
+		_, err := b.all.RecordCheck(b.ctx, store.CheckParams{TenantID: "acme", ID: c.ID, Fence: c.FenceToken,
+			Observation: store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND", HTTPStatus: 404}, Actor: "rec"})
+		require.NoError(t, err, "a look that finds nothing, recorded as the last observation")
+	}
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() WHERE tenant_id = 'acme'`)
+	require.NoError(t, err)
+	claimed, err = b.all.ClaimUnknown(b.ctx, unknownParams())
+	require.NoError(t, err)
+	require.Len(t, claimed, 3)
+	for _, c := range claimed {
+		want := c.ID != plain.ID
+		require.Equal(t, want, c.EffectExists, "%s", c.IntentRef)
+		_, err := b.all.BeginReplay(b.ctx, store.BeginReplayParams{TenantID: "acme", ID: c.ID, Fence: c.FenceToken,
+			Worker: "rec", Lease: time.Minute})
+		if want {
+			require.ErrorIs(t, err, store.ErrFenceLost, "%s: never sent again", c.IntentRef)
+		} else {
+			require.NoError(t, err, "%s", c.IntentRef)
+		}
+	}
+}
+
 // TestNoFailureAfterAStaleVerifiedSuccess: once a worker that lost its fence received
 // the target's verified success, the ledger refuses to record the operation as failed
 // or to replay it, whatever a reconciler decided: it may have decided before that
