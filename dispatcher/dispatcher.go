@@ -368,16 +368,17 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 		claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
 		claimCtx, span := d.tracer.Start(claimCtx, "opbroker.dispatch.claim", trace.WithAttributes(
 			attribute.String("opbroker.target", contract.Name), attribute.Int("opbroker.claim.limit", want)))
+		fair := store.FairClaim{
+			OperationTypes: contract.OperationTypes,
+			Worker:         d.cfg.Worker,
+			Lease:          d.cfg.Lease,
+			Limit:          want,
+			PerTenant:      min(d.cfg.PerTenant, want),
+			MaxTenants:     d.cfg.MaxTenantsPerClaim,
+			AfterTenant:    q.cursor,
+		}
 		ops, claimErr := d.cfg.Store.AllTenants().Claim(claimCtx, store.ClaimParams{
-			KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: store.FairClaim{
-				OperationTypes: contract.OperationTypes,
-				Worker:         d.cfg.Worker,
-				Lease:          d.cfg.Lease,
-				Limit:          want,
-				PerTenant:      min(d.cfg.PerTenant, want),
-				MaxTenants:     d.cfg.MaxTenantsPerClaim,
-				AfterTenant:    q.cursor,
-			}})
+			KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: fair})
 		cancelClaim()
 		span.SetAttributes(attribute.Int("opbroker.claim.claimed", len(ops)))
 		tracing.End(span, claimErr)
@@ -385,10 +386,17 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			err = errors.Join(err, claimErr)
 			continue
 		}
-		q.cursor, q.drained = "", len(ops) == 0
+		q.drained = len(ops) == 0
 		if len(ops) == want {
 			full = true
 			q.cursor = ops[len(ops)-1].TenantID
+		} else {
+			// The next claim goes on past the tenants this one walked over, rather than
+			// from the first: those may hold only work that is not due yet.
+			var cursorErr error
+			if q.cursor, cursorErr = d.cfg.Store.AllTenants().NextCursor(ctx, store.StatePrepared, fair); ctx.Err() == nil {
+				err = errors.Join(err, cursorErr)
+			}
 		}
 		q.waiting.Add(int64(len(ops)))
 		for _, op := range ops {

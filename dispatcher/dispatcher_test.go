@@ -262,6 +262,29 @@ func TestFairAcrossTenants(t *testing.T) {
 	require.Less(t, before, 4, "the small tenant's operation was claimed after %d of the big tenant's", before)
 }
 
+// TestTenantsPastTheWalkAreReached: a claim walks over at most MaxTenantsPerClaim
+// tenants; while the first of them hold only work that is not due yet (scheduled for
+// later), a tenant after them is still reached: a claim that comes back short is
+// followed by one that starts past the tenants it walked over.
+func TestTenantsPastTheWalkAreReached(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	later := time.Now().Add(time.Hour)
+	digest, err := payload.Hash("application/json", []byte(`{}`))
+	require.NoError(t, err)
+	for _, tenant := range []string{"a1", "a2", "a3", "a4"} {
+		_, _, err := b.store.AllTenants().Prepare(b.ctx, store.PrepareParams{TenantID: tenant, OperationType: simtarget.DemoCharge,
+			IntentRef: "scheduled", ContentType: "application/json", Payload: []byte(`{}`), PayloadSHA256: digest[:],
+			NotBefore: &later, Actor: "test"})
+		require.NoError(t, err)
+	}
+	due := b.prepare(t, "zz", simtarget.DemoCharge, "due", `{"n":1}`)
+	d := b.dispatcher(t, dispatcher.Config{MaxTenantsPerClaim: 2, PollInterval: 10 * time.Millisecond})
+	require.NoError(t, d.Start(b.ctx))
+	require.Eventually(t, func() bool { return b.get(t, due).State == store.StateSucceeded }, 10*time.Second, 10*time.Millisecond,
+		"the tenant after the first two was never claimed for")
+}
+
 func TestDeadlinePassedBeforeSendFailsWithoutSending(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})

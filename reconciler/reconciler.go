@@ -197,16 +197,23 @@ func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.UnknownClaim
 	if len(r.types) == 0 || limit <= 0 {
 		return nil, nil
 	}
-	ops, err := r.cfg.Store.AllTenants().ClaimUnknown(ctx, store.FairClaim{
+	fair := store.FairClaim{
 		OperationTypes: r.types, Worker: r.cfg.Worker, Lease: r.cfg.Lease,
 		Limit: limit, PerTenant: min(r.cfg.PerTenant, limit), MaxTenants: r.cfg.MaxTenants, AfterTenant: r.cursor,
-	})
+	}
+	ops, err := r.cfg.Store.AllTenants().ClaimUnknown(ctx, fair)
 	if err != nil {
 		return nil, err
 	}
-	r.cursor = ""
 	if len(ops) == limit {
 		r.cursor = ops[len(ops)-1].TenantID
+		return ops, nil
+	}
+	// The next claim goes on past the tenants this one walked over, rather than from
+	// the first: those may hold only looks that are not due yet. What was claimed is
+	// worked whatever this says.
+	if r.cursor, err = r.cfg.Store.AllTenants().NextCursor(ctx, store.StateUnknown, fair); err != nil {
+		r.log.Warn("where the next claim starts was not read; it starts from the first tenant", "error", err)
 	}
 	return ops, nil
 }

@@ -145,15 +145,7 @@ func fairPick(state, due, order string, types int) string {
 	// never reads the primary key instead, stepping over every row in another state
 	// (statistics taken when most rows were in this state make that look cheap). A
 	// tenant's share is held to it the same way (below).
-	var next string
-	switch state {
-	case "PREPARED":
-		next = "operation_type"
-	case "UNKNOWN":
-		next = "next_check_at"
-	default:
-		panic("store: no partial index for a fair claim of " + state)
-	}
+	next := walkOrder(state)
 	// A tenant's share, oldest first, of the types typeCond admits, ordered by orderBy.
 	share := func(typeCond, orderBy string) string {
 		return `
@@ -198,6 +190,29 @@ func fairPick(state, due, order string, types int) string {
 				LIMIT $4`
 		}
 	}
+	return tenantWalk(state, next) + `, picked AS (
+			SELECT p.ctid, p.tenant_id, p.operation_id, p.revision FROM tenants t, LATERAL (` + perTenant + `) p
+			LIMIT $5`
+}
+
+// walkOrder is the column after the tenant in the partial index of a fair claim's
+// state: the walk over the tenants orders by the tenant and it.
+func walkOrder(state string) string {
+	switch state {
+	case "PREPARED":
+		return "operation_type"
+	case "UNKNOWN":
+		return "next_check_at"
+	}
+	panic("store: no partial index for a fair claim of " + state)
+}
+
+// tenantWalk is the CTE "tenants" of a fair claim of state: up to $2 tenants that have
+// an operation in state, after $1, in order, each numbered n. Whether a tenant has work
+// that is due, of the claim's types, is not asked here: a claim finds that in each
+// tenant's share (fairPick), and a claim that comes back short is followed by one that
+// starts after the walk's end (NextCursor).
+func tenantWalk(state, next string) string {
 	return `
 		WITH RECURSIVE tenants (tenant_id, n) AS (
 			(SELECT tenant_id, 1 FROM operations
@@ -209,9 +224,25 @@ func fairPick(state, due, order string, types int) string {
 				WHERE state = '` + state + `' AND tenant_id > t.tenant_id
 				ORDER BY tenant_id, ` + next + ` LIMIT 1) next
 			 WHERE t.n < $2)
-		), picked AS (
-			SELECT p.ctid, p.tenant_id, p.operation_id, p.revision FROM tenants t, LATERAL (` + perTenant + `) p
-			LIMIT $5`
+		)`
+}
+
+// NextCursor returns where the next fair claim of operations in state (PREPARED or
+// UNKNOWN) starts after a claim of p that came back short: the last of the
+// p.MaxTenants tenants its walk went over, or "" (the first tenant) when fewer were
+// left after p.AfterTenant. Starting again from the first tenant instead, a claim
+// would never reach past the first MaxTenants tenants while those hold only work that
+// is not due (a later send time, a look backed off) or that is another target's.
+func (q Scope) NextCursor(ctx context.Context, state State, p FairClaim) (string, error) {
+	var last string
+	err := q.queryRow(withIndexOrder(ctx), tenantWalk(string(state), walkOrder(string(state)))+`
+		SELECT tenant_id FROM tenants WHERE n = $2`, p.AfterTenant, p.MaxTenants).Scan(&last)
+	if err = translate(err); errors.Is(err, ErrNotFound) {
+		return "", nil
+	} else if err != nil {
+		return "", fmt.Errorf("store: next cursor: %w", err)
+	}
+	return last, nil
 }
 
 // pickedRows is the FROM and WHERE of an update of operations o that finds the rows a
