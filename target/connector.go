@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -487,9 +488,14 @@ func (r *Responses) classify(resp *http.Response, body []byte, completion *Compl
 	return res
 }
 
+// retryAfter reads a Retry-After header: a number of seconds or a date, 0 when it is
+// neither or in the past. A number too large for a time.Duration is the largest one,
+// not one that overflowed to a negative wait (the dispatcher caps what it obeys).
 func retryAfter(v string) time.Duration {
-	if secs, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && secs >= 0 {
-		return time.Duration(secs) * time.Second
+	if secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && secs >= 0 {
+		return time.Duration(min(secs, math.MaxInt64/int64(time.Second))) * time.Second
+	} else if errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(strings.TrimSpace(v), "-") {
+		return time.Duration(math.MaxInt64/int64(time.Second)) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return max(time.Until(t), 0)

@@ -100,9 +100,14 @@ func (c *Contract) Credentials() []Credential {
 	}
 	if e := c.Evidence; e != nil && e.Webhook != nil {
 		s := e.Webhook.Signature.Secret
+		sig := &e.Webhook.Signature
 		cred := Credential{Field: "evidence.webhook.signature.secret", Source: s.String(), State: CredentialPresent,
 			holds: "the webhook signing secret the target shows for this endpoint"}
-		if _, err := s.read(); err != nil {
+		secret, err := s.read()
+		if err == nil && sig.Scheme == SignatureStandardWebhooks {
+			_, err = sig.hmacKey(secret) // there, but no key to verify with
+		}
+		if err != nil {
 			cred.State, cred.Problem = stateOf(err), err.Error()
 		}
 		out = append(out, cred)

@@ -322,9 +322,9 @@ func (s *Signature) verify(h http.Header, body []byte, secret string, now time.T
 		if err := s.checkTimestamp(timestamp, now); err != nil {
 			return err
 		}
-		key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+		key, err := s.hmacKey(secret)
 		if err != nil {
-			return fmt.Errorf("webhook secret: %s does not hold whsec_ and base64", s.Secret)
+			return err
 		}
 		var signatures []string
 		for entry := range strings.FieldsSeq(header) {
@@ -354,10 +354,31 @@ func (s *Signature) checkTimestamp(timestamp string, now time.Time) error {
 	if err != nil {
 		return &SignatureError{"malformed", "the signature's timestamp is not a number of seconds"}
 	}
-	if d := now.Sub(time.Unix(seconds, 0)); d > s.tolerance() || -d > s.tolerance() {
-		return &SignatureError{"timestamp", fmt.Sprintf("the signature's timestamp is %s from the broker's clock, more than the tolerance of %s", d.Round(time.Second), s.tolerance())}
+	// In whole seconds, not a time.Duration: a timestamp centuries away saturates
+	// now.Sub, whose negation overflows back to itself and passed both comparisons.
+	tolerance := int64(s.tolerance() / time.Second)
+	if seconds < now.Unix()-tolerance || seconds > now.Unix()+tolerance {
+		return &SignatureError{"timestamp", fmt.Sprintf("the signature's timestamp is %s from the broker's clock, more than the tolerance of %s",
+			now.Sub(time.Unix(seconds, 0)).Round(time.Second), s.tolerance())}
 	}
 	return nil
+}
+
+// minStandardKey is the fewest bytes a Standard Webhooks key may have (128 bits): a
+// shorter one, an empty one above all (whsec_ alone), would let anyone sign.
+const minStandardKey = 16
+
+// hmacKey returns the key a standard_webhooks signature is made with, from the secret
+// as read: the base64 after whsec_, of at least minStandardKey bytes.
+func (s *Signature) hmacKey(secret string) ([]byte, error) {
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("webhook secret: %s does not hold whsec_ and base64", s.Secret)
+	case len(key) < minStandardKey:
+		return nil, fmt.Errorf("webhook secret: %s holds a key of %d bytes, fewer than %d", s.Secret, len(key), minStandardKey)
+	}
+	return key, nil
 }
 
 func sign(key []byte, parts ...string) []byte {

@@ -65,6 +65,8 @@ func TestWebhookSignatureSchemes(t *testing.T) {
 		"changed body":  {stripeHeader(ts, "whsec_test", body), append([]byte(" "), body...), "mismatch"},
 		"old":           {stripeHeader(fmt.Sprint(now.Add(-6*time.Minute).Unix()), "whsec_test", body), body, "timestamp"},
 		"future":        {stripeHeader(fmt.Sprint(now.Add(6*time.Minute).Unix()), "whsec_test", body), body, "timestamp"},
+		"centuries on":  {stripeHeader("9000000000000000000", "whsec_test", body), body, "timestamp"},
+		"centuries ago": {stripeHeader("-9000000000000000000", "whsec_test", body), body, "timestamp"},
 		"no header":     {http.Header{}, body, "missing"},
 		"no timestamp":  {http.Header{"Stripe-Signature": {"v1=" + hmacHex("whsec_test", "."+string(body))}}, body, "malformed"},
 		"no v1":         {http.Header{"Stripe-Signature": {"t=" + ts + ",v0=" + hmacHex("whsec_test", ts+"."+string(body))}}, body, "malformed"},
@@ -106,6 +108,41 @@ func TestWebhookSignatureSchemes(t *testing.T) {
 	var sigErr *target.SignatureError
 	require.Error(t, err)
 	require.False(t, errors.As(err, &sigErr), "an unreadable secret is not a bad signature: %v", err)
+}
+
+// TestAStandardWebhooksSecretMustHoldAKey: a standard_webhooks secret that holds no
+// usable key (whsec_ alone, whose empty key anyone can sign with; one too short; one
+// that is not base64) verifies nothing, and its credential is unreadable, so the broker
+// does not start with it.
+func TestAStandardWebhooksSecretMustHoldAKey(t *testing.T) { // not parallel: t.Setenv
+	body, now := []byte(`{"id":"evt_1"}`), time.Now()
+	ts := fmt.Sprint(now.Unix())
+	for secret, usable := range map[string]bool{
+		"whsec_": false, "whsec_" + base64.StdEncoding.EncodeToString([]byte("15 bytes of key")): false,
+		"whsec_not base64!": false, "whsec_" + base64.StdEncoding.EncodeToString([]byte("sixteen byte key")): true,
+	} {
+		t.Setenv("TEST_STANDARD_SECRET", secret)
+		c := webhookContract(t, target.Signature{Scheme: target.SignatureStandardWebhooks,
+			Secret: target.Secret{Env: "TEST_STANDARD_SECRET"}, Documented: "https://www.standardwebhooks.com/"})
+		key, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+		mac := hmac.New(sha256.New, key)
+		mac.Write([]byte("msg_1." + ts + "." + string(body)))
+		h := http.Header{}
+		h.Set("webhook-id", "msg_1")
+		h.Set("webhook-timestamp", ts)
+		h.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
+		err := c.Verifier().Verify(h, body, now)
+		creds := c.Credentials()
+		require.Len(t, creds, 1)
+		if usable {
+			require.NoError(t, err, secret)
+			require.Equal(t, target.CredentialPresent, creds[0].State, secret)
+			continue
+		}
+		require.Error(t, err, "%q: nothing verifies", secret)
+		require.False(t, errors.As(err, new(*target.SignatureError)), "%q: the broker's problem, not the sender's", secret)
+		require.Equal(t, target.CredentialUnreadable, creds[0].State, secret)
+	}
 }
 
 // TestEvidenceRead: an event's fields are read by the contract's pointers; a type in no
