@@ -194,7 +194,7 @@ const (
 		`each starting with a letter, joined by dots, e.g. "demo.charge"`
 	intentRefWords   = `must be 1–256 bytes without control characters, e.g. "order-1001"`
 	contentTypeWords = `must be a media type of at most 127 characters, type and subtype in lowercase, ` +
-		`optionally with parameters after ";", e.g. "application/json"`
+		`optionally with parameters after ";" without control characters, e.g. "application/json"`
 	labelKeyWords = `must have a key of 1–63 characters: a lowercase letter, then lowercase letters, ` +
 		`digits, "_", "." or "-", e.g. "team"`
 )

@@ -82,7 +82,7 @@ func TestValidationMessages(t *testing.T) {
 		"required and malformed": {prepare(func(r *opbrokerv1.PrepareOperationRequest) { r.Tenant, r.ContentType = "", "json" }),
 			server.ReasonInvalidArgument, []string{
 				"tenant: is required (FIELD_REQUIRED)",
-				`content_type: must be a media type of at most 127 characters, type and subtype in lowercase, optionally with parameters after ";", e.g. "application/json" (FIELD_INVALID)`,
+				`content_type: must be a media type of at most 127 characters, type and subtype in lowercase, optionally with parameters after ";" without control characters, e.g. "application/json" (FIELD_INVALID)`,
 			}},
 		"operation type": {prepare(func(r *opbrokerv1.PrepareOperationRequest) { r.OperationType = "Charge!" }),
 			server.ReasonFieldInvalid, []string{`operation_type: must be at most 128 characters: lowercase words of letters, digits and underscores, each starting with a letter, joined by dots, e.g. "demo.charge" (FIELD_INVALID)`}},
@@ -129,6 +129,8 @@ func TestValidationMessages(t *testing.T) {
 			server.ReasonFieldInvalid, []string{"labels: " + nulRule}},
 		"NUL in a media type's parameter": {prepare(func(r *opbrokerv1.PrepareOperationRequest) { r.ContentType = "application/json; x=\x00" }),
 			server.ReasonFieldInvalid, []string{"content_type: " + nulRule}},
+		"a control character in a media type's parameter": {prepare(func(r *opbrokerv1.PrepareOperationRequest) { r.ContentType = "application/json; x=\x01" }),
+			server.ReasonFieldInvalid, []string{`content_type: must be a media type of at most 127 characters, type and subtype in lowercase, optionally with parameters after ";" without control characters, e.g. "application/json" (FIELD_INVALID)`}},
 		"NUL in a filter": {list(&opbrokerv1.ListOperationsRequest{Tenant: "acme", RemoteRef: "a\x00b"}),
 			server.ReasonFieldInvalid, []string{"remote_ref: " + nulRule}},
 		"NUL in an escalation's owner": {func() error {

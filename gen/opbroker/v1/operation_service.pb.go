@@ -38,7 +38,8 @@ type PrepareOperationRequest struct {
 	// The approved payload, sent to the target byte for byte. The size cap is configured
 	// on the server.
 	Payload []byte `protobuf:"bytes,4,opt,name=payload,proto3" json:"payload,omitempty"`
-	// The payload's media type. JSON types (application/json and +json) are validated and
+	// The payload's media type, sent as the request's Content-Type: its parameters hold no
+	// control character. JSON types (application/json and +json) are validated and
 	// hashed in their RFC 8785 canonical form.
 	ContentType string `protobuf:"bytes,5,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
 	// If set, the operation fails without being sent when no send has started by then.
@@ -1184,15 +1185,15 @@ var File_opbroker_v1_operation_service_proto protoreflect.FileDescriptor
 
 const file_opbroker_v1_operation_service_proto_rawDesc = "" +
 	"\n" +
-	"#opbroker/v1/operation_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bopbroker/v1/operation.proto\"\x92\a\n" +
+	"#opbroker/v1/operation_service.proto\x12\vopbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bopbroker/v1/operation.proto\"\xa1\a\n" +
 	"\x17PrepareOperationRequest\x12C\n" +
 	"\x06tenant\x18\x01 \x01(\tB+\xe0A\x02\xbaH%r#2!^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$R\x06tenant\x12Y\n" +
 	"\x0eoperation_type\x18\x02 \x01(\tB2\xe0A\x02\xbaH,r*\x18\x80\x012%^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$R\roperationType\x12A\n" +
 	"\n" +
 	"intent_ref\x18\x03 \x01(\tB\"\xe0A\x02\xbaH\x1cr\x1a \x01(\x80\x022\x13^[^\\x00-\\x1F\\x7F]*$R\tintentRef\x12$\n" +
 	"\apayload\x18\x04 \x01(\fB\n" +
-	"\xe0A\x02\xbaH\x04z\x02\x10\x01R\apayload\x12l\n" +
-	"\fcontent_type\x18\x05 \x01(\tBI\xe0A\x02\xbaHCrA\x18\x7f2=^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*(;.*)?$R\vcontentType\x12L\n" +
+	"\xe0A\x02\xbaH\x04z\x02\x10\x01R\apayload\x12{\n" +
+	"\fcontent_type\x18\x05 \x01(\tBX\xe0A\x02\xbaHRrP\x18\x7f2L^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*(;[^\\x01-\\x1F\\x7F]*)?$R\vcontentType\x12L\n" +
 	"\x11dispatch_deadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampB\x03\xe0A\x01R\x10dispatchDeadline\x12\xba\x01\n" +
 	"\n" +
 	"supersedes\x18\a \x01(\tB\x99\x01\xe0A\x01\xfaA\x18\n" +
