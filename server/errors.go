@@ -216,7 +216,14 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.As(err, &confirmed):
 		desc := "the target answered one of the operation's sends with a verified success (its answer came after the send's lease): " +
 			"the effect exists, whatever a later look at the target showed; resolve it as SUCCEEDED with the reference in remoteRef"
-		return newStatus(codes.FailedPrecondition, desc, ReasonTargetConfirmedEffect, map[string]string{"remoteRef": confirmed.RemoteRef},
+		meta := map[string]string{"remoteRef": confirmed.RemoteRef}
+		if confirmed.EventID != "" {
+			desc = "the target's event " + confirmed.EventID + " said the operation succeeded, and was matched to it: " +
+				"the effect exists, whatever a later look at the target showed; resolve it as SUCCEEDED with the reference in remoteRef " +
+				"(ask the target for it where the event carried none)"
+			meta["eventId"] = confirmed.EventID
+		}
+		return newStatus(codes.FailedPrecondition, desc, ReasonTargetConfirmedEffect, meta,
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
 				{Type: "TARGET_ANSWER", Description: desc}}})
 	case errors.Is(err, store.ErrBeingReconciled):

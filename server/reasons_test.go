@@ -289,6 +289,41 @@ func TestEveryDocumentedReason(t *testing.T) {
 				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
 				Reason:     "not at the target", Evidence: "searched the dashboard"})
 			require.Equal(t, "ch_late", errorInfo(status.Convert(err)).GetMetadata()["remoteRef"], "the reference to resolve it with")
+
+			// An escalation whose target's event said it succeeded: the event's id too.
+			_, err = own.client.PrepareOperation(own.ctx, prepareRequest("acme", "confirmed by event", `{"amount":1}`))
+			require.NoError(t, err)
+			claimed, err = all.Claim(own.ctx, store.ClaimParams{FairClaim: store.FairClaim{OperationTypes: []string{simtarget.DemoCharge},
+				Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+			require.NoError(t, err)
+			require.Len(t, claimed, 1)
+			_, err = all.SweepExpiredLeases(own.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 1})
+			require.NoError(t, err)
+			unknown, err := all.ClaimUnknown(own.ctx, store.FairClaim{OperationTypes: []string{simtarget.DemoCharge},
+				Worker: "test", Lease: time.Minute, Limit: 2, PerTenant: 2, MaxTenants: 1})
+			require.NoError(t, err)
+			i := slices.IndexFunc(unknown, func(u store.UnknownClaim) bool { return u.ID == claimed[0].ID })
+			require.NotEqual(t, -1, i)
+			escalated, err := all.ResolveUnknown(own.ctx, store.ResolveParams{TenantID: "acme", ID: unknown[i].ID, Fence: unknown[i].FenceToken,
+				State: store.StateEscalated, Escalation: &store.Escalation{Owner: "payments-oncall", Reason: "no lookup", EscalatedAt: time.Now()},
+				Observation: store.Observation{Source: "BROKER", Outcome: "ESCALATED"}, Actor: "test"})
+			require.NoError(t, err)
+			_, _, err = all.ReceiveEvidence(own.ctx, store.InboundEvidence{Target: "demo-payments", EventID: "evt_ok", Source: store.SourceWebhook,
+				EventType: "charge.succeeded", Meaning: "SUCCEEDED", Reference: "ref", ReferenceKind: "remote_ref", RemoteRef: "ch_event",
+				Body: []byte(`{}`)}, time.Hour, time.Minute)
+			require.NoError(t, err)
+			require.NoError(t, all.SettleEvidence(own.ctx, store.EvidenceSettlement{EvidenceKey: store.EvidenceKey{Target: "demo-payments", EventID: "evt_ok"},
+				From: store.EvidencePending, To: store.EvidenceApplied, TenantID: "acme", ID: escalated.ID,
+				Change: &store.EvidenceChange{Revision: escalated.Revision, From: store.StateEscalated, To: store.StateEscalated,
+					Observation: store.Observation{Source: "EVIDENCE", Outcome: "EVIDENCE_SUCCEEDED", EventID: "evt_ok"}, Actor: "webhook:test",
+					Reason: "EVIDENCE_SUCCEEDED"}}))
+			_, err = opbrokerv1.NewAdminServiceClient(own.conn).ResolveOperation(own.ctx, &opbrokerv1.ResolveOperationRequest{
+				Name: "tenants/acme/operations/" + escalated.ID.String(), Revision: escalated.Revision + 1,
+				Resolution: opbrokerv1.ResolveOperationRequest_RESOLUTION_FAILED_TERMINAL,
+				Reason:     "not at the target", Evidence: "searched the dashboard"})
+			info := errorInfo(status.Convert(err))
+			require.Equal(t, server.ReasonTargetConfirmedEffect, info.GetReason(), "%v", err)
+			require.Equal(t, map[string]string{"remoteRef": "ch_event", "eventId": "evt_ok"}, info.GetMetadata())
 			return received(t, err)
 		},
 		server.ReasonNoPendingResolution: func(t *testing.T) seen {

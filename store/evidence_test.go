@@ -83,6 +83,51 @@ func TestNoFailureByEvidenceAfterAStaleVerifiedSuccess(t *testing.T) {
 	require.NoError(t, settle(store.StateSucceeded))
 }
 
+// TestNoOperatorFailureAfterTheTargetsSuccessEvent: on an ESCALATED operation an event
+// of the target's saying it succeeded is recorded for the owner to judge, and the
+// owner can no longer record a failure (nor propose one): the effect exists. An event
+// quarantined, never matched through the checks, refuses nothing.
+func TestNoOperatorFailureAfterTheTargetsSuccessEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	op := escalatedOp(t, b, "acme", "order-1")
+	for _, id := range []string{"evt_quarantined", "evt_1"} {
+		e := webhookEvent(id, "")
+		e.RemoteRef = "ch_1"
+		_, _, err := b.all.ReceiveEvidence(b.ctx, e, time.Hour, time.Minute)
+		require.NoError(t, err)
+	}
+	require.NoError(t, b.all.SettleEvidence(b.ctx, store.EvidenceSettlement{
+		EvidenceKey: store.EvidenceKey{Target: "demo-payments", EventID: "evt_quarantined"}, From: store.EvidencePending,
+		To: store.EvidenceQuarantined, Reason: "PAYLOAD_MISMATCH", Detail: "the amount differs", TenantID: "acme", ID: op.ID}))
+	failure := store.ManualResolution{TenantID: "acme", ID: op.ID, Revision: op.Revision,
+		State: store.StateFailedTerminal, Reason: "not found at the provider", Actor: "ops@example.com"}
+	_, err := b.all.ProposeResolution(b.ctx, failure, time.Hour)
+	require.NoError(t, err, "a quarantined event confirms nothing")
+	now, err := b.all.Get(b.ctx, "acme", op.ID)
+	require.NoError(t, err)
+
+	require.NoError(t, b.all.SettleEvidence(b.ctx, store.EvidenceSettlement{EvidenceKey: store.EvidenceKey{Target: "demo-payments", EventID: "evt_1"},
+		From: store.EvidencePending, To: store.EvidenceApplied, TenantID: "acme", ID: op.ID,
+		Change: &store.EvidenceChange{Revision: now.Revision, From: store.StateEscalated, To: store.StateEscalated,
+			Observation: store.Observation{Source: "EVIDENCE", Outcome: "EVIDENCE_SUCCEEDED", EventID: "evt_1"}, Actor: "webhook:test",
+			Reason: "EVIDENCE_SUCCEEDED"}}))
+	now, err = b.all.Get(b.ctx, "acme", op.ID)
+	require.NoError(t, err)
+	require.Equal(t, store.StateEscalated, now.State)
+	failure.Revision = now.Revision
+	var confirmed *store.TargetConfirmedError
+	_, err = b.all.ResolveManually(b.ctx, failure)
+	require.ErrorAs(t, err, &confirmed)
+	require.Equal(t, store.TargetConfirmedError{RemoteRef: "ch_1", EventID: "evt_1"}, *confirmed)
+	_, err = b.all.ProposeResolution(b.ctx, failure, time.Hour)
+	require.ErrorAs(t, err, &confirmed, "nor proposed")
+	failure.State, failure.RemoteRef = store.StateSucceeded, "ch_1"
+	done, err := b.all.ResolveManually(b.ctx, failure)
+	require.NoError(t, err)
+	require.Equal(t, store.StateSucceeded, done.State)
+}
+
 // TestPostponedEvidenceWaitsItsTurn: an event whose decision could not be recorded
 // leaves the matchers' queue until its new turn, a second after the first failure and
 // twice as long after each next one, never more than a minute.

@@ -58,12 +58,16 @@ func (e *SendMayStillLandError) Error() string { return ErrSendMayStillLand.Erro
 func (e *SendMayStillLandError) Unwrap() error { return ErrSendMayStillLand }
 
 // ErrTargetConfirmed means a resolution as FAILED_TERMINAL of an operation whose target
-// answered one of its sends with a verified success (kept as a stale outcome: it came
-// after the send's lease); ResolveManually returns it as a *TargetConfirmedError.
+// confirmed an effect: it answered one of its sends with a verified success (kept as a
+// stale outcome: it came after the send's lease), or an event of its saying the
+// operation succeeded was matched to it; ResolveManually returns it as a
+// *TargetConfirmedError.
 var ErrTargetConfirmed = errors.New("the target confirmed an effect of the operation")
 
-// TargetConfirmedError is ErrTargetConfirmed with the target's reference of the effect.
-type TargetConfirmedError struct{ RemoteRef string }
+// TargetConfirmedError is ErrTargetConfirmed with the target's reference of the effect
+// ("" when its event carried none), and the id of the event that confirmed it ("" for
+// a send's answer).
+type TargetConfirmedError struct{ RemoteRef, EventID string }
 
 func (e *TargetConfirmedError) Error() string { return ErrTargetConfirmed.Error() }
 func (e *TargetConfirmedError) Unwrap() error { return ErrTargetConfirmed }
@@ -75,9 +79,10 @@ func (e *TargetConfirmedError) Unwrap() error { return ErrTargetConfirmed }
 // (*StateError), changed since p.Revision (*RevisionChangedError), or is held by a
 // reconciler's live lease (ErrBeingReconciled), or is a FAILED_TERMINAL sooner than
 // p.FailureSettlesAfter after the last send ended (*SendMayStillLandError), or a
-// FAILED_TERMINAL while the target's verified success of one of its sends is on record
-// (*TargetConfirmedError: the effect exists, whatever a later look at the target
-// showed; resolve it SUCCEEDED with that reference). The
+// FAILED_TERMINAL while the target's confirmation of an effect is on record, a verified
+// success of one of its sends or its event saying it succeeded (*TargetConfirmedError:
+// the effect exists, whatever a later look at the target showed; resolve it SUCCEEDED
+// with that reference). The
 // resolved operation keeps its Escalation when it was ESCALATED, and has none when it
 // was UNKNOWN.
 func (q Scope) ResolveManually(ctx context.Context, p ManualResolution) (Operation, error) {
@@ -141,7 +146,7 @@ type manualStep struct {
 // only proposes: the state, the fence and the reference stay, and the observation's
 // proposal expires after the window. With $9 it is an approval, applied only before $9.
 // A FAILED_TERMINAL is recorded or proposed only $10 or longer after the last send
-// ended, and never while a verified success of the target's is kept
+// ended, and never while the target's confirmation of an effect is on record
 // (noFailureAfterSuccess, under lockedForFailure).
 var manualResolution = `
 	WITH cur AS (
@@ -217,6 +222,12 @@ func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step man
 			return Operation{}, err
 		case ok:
 			return Operation{}, &TargetConfirmedError{RemoteRef: confirmed}
+		}
+		switch ref, eventID, ok, err := q.ReportedSuccess(ctx, p.TenantID, p.ID); {
+		case err != nil:
+			return Operation{}, err
+		case ok:
+			return Operation{}, &TargetConfirmedError{RemoteRef: ref, EventID: eventID}
 		}
 	}
 	// The rest of the statement's conditions, by the database's clock.

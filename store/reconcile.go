@@ -276,11 +276,38 @@ func effectExists(tenant, id string) string {
 }
 
 // noFailureAfterSuccess is the SQL condition of every write that may record a
-// FAILED_TERMINAL (to, an operation_state expression): none while a verified success of
-// the target's is kept (successKept) for the operation (tenant and id). Each such write
-// runs under lockedForFailure, so that a success being kept meanwhile is seen.
+// FAILED_TERMINAL (to, an operation_state expression): none while the target has
+// confirmed an effect of the operation (tenant and id): a verified success of one of
+// its sends kept as a stale outcome (successKept), or an event of its saying it
+// succeeded, matched to the operation (successReported; on an ESCALATED operation such
+// an event is recorded for the owner to judge). Each such write runs under
+// lockedForFailure, so that a success being kept meanwhile is seen.
 func noFailureAfterSuccess(to, tenant, id string) string {
-	return `(` + to + `::operation_state <> 'FAILED_TERMINAL' OR NOT ` + successKept(tenant, id) + `)`
+	return `(` + to + `::operation_state <> 'FAILED_TERMINAL' OR NOT (` + successKept(tenant, id) + ` OR ` +
+		successReported(tenant, id) + `))`
+}
+
+// successReported is the SQL condition that an event of the target's saying the
+// operation (tenant and id) succeeded was matched to it, through every check of the
+// matcher (applied, observed, or attached by a reviewer). ReportedSuccess finds the
+// same ones.
+func successReported(tenant, id string) string {
+	return evidenceSays(tenant, id, "SUCCEEDED")
+}
+
+// ReportedSuccess returns the target's reference (possibly "") and the event id of the
+// latest event of the target's that said the operation succeeded and was matched to it
+// (successReported), if there is one.
+func (q Scope) ReportedSuccess(ctx context.Context, tenantID string, id uuid.UUID) (ref, eventID string, ok bool, err error) {
+	err = q.queryRow(ctx, `SELECT coalesce(remote_ref, ''), event_id FROM inbound_evidence i
+		WHERE `+evidenceMatched("$1", "$2", "SUCCEEDED")+`
+		ORDER BY decided_at DESC LIMIT 1`, tenantID, id).Scan(&ref, &eventID)
+	if err = translate(err); errors.Is(err, ErrNotFound) {
+		return "", "", false, nil
+	} else if err != nil {
+		return "", "", false, fmt.Errorf("store: reported success: %w", err)
+	}
+	return ref, eventID, true, nil
 }
 
 // lockedForFailure returns ctx for a write that records to for the operation key: a
@@ -297,6 +324,19 @@ func lockedForFailure(ctx context.Context, to State, key OperationKey) context.C
 // (tenant and id, SQL expressions of this package) said the target accepted its request
 // without finishing it.
 func acceptedByEvidence(tenant, id string) string {
-	return `EXISTS (SELECT 1 FROM inbound_evidence i WHERE i.tenant_id = ` + tenant + ` AND i.operation_id = ` + id + `
-		AND i.meaning = 'PENDING' AND i.disposition IN ('APPLIED', 'OBSERVED', 'ATTACHED'))`
+	return evidenceSays(tenant, id, "PENDING")
+}
+
+// evidenceSays is the SQL condition that an event of the meaning given was matched to
+// the operation (tenant and id, SQL expressions of this package): evidenceMatched.
+func evidenceSays(tenant, id, meaning string) string {
+	return `EXISTS (SELECT 1 FROM inbound_evidence i WHERE ` + evidenceMatched(tenant, id, meaning) + `)`
+}
+
+// evidenceMatched is the SQL condition that the event i, of the meaning given, was
+// matched to the operation (tenant and id) through every check of the matcher: applied,
+// observed, or attached by a reviewer (never one quarantined or dismissed).
+func evidenceMatched(tenant, id, meaning string) string {
+	return `i.tenant_id = ` + tenant + ` AND i.operation_id = ` + id + `
+		AND i.meaning = '` + meaning + `' AND i.disposition IN ('APPLIED', 'OBSERVED', 'ATTACHED')`
 }

@@ -57,8 +57,10 @@ type AdminServiceClient interface {
 	// visibility_delay and absence_final_after): until then the send may still take
 	// effect, or its effect not be visible at the target yet. FAILED_TERMINAL is
 	// FAILED_PRECONDITION (TARGET_CONFIRMED_EFFECT, metadata remoteRef) while the target's
-	// verified success of one of its sends is on record, an answer that came after the
-	// send's lease: the effect exists; resolve it SUCCEEDED with that reference.
+	// confirmation of an effect is on record: its verified success of one of the sends,
+	// an answer that came after the send's lease, or its event saying the operation
+	// succeeded, matched to it (metadata eventId): the effect exists; resolve it
+	// SUCCEEDED with that reference.
 	//
 	// For a target whose contract asks for a second operator (manual_resolution), the
 	// resolution is not applied: it is proposed, recorded as an event with the same
@@ -73,7 +75,7 @@ type AdminServiceClient interface {
 	// (NO_PENDING_RESOLUTION), when the approver proposed it (SAME_OPERATOR), or when it
 	// expired (RESOLUTION_EXPIRED: propose it again); a FAILED_TERMINAL before the
 	// target's settling time, as in ResolveOperation (SEND_MAY_STILL_LAND), or while the
-	// target's verified success is on record (TARGET_CONFIRMED_EFFECT).
+	// target's confirmation of an effect is on record (TARGET_CONFIRMED_EFFECT).
 	ApproveResolution(ctx context.Context, in *ApproveResolutionRequest, opts ...grpc.CallOption) (*ApproveResolutionResponse, error)
 	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
 	// reason, how long it has waited and the owner's runbook from the target's contract.
@@ -224,8 +226,10 @@ type AdminServiceServer interface {
 	// visibility_delay and absence_final_after): until then the send may still take
 	// effect, or its effect not be visible at the target yet. FAILED_TERMINAL is
 	// FAILED_PRECONDITION (TARGET_CONFIRMED_EFFECT, metadata remoteRef) while the target's
-	// verified success of one of its sends is on record, an answer that came after the
-	// send's lease: the effect exists; resolve it SUCCEEDED with that reference.
+	// confirmation of an effect is on record: its verified success of one of the sends,
+	// an answer that came after the send's lease, or its event saying the operation
+	// succeeded, matched to it (metadata eventId): the effect exists; resolve it
+	// SUCCEEDED with that reference.
 	//
 	// For a target whose contract asks for a second operator (manual_resolution), the
 	// resolution is not applied: it is proposed, recorded as an event with the same
@@ -240,7 +244,7 @@ type AdminServiceServer interface {
 	// (NO_PENDING_RESOLUTION), when the approver proposed it (SAME_OPERATOR), or when it
 	// expired (RESOLUTION_EXPIRED: propose it again); a FAILED_TERMINAL before the
 	// target's settling time, as in ResolveOperation (SEND_MAY_STILL_LAND), or while the
-	// target's verified success is on record (TARGET_CONFIRMED_EFFECT).
+	// target's confirmation of an effect is on record (TARGET_CONFIRMED_EFFECT).
 	ApproveResolution(context.Context, *ApproveResolutionRequest) (*ApproveResolutionResponse, error)
 	// Lists ESCALATED operations, oldest escalation first, each with its owner, the
 	// reason, how long it has waited and the owner's runbook from the target's contract.
