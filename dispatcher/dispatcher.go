@@ -795,7 +795,7 @@ func (d *Dispatcher) record(contract *target.Contract, op store.Claimed, res tar
 	params := store.OutcomeParams{
 		TenantID: op.TenantID, ID: op.ID, Fence: op.FenceToken, State: state, RemoteRef: res.RemoteRef, NotSent: !res.Sent,
 		Observation: store.Observation{ObservedAt: d.cfg.Clock(), Source: "DISPATCH", Outcome: res.Class,
-			HTTPStatus: res.HTTPStatus, Summary: res.Summary},
+			HTTPStatus: res.HTTPStatus, Summary: res.Summary, RetryAfterSeconds: int64(min(res.RetryAfter, maxRetryAfter) / time.Second)},
 		Actor: d.actor,
 	}
 	if res.Outcome == target.NotExecuted {

@@ -115,6 +115,9 @@ type Input struct {
 	// success, which reached a worker after it lost its fence. Nothing the reconciler
 	// learns afterwards makes that a failure, or the request worth sending again.
 	VerifiedSuccess bool
+	// RetryAfter is the wait the target asked for in its answer to the last send (its
+	// Retry-After): no replay before it has passed since that send.
+	RetryAfter time.Duration
 	// EffectExists: the target refused one of the operation's sends because its
 	// precondition failed, saying an earlier send made the effect. Nothing the
 	// reconciler learns afterwards makes the request worth sending again, or its absence
@@ -218,8 +221,9 @@ func Decide(in Input) Decision {
 		if budgetSpent {
 			return Decision{Action: Escalate, Reason: "an earlier request with this key was still executing, and the budget for waiting is spent"}
 		}
-		// Give the earlier request time to finish: the wait doubles with each replay.
-		if wait := in.backoff(in.Replays, 0); in.SinceLastSend < wait {
+		// Give the earlier request time to finish: the wait doubles with each replay, and
+		// is at least what the target asked for (its Retry-After).
+		if wait := max(in.backoff(in.Replays, 0), in.RetryAfter); in.SinceLastSend < wait {
 			return Decision{Action: Wait, After: min(wait-in.SinceLastSend, in.ResolutionLeft),
 				Reason: "an earlier request with this key is still executing; replay with the same key once it has had time to finish"}
 		}
@@ -236,13 +240,13 @@ func Decide(in Input) Decision {
 			return Decision{Action: RecordFailure, Reason: "not found after the visibility delay, past the time the target documents a request can take effect, and no replay is possible"}
 		}
 		if replayable {
-			return Decision{Action: Replay, Reason: "not found after the visibility delay; a same-key replay is safe inside the retention window"}
+			return in.replay("not found after the visibility delay; a same-key replay is safe inside the retention window")
 		}
 		return in.waitOrEscalate(budgetSpent, 0, "not found, and absence is not provably final: "+whyNot)
 	case LookupFailed:
 		replayable, whyNot := in.replayable(false)
 		if replayable {
-			return Decision{Action: Replay, Reason: "the lookup failed; a same-key replay is safe: the key covers every earlier attempt, inside its retention window"}
+			return in.replay("the lookup failed; a same-key replay is safe: the key covers every earlier attempt, inside its retention window")
 		}
 		return in.waitOrEscalate(budgetSpent, 0, "the lookup failed; look again (no replay: "+whyNot+")")
 	default: // NoEvidence
@@ -251,13 +255,30 @@ func Decide(in Input) Decision {
 		}
 		replayable, whyNot := in.replayable(false)
 		if replayable {
-			return Decision{Action: Replay, Reason: "no lookup; a same-key replay is safe: the key covers every earlier attempt, inside its retention window"}
+			return in.replay("no lookup; a same-key replay is safe: the key covers every earlier attempt, inside its retention window")
 		}
 		if in.EventsWithin > in.SinceLastSend {
 			return in.waitOrEscalate(budgetSpent, 0, "the outcome is unknown: "+whyNot)
 		}
 		return Decision{Action: Escalate, Reason: "the outcome is unknown and the target offers no way to find out: " + whyNot}
 	}
+}
+
+// replay replays, once the wait the target asked for in its last answer (RetryAfter)
+// and a backoff that doubles with each replay so far have passed since the last send;
+// until then it waits, so that a target answering 503 or 429 is not sent the replay
+// budget within a second. With the look budget or the resolution deadline spent
+// (BudgetSpent), when no wait may follow, it replays at once, as before.
+func (in Input) replay(reason string) Decision {
+	wait := in.RetryAfter
+	if in.Replays > 0 {
+		wait = max(wait, in.backoff(in.Replays, 0))
+	}
+	if in.SinceLastSend < wait && !in.BudgetSpent() {
+		return Decision{Action: Wait, After: min(wait-in.SinceLastSend, in.ResolutionLeft),
+			Reason: reason + "; it waits first for the target's Retry-After, or a backoff after the replays so far"}
+	}
+	return Decision{Action: Replay, Reason: reason}
 }
 
 // BudgetSpent reports whether the operation has used up its looks or its time to be

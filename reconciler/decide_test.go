@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/opbroker/opbroker/store"
 )
 
 // stripeLike is a target with capabilities A and B whose key saves every answer: a 24h
@@ -87,6 +89,17 @@ func TestDecideTable(t *testing.T) {
 		"key in use, no lookup, waited": {with(func(in *Input) { in.Evidence.Kind = KeyInUse; in.Lookup = false }), Replay},
 		"key in use, just answered": {with(func(in *Input) {
 			in.Evidence.Kind, in.Lookup, in.Replays, in.SinceLastSend = KeyInUse, false, 2, time.Second
+		}), Wait},
+		// A replay waits for the target's Retry-After, and backs off after replays so far.
+		"no lookup, the target asked to wait": {with(func(in *Input) {
+			in.Lookup, in.RetryAfter, in.SinceLastSend = false, 2*time.Minute, time.Second
+		}), Wait},
+		"no lookup, its wait has passed": {with(func(in *Input) {
+			in.Lookup, in.RetryAfter, in.SinceLastSend = false, 2*time.Minute, 3*time.Minute
+		}), Replay},
+		"no lookup, just replayed": {with(func(in *Input) { in.Lookup, in.Replays, in.SinceLastSend = false, 2, time.Second }), Wait},
+		"lookup failed, the target asked to wait": {with(func(in *Input) {
+			in.Evidence.Kind, in.RetryAfter, in.SinceLastSend = LookupFailed, time.Minute, time.Second
 		}), Wait},
 		"key in use, replay budget spent": {with(func(in *Input) { in.Evidence.Kind, in.Lookup, in.Replays = KeyInUse, false, 3 }), Escalate},
 		"key in use, key saves only successes": {with(func(in *Input) {
@@ -235,16 +248,18 @@ func TestWaitBacksOffWithJitter(t *testing.T) {
 // FuzzDecide checks the properties the promise rests on, for any input.
 func FuzzDecide(f *testing.F) {
 	f.Add(uint8(NotFound), "ch_1", true, true, true, int64(time.Hour), int64(time.Second), int64(0), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5,
-		false, true, int64(time.Minute))
+		false, true, int64(time.Minute), int64(0))
 	f.Add(uint8(Found), "", false, false, true, int64(0), int64(0), int64(time.Hour), int64(2*time.Hour), true, int64(0), 5, 3, 10, 10, true, 0.1,
-		true, true, int64(time.Hour))
+		true, true, int64(time.Hour), int64(0))
 	f.Add(uint8(NotFound)|0x60, "", false, false, true, int64(time.Hour), int64(time.Second), int64(time.Second), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5,
-		false, true, int64(time.Hour))
+		false, true, int64(time.Hour), int64(0))
+	f.Add(uint8(NoEvidence), "", false, true, false, int64(time.Hour), int64(0), int64(0), int64(time.Minute), false, int64(time.Hour), 1, 3, 0, 10, false, 0.5,
+		true, true, int64(time.Second), int64(2*time.Minute))
 	f.Add(uint8(LookupFailed), "", false, true, true, int64(time.Hour), int64(time.Second), int64(0), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5,
-		false, true, int64(time.Millisecond))
+		false, true, int64(time.Millisecond), int64(0))
 	f.Fuzz(func(t *testing.T, kind uint8, ref string, matches, replay, lookup bool, retention, visibility, absenceFinal, since int64,
 		deadlinePassed bool, resolutionLeft int64, replays, maxReplays, looks, maxLooks int, accepted bool, jitter float64,
-		keyCovers, mayHaveExecuted bool, sinceLast int64) {
+		keyCovers, mayHaveExecuted bool, sinceLast, retryAfter int64) {
 		if jitter < 0 || jitter >= 1 || jitter != jitter {
 			jitter = 0.5
 		}
@@ -260,6 +275,7 @@ func FuzzDecide(f *testing.F) {
 			MayHaveExecuted: mayHaveExecuted, SinceLastSend: time.Duration(sinceLast),
 			BusinessDeadlinePassed: deadlinePassed, ResolutionLeft: time.Duration(resolutionLeft),
 			Replays: replays, MaxReplays: maxReplays, Looks: looks, MaxLooks: maxLooks, AcceptedBefore: accepted, Jitter: jitter,
+			RetryAfter: time.Duration(retryAfter),
 		}
 		absenceProven := in.Evidence.Kind == NotFound && in.Lookup && in.SinceLastSend >= in.VisibilityDelay
 		d := Decide(in)
@@ -268,6 +284,7 @@ func FuzzDecide(f *testing.F) {
 		require.NotEmpty(t, d.Reason)
 		switch d.Action {
 		case Replay:
+			require.True(t, in.BudgetSpent() || in.SinceLastSend >= in.RetryAfter, "never before the target's Retry-After, while it may wait")
 			require.True(t, in.Replay || in.Conditional, "never replay without a key or a precondition")
 			require.True(t, in.Conditional || in.KeyWindowLeft > 0, "never replay outside the window the key was first sent with")
 			require.NotEqual(t, Exists, in.Evidence.Kind, "never send again what the target says exists")
@@ -294,7 +311,8 @@ func FuzzDecide(f *testing.F) {
 			replayable, _ := in.replayable(true)
 			require.False(t, replayable)
 		case Wait:
-			require.True(t, in.Lookup || in.Evidence.Kind == KeyInUse, "waiting needs a way to look again, or a replay to come")
+			replayable, _ := in.replayable(absenceProven)
+			require.True(t, in.Lookup || in.Evidence.Kind == KeyInUse || replayable, "waiting needs a way to look again, or a replay to come")
 			require.Greater(t, in.ResolutionLeft, time.Duration(0), "waiting ends at the resolution deadline")
 			require.True(t, in.MaxLooks <= 0 || in.Looks < in.MaxLooks, "waiting ends when the look budget is spent")
 			require.Greater(t, d.After, time.Duration(0))
@@ -342,4 +360,13 @@ func TestWaitForEvents(t *testing.T) {
 	require.Equal(t, Wait, Decide(unkeyed).Action)
 	unkeyed.EventsWithin = 0
 	require.Equal(t, Escalate, Decide(unkeyed).Action)
+}
+
+// TestRetryAfterIsTheSendsAnswers: the wait a replay keeps is the Retry-After of the
+// send's answer, while that answer is the last observation; a look since has waited.
+func TestRetryAfterIsTheSendsAnswers(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 2*time.Minute, retryAfterOf(&store.Observation{Source: "DISPATCH", Outcome: "SERVER_ERROR", RetryAfterSeconds: 120}))
+	require.Zero(t, retryAfterOf(&store.Observation{Source: "BROKER", Outcome: "NO_EVIDENCE", RetryAfterSeconds: 120}))
+	require.Zero(t, retryAfterOf(nil))
 }

@@ -261,6 +261,7 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		AcceptedBefore:        op.AcceptedUnfinished || evidence.Kind == InProgress || accepted,
 		VerifiedSuccess:       verified,
 		EffectExists:          op.EffectExists,
+		RetryAfter:            retryAfterOf(op.LastObservation),
 		Jitter:                rand.Float64(),
 	}
 	if contract.Evidence != nil {
@@ -445,6 +446,16 @@ func (r *Reconciler) evidence(ctx context.Context, contract *target.Contract, op
 	}
 	obs.Outcome = "NO_EVIDENCE"
 	return Evidence{Kind: NoEvidence}, obs
+}
+
+// retryAfterOf is the wait a send's answer asked for (its Retry-After), when the last
+// observation is that answer: a look since (the reconciler's own observation) has
+// waited for it already.
+func retryAfterOf(last *store.Observation) time.Duration {
+	if last == nil || last.Source != "DISPATCH" {
+		return 0
+	}
+	return time.Duration(last.RetryAfterSeconds) * time.Second
 }
 
 // acceptedClasses are the answers that say the target accepted the request without

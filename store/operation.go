@@ -61,6 +61,9 @@ type Observation struct {
 	// EventID, for evidence, is the id of the target's event it recorded
 	// (store.InboundEvidence).
 	EventID string `json:"event_id,omitempty"`
+	// RetryAfterSeconds, for a send's answer, is the wait its Retry-After asked for (at
+	// most an hour): a replay of an operation it left UNKNOWN waits for it.
+	RetryAfterSeconds int64 `json:"retry_after_seconds,omitempty"`
 }
 
 // Proposal is a resolution one operator proposed and another must approve.

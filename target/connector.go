@@ -92,7 +92,10 @@ type Result struct {
 	// Sent is false only when the request provably never left (the connection could not
 	// be made).
 	Sent bool
-	// RetryAfter, for NotExecuted, is the delay the target's Retry-After asked for.
+	// RetryAfter is the delay the answer's Retry-After asked for, whatever its class:
+	// the dispatcher's resend after an answer documented as not executed waits for it,
+	// and so does the reconciler's replay after an answer that left the operation
+	// UNKNOWN (a 503, an unlisted 429).
 	RetryAfter time.Duration
 }
 
@@ -419,7 +422,7 @@ func transportResult(ctx context.Context, err error) Result {
 // everything else is unknown.
 func (r *Responses) classify(resp *http.Response, body []byte, completion *Completion, conditional *Conditional) Result {
 	status := resp.StatusCode
-	res := Result{HTTPStatus: status, Sent: true}
+	res := Result{HTTPStatus: status, Sent: true, RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
 	for _, class := range r.Success {
 		if slices.Contains(class.Status, status) {
 			ref, ok := remoteRefAt(body, class.RemoteRef)
@@ -459,7 +462,7 @@ func (r *Responses) classify(resp *http.Response, body []byte, completion *Compl
 	}
 	for _, class := range r.NotExecuted {
 		if slices.Contains(class.Status, status) {
-			res.Outcome, res.Class, res.RetryAfter = NotExecuted, ClassNotExecuted, retryAfter(resp.Header.Get("Retry-After"))
+			res.Outcome, res.Class = NotExecuted, ClassNotExecuted
 			res.Summary = fmt.Sprintf("status %d: documented as not executed", status)
 			if class.Credential {
 				res.Class, res.Summary = ClassCredentialRefused, fmt.Sprintf("status %d: the target refused the credential; documented as not executed", status)

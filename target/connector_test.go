@@ -171,6 +171,24 @@ func TestSendHeaders(t *testing.T) {
 	require.Equal(t, payload, string(body), "exactly the approved bytes")
 }
 
+// TestRetryAfterOnEveryAnswer: an answer's Retry-After is read whatever its class, not
+// only on one documented as not executed: a 503 that leaves the operation UNKNOWN
+// carries the wait its replay must keep.
+func TestRetryAfterOnEveryAnswer(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "120")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	targets, err := target.New(simtarget.DemoContracts(srv.URL)...)
+	require.NoError(t, err)
+	res := send(t, target.NewConnector(), targets, simtarget.DemoCharge, uuid.New(), `{"amount":1}`)
+	require.Equal(t, target.Unknown, res.Outcome)
+	require.Equal(t, target.ClassServerError, res.Class)
+	require.Equal(t, 2*time.Minute, res.RetryAfter)
+}
+
 func TestLookup(t *testing.T) {
 	t.Parallel()
 	sim, targets := demo(t, simtarget.Config{})
