@@ -123,6 +123,7 @@ type Reconciler struct {
 	tracer  trace.Tracer
 
 	cursor string // the tenant the next claim starts after; owned by the loop
+	short  bool   // the last claim came back short: the next reads where its walk ends; owned by the loop
 
 	startstop.Base
 }
@@ -201,19 +202,23 @@ func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.UnknownClaim
 		OperationTypes: r.types, Worker: r.cfg.Worker, Lease: r.cfg.Lease,
 		Limit: limit, PerTenant: min(r.cfg.PerTenant, limit), MaxTenants: r.cfg.MaxTenants, AfterTenant: r.cursor,
 	}
+	// After a short claim, this one may be short too: where its walk ends is read first
+	// (WalkEnd), and the next claim starts after it rather than from the first tenant,
+	// which may hold only looks that are not due yet.
+	var walkEnd string
+	if r.short {
+		var err error
+		if walkEnd, err = r.cfg.Store.AllTenants().WalkEnd(ctx, store.StateUnknown, fair); err != nil && ctx.Err() == nil {
+			r.log.Warn("where a claim's walk over the tenants ends was not read; the next starts from the first tenant", "error", err)
+		}
+	}
 	ops, err := r.cfg.Store.AllTenants().ClaimUnknown(ctx, fair)
 	if err != nil {
 		return nil, err
 	}
+	r.short, r.cursor = len(ops) < limit, walkEnd
 	if len(ops) == limit {
 		r.cursor = ops[len(ops)-1].TenantID
-		return ops, nil
-	}
-	// The next claim goes on past the tenants this one walked over, rather than from
-	// the first: those may hold only looks that are not due yet. What was claimed is
-	// worked whatever this says.
-	if r.cursor, err = r.cfg.Store.AllTenants().NextCursor(ctx, store.StateUnknown, fair); err != nil {
-		r.log.Warn("where the next claim starts was not read; it starts from the first tenant", "error", err)
 	}
 	return ops, nil
 }

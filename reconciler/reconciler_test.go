@@ -176,6 +176,31 @@ func TestNeverSentAgainAfterThePreconditionFailed(t *testing.T) {
 	require.Equal(t, int32(1), got.Replays)
 }
 
+// TestTenantsPastTheWalkAreReconciled: a claim of UNKNOWN operations walks over at
+// most MaxTenants tenants; while the first of them hold only looks backed off for
+// later, a tenant after them is still reached.
+func TestTenantsPastTheWalkAreReconciled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	var ops []store.Operation
+	for _, tenant := range []string{"a1", "a2", "a3", "a4", "zz"} {
+		ops = append(ops, storetest.PrepareJSON(t, b.store, tenant, simtarget.DemoCharge, "order", fault(simtarget.FaultCommitThenReset)))
+	}
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	for _, op := range ops {
+		b.waitState(t, op, store.StateUnknown)
+	}
+	_, err := b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() + interval '1 hour' WHERE tenant_id <> 'zz'`)
+	require.NoError(t, err)
+	r, err := reconciler.New(reconciler.Config{Store: b.store, Targets: b.targets, Connector: target.NewConnector(),
+		Deliverer: b.dispatcher, Logger: b.log, MeterProvider: noop.NewMeterProvider(),
+		Worker: "r1", PollInterval: 20 * time.Millisecond, Lease: 10 * time.Second, MaxTenants: 2})
+	require.NoError(t, err)
+	t.Cleanup(r.Stop)
+	require.NoError(t, r.Start(b.ctx))
+	b.waitState(t, ops[4], store.StateSucceeded)
+}
+
 // TestReplayInsideTheWindow: nothing arrived; a same-key replay inside the retention
 // window completes the intent with one effect.
 func TestReplayInsideTheWindow(t *testing.T) {

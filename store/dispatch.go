@@ -211,7 +211,7 @@ func walkOrder(state string) string {
 // an operation in state, after $1, in order, each numbered n. Whether a tenant has work
 // that is due, of the claim's types, is not asked here: a claim finds that in each
 // tenant's share (fairPick), and a claim that comes back short is followed by one that
-// starts after the walk's end (NextCursor).
+// starts after the walk's end (WalkEnd).
 func tenantWalk(state, next string) string {
 	return `
 		WITH RECURSIVE tenants (tenant_id, n) AS (
@@ -227,20 +227,22 @@ func tenantWalk(state, next string) string {
 		)`
 }
 
-// NextCursor returns where the next fair claim of operations in state (PREPARED or
-// UNKNOWN) starts after a claim of p that came back short: the last of the
-// p.MaxTenants tenants its walk went over, or "" (the first tenant) when fewer were
-// left after p.AfterTenant. Starting again from the first tenant instead, a claim
-// would never reach past the first MaxTenants tenants while those hold only work that
-// is not due (a later send time, a look backed off) or that is another target's.
-func (q Scope) NextCursor(ctx context.Context, state State, p FairClaim) (string, error) {
+// WalkEnd returns the last of the p.MaxTenants tenants that a fair claim of p, of
+// operations in state (PREPARED or UNKNOWN), walks over now, or "" when fewer are left
+// after p.AfterTenant. A claimer reads it just before a claim that may come back short,
+// and starts its next claim after it: starting again from the first tenant, it would
+// never reach past the first MaxTenants tenants while those hold only work that is not
+// due (a later send time, a look backed off) or that is another target's. It is read
+// before the claim, not after: a tenant whose work the claim takes drops out of the
+// walk, and a walk read after it would reach past tenants the claim never looked at.
+func (q Scope) WalkEnd(ctx context.Context, state State, p FairClaim) (string, error) {
 	var last string
 	err := q.queryRow(withIndexOrder(ctx), tenantWalk(string(state), walkOrder(string(state)))+`
 		SELECT tenant_id FROM tenants WHERE n = $2`, p.AfterTenant, p.MaxTenants).Scan(&last)
 	if err = translate(err); errors.Is(err, ErrNotFound) {
 		return "", nil
 	} else if err != nil {
-		return "", fmt.Errorf("store: next cursor: %w", err)
+		return "", fmt.Errorf("store: walk end: %w", err)
 	}
 	return last, nil
 }

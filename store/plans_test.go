@@ -343,6 +343,10 @@ func workload(t *testing.T, st *store.Store) {
 		claimed = append(claimed, c...)
 	}
 	require.Len(t, claimed, 320)
+	for range 6 { // where a claim's walk ends, read before a claim that may come back short
+		_, err := all.WalkEnd(ctx, store.StatePrepared, claimParams(40).FairClaim)
+		require.NoError(t, err)
+	}
 	for range 6 { // a target of two types: each type's share picked on its own, then merged
 		p := claimParams(10)
 		p.OperationTypes = []string{"demo.charge", "demo.notify"}
@@ -393,6 +397,8 @@ func workload(t *testing.T, st *store.Store) {
 		Lease: time.Minute, Limit: 100, PerTenant: 100, MaxTenants: 100})
 	require.NoError(t, err)
 	require.NotEmpty(t, unknown)
+	_, err = all.WalkEnd(ctx, store.StateUnknown, store.FairClaim{MaxTenants: 2})
+	require.NoError(t, err)
 	for i, u := range unknown {
 		look := store.Observation{ObservedAt: time.Now(), Source: "LOOKUP", Outcome: "NOT_FOUND"}
 		if i%2 == 0 {

@@ -230,20 +230,21 @@ func TestNoReplayAfterThePreconditionFailed(t *testing.T) {
 	}
 }
 
-// TestNextCursorGoesPastTheWalk: after a short claim, the next starts after the last
-// of the MaxTenants tenants the walk went over, or from the first when fewer were left.
-func TestNextCursorGoesPastTheWalk(t *testing.T) {
+// TestWalkEndIsTheLastTenantWalked: a claim's walk over the tenants ends at the last of
+// the MaxTenants tenants with work in its state after its cursor, or at none ("") when
+// fewer were left.
+func TestWalkEndIsTheLastTenantWalked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	for _, tenant := range []string{"t1", "t2", "t3"} {
 		unknownOp(t, b, tenant, "u-"+tenant)
 	}
 	for _, tc := range []struct{ after, want string }{{"", "t2"}, {"t1", "t3"}, {"t2", ""}, {"t3", ""}} {
-		got, err := b.all.NextCursor(b.ctx, store.StateUnknown, store.FairClaim{AfterTenant: tc.after, MaxTenants: 2})
+		got, err := b.all.WalkEnd(b.ctx, store.StateUnknown, store.FairClaim{AfterTenant: tc.after, MaxTenants: 2})
 		require.NoError(t, err)
 		require.Equal(t, tc.want, got, "after %q", tc.after)
 	}
-	got, err := b.all.NextCursor(b.ctx, store.StatePrepared, store.FairClaim{MaxTenants: 2})
+	got, err := b.all.WalkEnd(b.ctx, store.StatePrepared, store.FairClaim{MaxTenants: 2})
 	require.NoError(t, err)
 	require.Empty(t, got, "no tenant has PREPARED work")
 }
