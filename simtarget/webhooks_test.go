@@ -234,7 +234,7 @@ func TestWebhookSignature(t *testing.T) {
 
 	var sigErr *target.SignatureError
 	require.ErrorAs(t, b.contract.Verifier().Verify(d.header, append(bytes.Clone(d.body), ' '), time.Now()), &sigErr)
-	t.Setenv(env, "whsec_another")
+	t.Setenv(env, "whsec_another_secret")
 	require.ErrorAs(t, b.contract.Verifier().Verify(d.header, d.body, time.Now()), &sigErr)
 	require.Equal(t, "mismatch", sigErr.Reason)
 

@@ -104,7 +104,7 @@ func (c *Contract) Credentials() []Credential {
 		cred := Credential{Field: "evidence.webhook.signature.secret", Source: s.String(), State: CredentialPresent,
 			holds: "the webhook signing secret the target shows for this endpoint"}
 		secret, err := s.read()
-		if err == nil && sig.Scheme == SignatureStandardWebhooks {
+		if err == nil {
 			_, err = sig.hmacKey(secret) // there, but no key to verify with
 		}
 		if err != nil {

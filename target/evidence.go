@@ -292,6 +292,10 @@ func (v *Verifier) Verify(h http.Header, body []byte, now time.Time) error {
 }
 
 func (s *Signature) verify(h http.Header, body []byte, secret string, now time.Time) error {
+	key, err := s.hmacKey(secret)
+	if err != nil {
+		return err
+	}
 	switch s.Scheme {
 	case SignatureStripe:
 		header := h.Get("Stripe-Signature")
@@ -312,7 +316,7 @@ func (s *Signature) verify(h http.Header, body []byte, secret string, now time.T
 		if err := s.checkTimestamp(timestamp, now); err != nil {
 			return err
 		}
-		mac := sign([]byte(secret), timestamp, ".", string(body))
+		mac := sign(key, timestamp, ".", string(body))
 		return anyEqual(signatures, hex.EncodeToString(mac))
 	case SignatureStandardWebhooks:
 		id, timestamp, header := h.Get("webhook-id"), h.Get("webhook-timestamp"), h.Get("webhook-signature")
@@ -320,10 +324,6 @@ func (s *Signature) verify(h http.Header, body []byte, secret string, now time.T
 			return &SignatureError{"missing", "no webhook-id or webhook-signature header"}
 		}
 		if err := s.checkTimestamp(timestamp, now); err != nil {
-			return err
-		}
-		key, err := s.hmacKey(secret)
-		if err != nil {
 			return err
 		}
 		var signatures []string
@@ -343,7 +343,7 @@ func (s *Signature) verify(h http.Header, body []byte, secret string, now time.T
 		if !ok {
 			return &SignatureError{"malformed", fmt.Sprintf("%s does not begin with %q", s.Header, s.Prefix)}
 		}
-		return anyEqual([]string{value}, hex.EncodeToString(sign([]byte(secret), string(body))))
+		return anyEqual([]string{value}, hex.EncodeToString(sign(key, string(body))))
 	}
 }
 
@@ -364,19 +364,24 @@ func (s *Signature) checkTimestamp(timestamp string, now time.Time) error {
 	return nil
 }
 
-// minStandardKey is the fewest bytes a Standard Webhooks key may have (128 bits): a
-// shorter one, an empty one above all (whsec_ alone), would let anyone sign.
-const minStandardKey = 16
+// minKey is the fewest bytes a signing key may have (128 bits): a shorter one, above all
+// an empty one (a standard_webhooks secret of whsec_ alone) or a stripe secret of its
+// prefix alone, would let anyone sign.
+const minKey = 16
 
-// hmacKey returns the key a standard_webhooks signature is made with, from the secret
-// as read: the base64 after whsec_, of at least minStandardKey bytes.
+// hmacKey returns the key the scheme signs with, from the secret as read: for
+// standard_webhooks the base64 after whsec_, for the others the secret's bytes; at
+// least minKey bytes.
 func (s *Signature) hmacKey(secret string) ([]byte, error) {
-	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("webhook secret: %s does not hold whsec_ and base64", s.Secret)
-	case len(key) < minStandardKey:
-		return nil, fmt.Errorf("webhook secret: %s holds a key of %d bytes, fewer than %d", s.Secret, len(key), minStandardKey)
+	key := []byte(secret)
+	if s.Scheme == SignatureStandardWebhooks {
+		var err error
+		if key, err = base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_")); err != nil {
+			return nil, fmt.Errorf("webhook secret: %s does not hold whsec_ and base64", s.Secret)
+		}
+	}
+	if len(key) < minKey {
+		return nil, fmt.Errorf("webhook secret: %s holds a key of %d bytes, fewer than %d", s.Secret, len(key), minKey)
 	}
 	return key, nil
 }

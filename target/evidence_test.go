@@ -47,7 +47,7 @@ func TestWebhookSignatureSchemes(t *testing.T) {
 	body := []byte(`{"id":"evt_1","type":"charge.succeeded","data":{"object":{"id":"ch_1","reference":"k"}}}`)
 	ts := fmt.Sprint(now.Unix())
 
-	t.Setenv("TEST_WEBHOOK_SECRET", "whsec_test")
+	t.Setenv("TEST_WEBHOOK_SECRET", "whsec_test_0123456789")
 	stripe := webhookContract(t, target.Signature{Scheme: target.SignatureStripe,
 		Secret: target.Secret{Env: "TEST_WEBHOOK_SECRET"}, Documented: "https://docs.stripe.com/webhooks"}).Verifier()
 	stripeHeader := func(ts string, secret string, body []byte) http.Header {
@@ -55,22 +55,22 @@ func TestWebhookSignatureSchemes(t *testing.T) {
 		h.Set("Stripe-Signature", "t="+ts+",v1=0000,v1="+hmacHex(secret, ts+"."+string(body))+",v0=ignored")
 		return h
 	}
-	require.NoError(t, stripe.Verify(stripeHeader(ts, "whsec_test", body), body, now), "any v1 that matches passes")
+	require.NoError(t, stripe.Verify(stripeHeader(ts, "whsec_test_0123456789", body), body, now), "any v1 that matches passes")
 	for name, tc := range map[string]struct {
 		h      http.Header
 		body   []byte
 		reason string
 	}{
 		"wrong secret":  {stripeHeader(ts, "whsec_other", body), body, "mismatch"},
-		"changed body":  {stripeHeader(ts, "whsec_test", body), append([]byte(" "), body...), "mismatch"},
-		"old":           {stripeHeader(fmt.Sprint(now.Add(-6*time.Minute).Unix()), "whsec_test", body), body, "timestamp"},
-		"future":        {stripeHeader(fmt.Sprint(now.Add(6*time.Minute).Unix()), "whsec_test", body), body, "timestamp"},
-		"centuries on":  {stripeHeader("9000000000000000000", "whsec_test", body), body, "timestamp"},
-		"centuries ago": {stripeHeader("-9000000000000000000", "whsec_test", body), body, "timestamp"},
+		"changed body":  {stripeHeader(ts, "whsec_test_0123456789", body), append([]byte(" "), body...), "mismatch"},
+		"old":           {stripeHeader(fmt.Sprint(now.Add(-6*time.Minute).Unix()), "whsec_test_0123456789", body), body, "timestamp"},
+		"future":        {stripeHeader(fmt.Sprint(now.Add(6*time.Minute).Unix()), "whsec_test_0123456789", body), body, "timestamp"},
+		"centuries on":  {stripeHeader("9000000000000000000", "whsec_test_0123456789", body), body, "timestamp"},
+		"centuries ago": {stripeHeader("-9000000000000000000", "whsec_test_0123456789", body), body, "timestamp"},
 		"no header":     {http.Header{}, body, "missing"},
-		"no timestamp":  {http.Header{"Stripe-Signature": {"v1=" + hmacHex("whsec_test", "."+string(body))}}, body, "malformed"},
-		"no v1":         {http.Header{"Stripe-Signature": {"t=" + ts + ",v0=" + hmacHex("whsec_test", ts+"."+string(body))}}, body, "malformed"},
-		"not hex equal": {http.Header{"Stripe-Signature": {"t=" + ts + ",v1=" + strings.ToUpper(hmacHex("whsec_test", ts+"."+string(body)))}}, body, "mismatch"},
+		"no timestamp":  {http.Header{"Stripe-Signature": {"v1=" + hmacHex("whsec_test_0123456789", "."+string(body))}}, body, "malformed"},
+		"no v1":         {http.Header{"Stripe-Signature": {"t=" + ts + ",v0=" + hmacHex("whsec_test_0123456789", ts+"."+string(body))}}, body, "malformed"},
+		"not hex equal": {http.Header{"Stripe-Signature": {"t=" + ts + ",v1=" + strings.ToUpper(hmacHex("whsec_test_0123456789", ts+"."+string(body)))}}, body, "mismatch"},
 	} {
 		err := stripe.Verify(tc.h, tc.body, now)
 		var sigErr *target.SignatureError
@@ -104,17 +104,17 @@ func TestWebhookSignatureSchemes(t *testing.T) {
 
 	// A secret that cannot be read is the broker's failure, not the sender's.
 	t.Setenv("TEST_WEBHOOK_SECRET", "")
-	err := stripe.Verify(stripeHeader(ts, "whsec_test", body), body, now)
+	err := stripe.Verify(stripeHeader(ts, "whsec_test_0123456789", body), body, now)
 	var sigErr *target.SignatureError
 	require.Error(t, err)
 	require.False(t, errors.As(err, &sigErr), "an unreadable secret is not a bad signature: %v", err)
 }
 
-// TestAStandardWebhooksSecretMustHoldAKey: a standard_webhooks secret that holds no
-// usable key (whsec_ alone, whose empty key anyone can sign with; one too short; one
-// that is not base64) verifies nothing, and its credential is unreadable, so the broker
-// does not start with it.
-func TestAStandardWebhooksSecretMustHoldAKey(t *testing.T) { // not parallel: t.Setenv
+// TestAWebhookSecretMustHoldAKey: a secret that holds no usable key (for
+// standard_webhooks whsec_ alone, whose empty key anyone can sign with, one too short,
+// one that is not base64; for stripe its prefix alone) verifies nothing, and its
+// credential is unreadable, so the broker does not start with it.
+func TestAWebhookSecretMustHoldAKey(t *testing.T) { // not parallel: t.Setenv
 	body, now := []byte(`{"id":"evt_1"}`), time.Now()
 	ts := fmt.Sprint(now.Unix())
 	for secret, usable := range map[string]bool{
@@ -143,6 +143,16 @@ func TestAStandardWebhooksSecretMustHoldAKey(t *testing.T) { // not parallel: t.
 		require.False(t, errors.As(err, new(*target.SignatureError)), "%q: the broker's problem, not the sender's", secret)
 		require.Equal(t, target.CredentialUnreadable, creds[0].State, secret)
 	}
+	// The other schemes sign with the secret's bytes: its prefix alone is no key either.
+	t.Setenv("TEST_STRIPE_SECRET", "whsec_")
+	stripe := webhookContract(t, target.Signature{Scheme: target.SignatureStripe, Secret: target.Secret{Env: "TEST_STRIPE_SECRET"},
+		Documented: "x"})
+	mac := hmac.New(sha256.New, []byte("whsec_"))
+	mac.Write([]byte(ts + "." + string(body)))
+	err := stripe.Verifier().Verify(http.Header{"Stripe-Signature": {"t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))}}, body, now)
+	require.Error(t, err, "nothing verifies")
+	require.False(t, errors.As(err, new(*target.SignatureError)), "the broker's problem, not the sender's")
+	require.Equal(t, target.CredentialUnreadable, stripe.Credentials()[0].State)
 }
 
 // TestEvidenceRead: an event's fields are read by the contract's pointers; a type in no
