@@ -305,7 +305,6 @@ func (d *Dispatcher) undrain() {
 // queue is one target's claims that wait for a slot, and the pace of its sends.
 type queue struct {
 	cursor  string       // the tenant the next claim starts after
-	short   bool         // its last claim came back short: the next reads where its walk ends
 	drained bool         // its last claim found nothing: skipped until undrain
 	waiting atomic.Int64 // claimed, not yet started (or given up)
 	started atomic.Int64 // sends started (or given up) so far
@@ -378,14 +377,9 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			MaxTenants:     d.cfg.MaxTenantsPerClaim,
 			AfterTenant:    q.cursor,
 		}
-		// After a short claim, this one may be short too: where its walk ends is read
-		// first (WalkEnd), and the next claim starts after it rather than from the first
-		// tenant, which may hold only work that is not due yet.
-		var walkEnd string
-		var walkErr error
-		if q.short {
-			walkEnd, walkErr = d.cfg.Store.AllTenants().WalkEnd(claimCtx, store.StatePrepared, fair)
-		}
+		// Where this claim's walk over the tenants ends, read just before it: the next
+		// claim starts there if this one is short (store.CursorAfter).
+		walkEnd, walkErr := d.cfg.Store.AllTenants().WalkEnd(claimCtx, store.StatePrepared, fair)
 		ops, claimErr := d.cfg.Store.AllTenants().Claim(claimCtx, store.ClaimParams{
 			KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: fair})
 		cancelClaim()
@@ -395,15 +389,14 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			err = errors.Join(err, claimErr)
 			continue
 		}
-		q.short, q.drained = len(ops) < want, len(ops) == 0
-		if len(ops) == want {
-			full = true
-			q.cursor = ops[len(ops)-1].TenantID
-		} else {
-			q.cursor = walkEnd // "" (from the first tenant) when not read
-			if walkErr != nil {
-				err = errors.Join(err, fmt.Errorf("where a claim's walk over the tenants ends was not read; the next starts from the first tenant: %w", walkErr))
-			}
+		full, q.drained = full || len(ops) == want, len(ops) == 0
+		tenants := make([]string, len(ops))
+		for i, op := range ops {
+			tenants[i] = op.TenantID
+		}
+		q.cursor = store.CursorAfter(fair, walkEnd, tenants) // "" (the first tenant) when the end was not read
+		if walkErr != nil {
+			err = errors.Join(err, fmt.Errorf("where a claim's walk over the tenants ends was not read: %w", walkErr))
 		}
 		q.waiting.Add(int64(len(ops)))
 		for _, op := range ops {

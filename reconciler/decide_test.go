@@ -362,11 +362,11 @@ func TestWaitForEvents(t *testing.T) {
 	require.Equal(t, Escalate, Decide(unkeyed).Action)
 }
 
-// TestRetryAfterIsTheSendsAnswers: the wait a replay keeps is the Retry-After of the
-// send's answer, while that answer is the last observation; a look since has waited.
-func TestRetryAfterIsTheSendsAnswers(t *testing.T) {
+// TestRetryAfterIsTheLastSendsAnswers: the wait a replay keeps is the Retry-After of the
+// last send's answer, as its observation or a look's since carries it.
+func TestRetryAfterIsTheLastSendsAnswers(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, 2*time.Minute, retryAfterOf(&store.Observation{Source: "DISPATCH", Outcome: "SERVER_ERROR", RetryAfterSeconds: 120}))
-	require.Zero(t, retryAfterOf(&store.Observation{Source: "BROKER", Outcome: "NO_EVIDENCE", RetryAfterSeconds: 120}))
+	require.Equal(t, 2*time.Minute, retryAfterOf(&store.Observation{Source: "LOOKUP", Outcome: "NOT_FOUND", RetryAfterSeconds: 120}))
 	require.Zero(t, retryAfterOf(nil))
 }

@@ -123,7 +123,6 @@ type Reconciler struct {
 	tracer  trace.Tracer
 
 	cursor string // the tenant the next claim starts after; owned by the loop
-	short  bool   // the last claim came back short: the next reads where its walk ends; owned by the loop
 
 	startstop.Base
 }
@@ -202,24 +201,21 @@ func (r *Reconciler) claim(ctx context.Context, limit int) ([]store.UnknownClaim
 		OperationTypes: r.types, Worker: r.cfg.Worker, Lease: r.cfg.Lease,
 		Limit: limit, PerTenant: min(r.cfg.PerTenant, limit), MaxTenants: r.cfg.MaxTenants, AfterTenant: r.cursor,
 	}
-	// After a short claim, this one may be short too: where its walk ends is read first
-	// (WalkEnd), and the next claim starts after it rather than from the first tenant,
-	// which may hold only looks that are not due yet.
-	var walkEnd string
-	if r.short {
-		var err error
-		if walkEnd, err = r.cfg.Store.AllTenants().WalkEnd(ctx, store.StateUnknown, fair); err != nil && ctx.Err() == nil {
-			r.log.Warn("where a claim's walk over the tenants ends was not read; the next starts from the first tenant", "error", err)
-		}
+	// Where this claim's walk over the tenants ends, read just before it: the next claim
+	// starts there if this one is short (store.CursorAfter).
+	walkEnd, err := r.cfg.Store.AllTenants().WalkEnd(ctx, store.StateUnknown, fair)
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn("where a claim's walk over the tenants ends was not read", "error", err)
 	}
 	ops, err := r.cfg.Store.AllTenants().ClaimUnknown(ctx, fair)
 	if err != nil {
 		return nil, err
 	}
-	r.short, r.cursor = len(ops) < limit, walkEnd
-	if len(ops) == limit {
-		r.cursor = ops[len(ops)-1].TenantID
+	tenants := make([]string, len(ops))
+	for i, op := range ops {
+		tenants[i] = op.TenantID
 	}
+	r.cursor = store.CursorAfter(fair, walkEnd, tenants)
 	return ops, nil
 }
 
@@ -282,6 +278,8 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 	// waited.)
 	sinceClaim := r.cfg.Clock().Sub(asOf)
 	in.ResolutionLeft = r.cfg.ResolutionDeadline - (op.SinceFirstSend + sinceClaim)
+	// What this look records keeps the last send's Retry-After for the next look.
+	obs.RetryAfterSeconds = int64(in.RetryAfter / time.Second)
 	in.BusinessDeadlinePassed = op.DeadlineLeft != nil && *op.DeadlineLeft <= sinceClaim
 	// The key's window and scope are the ones fixed at its first send, not what the
 	// contract says now.
@@ -453,11 +451,11 @@ func (r *Reconciler) evidence(ctx context.Context, contract *target.Contract, op
 	return Evidence{Kind: NoEvidence}, obs
 }
 
-// retryAfterOf is the wait a send's answer asked for (its Retry-After), when the last
-// observation is that answer: a look since (the reconciler's own observation) has
-// waited for it already.
+// retryAfterOf is the wait the last send's answer asked for (its Retry-After), from the
+// last observation: that answer's, or a look's since, which keeps it (the wait is
+// measured from the last send, so it holds until the next send's answer replaces it).
 func retryAfterOf(last *store.Observation) time.Duration {
-	if last == nil || last.Source != "DISPATCH" {
+	if last == nil {
 		return 0
 	}
 	return time.Duration(last.RetryAfterSeconds) * time.Second

@@ -539,6 +539,29 @@ func (b *testBundle) answered(t *testing.T, op store.Operation, obs store.Observ
 	require.NoError(t, err)
 }
 
+// TestAReplayWaitsForTheTargetsRetryAfter: an answer that left the operation UNKNOWN
+// and asked for a wait (503 with Retry-After) holds the replay back that long after
+// the send, through the looks in between (here a lookup that finds nothing yet).
+func TestAReplayWaitsForTheTargetsRetryAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{})
+	op := b.prepare(t, simtarget.DemoCharge, "order-retry-after", `{"amount":100}`)
+	b.answered(t, op, store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "SERVER_ERROR", HTTPStatus: 503,
+		RetryAfterSeconds: 3})
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	got := b.waitState(t, op, store.StateSucceeded)
+	require.Equal(t, int32(1), got.Replays)
+	var replayedAfter time.Duration
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT r.created_at - u.created_at FROM operation_events u, operation_events r
+		WHERE u.operation_id = $1 AND r.operation_id = $1 AND u.to_state = 'UNKNOWN' AND u.from_state = 'IN_FLIGHT'
+		  AND r.reason = 'SAME_KEY_REPLAY'`, op.ID).Scan(&replayedAfter))
+	require.GreaterOrEqual(t, replayedAfter, 3*time.Second, "the replay waited for the Retry-After")
+	var looks int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operation_events WHERE operation_id = $1
+		AND from_state = 'UNKNOWN' AND to_state = 'UNKNOWN'`, op.ID).Scan(&looks))
+	require.Positive(t, looks, "it looked in between")
+}
+
 // TestReplayAfterProvenAbsence: on a provider that saves only successes, an attempt
 // that answered 503 without executing is replayed once a lookup made after the
 // visibility delay proves its absence, never sooner; the intent completes with one

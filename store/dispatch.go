@@ -8,6 +8,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -229,12 +230,10 @@ func tenantWalk(state, next string) string {
 
 // WalkEnd returns the last of the p.MaxTenants tenants that a fair claim of p, of
 // operations in state (PREPARED or UNKNOWN), walks over now, or "" when fewer are left
-// after p.AfterTenant. A claimer reads it just before a claim that may come back short,
-// and starts its next claim after it: starting again from the first tenant, it would
-// never reach past the first MaxTenants tenants while those hold only work that is not
-// due (a later send time, a look backed off) or that is another target's. It is read
-// before the claim, not after: a tenant whose work the claim takes drops out of the
-// walk, and a walk read after it would reach past tenants the claim never looked at.
+// after p.AfterTenant. A claimer reads it just before each claim, and gives it to
+// CursorAfter. It is read before the claim, not after: a tenant whose work the claim
+// takes drops out of the walk, and a walk read after it would reach past tenants the
+// claim never looked at.
 func (q Scope) WalkEnd(ctx context.Context, state State, p FairClaim) (string, error) {
 	var last string
 	err := q.queryRow(withIndexOrder(ctx), tenantWalk(string(state), walkOrder(string(state)))+`
@@ -245,6 +244,23 @@ func (q Scope) WalkEnd(ctx context.Context, state State, p FairClaim) (string, e
 		return "", fmt.Errorf("store: walk end: %w", err)
 	}
 	return last, nil
+}
+
+// CursorAfter returns where the fair claim after a claim of p starts: after the last
+// tenant it took from, when its first pass (the walk after p.AfterTenant) filled it;
+// otherwise after walkEnd, the end of that walk (WalkEnd, read just before the claim),
+// or from the first tenant ("") when the walk reached the last one. claimed are the
+// tenants of what the claim returned, in its order (rotate's second pass, from the first
+// tenant, after the first's). Starting again from the first tenant after a claim that
+// was short, or topped up from the first tenants, a claimer would never reach past
+// the first MaxTenants tenants while those hold only work that is not due (a later
+// send time, a look backed off) or another target's, or get new work all the time.
+func CursorAfter(p FairClaim, walkEnd string, claimed []string) string {
+	wrapped := p.AfterTenant != "" && slices.ContainsFunc(claimed, func(t string) bool { return t <= p.AfterTenant })
+	if len(claimed) >= p.Limit && !wrapped {
+		return claimed[len(claimed)-1]
+	}
+	return walkEnd
 }
 
 // pickedRows is the FROM and WHERE of an update of operations o that finds the rows a

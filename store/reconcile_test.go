@@ -249,6 +249,33 @@ func TestWalkEndIsTheLastTenantWalked(t *testing.T) {
 	require.Empty(t, got, "no tenant has PREPARED work")
 }
 
+// TestCursorAfter: the next fair claim starts after the last tenant a claim took from
+// only when its own walk filled it; after a short claim, or one topped up from the first
+// tenants (rotate), it starts after that walk's end, so that busy or idle first
+// tenants never hold the cursor.
+func TestCursorAfter(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		after, walkEnd string
+		limit          int
+		claimed        []string
+		want           string
+	}{
+		"full from its walk":                    {"a1", "a9", 2, []string{"a2", "a3"}, "a3"},
+		"full from the first tenant":            {"", "a2", 2, []string{"a1", "a2"}, "a2"},
+		"short":                                 {"", "a2", 3, []string{"a1"}, "a2"},
+		"empty":                                 {"a2", "a4", 3, nil, "a4"},
+		"short, the walk reached the last":      {"a2", "", 3, []string{"a3"}, ""},
+		"topped up from the first tenants":      {"a2", "a4", 1, []string{"a1"}, "a4"},
+		"its walk and the first tenants":        {"a2", "a4", 2, []string{"a3", "a1"}, "a4"},
+		"topped up, the walk reached the last":  {"a2", "", 2, []string{"a3", "a1"}, ""},
+		"the cursor's own tenant is a wrap too": {"a2", "a4", 1, []string{"a2"}, "a4"},
+	} {
+		got := store.CursorAfter(store.FairClaim{AfterTenant: tc.after, Limit: tc.limit}, tc.walkEnd, tc.claimed)
+		require.Equal(t, tc.want, got, name)
+	}
+}
+
 // TestNoFailureAfterAStaleVerifiedSuccess: once a worker that lost its fence received
 // the target's verified success, the ledger refuses to record the operation as failed
 // or to replay it, whatever a reconciler decided: it may have decided before that

@@ -153,6 +153,10 @@ func TestAWebhookSecretMustHoldAKey(t *testing.T) { // not parallel: t.Setenv
 	require.Error(t, err, "nothing verifies")
 	require.False(t, errors.As(err, new(*target.SignatureError)), "the broker's problem, not the sender's")
 	require.Equal(t, target.CredentialUnreadable, stripe.Credentials()[0].State)
+	t.Setenv("TEST_HUB_SHORT_SECRET", "fifteen bytes!!")
+	hub := webhookContract(t, target.Signature{Scheme: target.SignatureHMACHex, Header: "X-Hub-Signature-256", Prefix: "sha256=",
+		Secret: target.Secret{Env: "TEST_HUB_SHORT_SECRET"}, Documented: "x"})
+	require.Equal(t, target.CredentialUnreadable, hub.Credentials()[0].State, "a secret of 15 bytes")
 }
 
 // TestEvidenceRead: an event's fields are read by the contract's pointers; a type in no

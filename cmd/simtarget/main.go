@@ -5,7 +5,7 @@
 // read from the environment variable --webhook-secret-env names.
 //
 //	simtarget --addr 127.0.0.1:8081 --fault-rate commit_then_reset=0.1 --seed 7
-//	SIMTARGET_WEBHOOK_SECRET=whsec_demo simtarget --webhook-url http://127.0.0.1:8080/demo-payments --webhook-fault-rate duplicate=0.1
+//	SIMTARGET_WEBHOOK_SECRET=whsec_demo_0123456789 simtarget --webhook-url http://127.0.0.1:8080/demo-payments --webhook-fault-rate duplicate=0.1
 package main
 
 import (
