@@ -25,7 +25,6 @@ import (
 
 	"github.com/opbroker/opbroker/clocktest"
 	"github.com/opbroker/opbroker/dispatcher"
-	"github.com/opbroker/opbroker/payload"
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/storetest"
@@ -270,13 +269,9 @@ func TestTenantsPastTheWalkAreReached(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
 	later := time.Now().Add(time.Hour)
-	digest, err := payload.Hash("application/json", []byte(`{}`))
-	require.NoError(t, err)
 	for _, tenant := range []string{"a1", "a2", "a3", "a4"} {
-		_, _, err := b.store.AllTenants().Prepare(b.ctx, store.PrepareParams{TenantID: tenant, OperationType: simtarget.DemoCharge,
-			IntentRef: "scheduled", ContentType: "application/json", Payload: []byte(`{}`), PayloadSHA256: digest[:],
-			NotBefore: &later, Actor: "test"})
-		require.NoError(t, err)
+		storetest.PrepareJSONWith(t, b.store, tenant, simtarget.DemoCharge, "scheduled", `{}`,
+			func(p *store.PrepareParams) { p.NotBefore = &later })
 	}
 	due := b.prepare(t, "zz", simtarget.DemoCharge, "due", `{"n":1}`)
 	d := b.dispatcher(t, dispatcher.Config{MaxTenantsPerClaim: 2, PollInterval: 10 * time.Millisecond})
@@ -289,11 +284,8 @@ func TestDeadlinePassedBeforeSendFailsWithoutSending(t *testing.T) {
 	t.Parallel()
 	b := setup(t, simtarget.Config{})
 	deadline := time.Now().Add(time.Minute)
-	digest, err := payload.Hash("application/json", []byte(`{}`))
-	require.NoError(t, err)
-	op, _, err := b.store.AllTenants().Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: simtarget.DemoCharge, IntentRef: "late",
-		ContentType: "application/json", Payload: []byte(`{}`), PayloadSHA256: digest[:], DispatchDeadline: &deadline, Actor: "test"})
-	require.NoError(t, err)
+	op := storetest.PrepareJSONWith(t, b.store, "acme", simtarget.DemoCharge, "late", `{}`,
+		func(p *store.PrepareParams) { p.DispatchDeadline = &deadline })
 	require.NoError(t, b.sweeper(t).Sweep(b.ctx, time.Now().Add(2*time.Minute)))
 	got := b.get(t, op)
 	require.Equal(t, store.StateFailedTerminal, got.State)
@@ -745,13 +737,9 @@ func TestARefusedReplayIsUnknown(t *testing.T) {
 	b := setup(t, simtarget.Config{})
 	contract, ok := b.targets.ByName("demo-payments")
 	require.True(t, ok)
-	digest, err := payload.Hash("application/json", []byte(`{"amount":1}`))
-	require.NoError(t, err)
 	deadline := time.Now().Add(time.Minute)
-	late, _, err := b.store.AllTenants().Prepare(b.ctx, store.PrepareParams{TenantID: "acme", OperationType: simtarget.DemoCharge,
-		IntentRef: "late-replay", ContentType: "application/json", Payload: []byte(`{"amount":1}`), PayloadSHA256: digest[:],
-		DispatchDeadline: &deadline, Actor: "test"})
-	require.NoError(t, err)
+	late := storetest.PrepareJSONWith(t, b.store, "acme", simtarget.DemoCharge, "late-replay", `{"amount":1}`,
+		func(p *store.PrepareParams) { p.DispatchDeadline = &deadline })
 	replay, asOf := b.replayClaim(t, late)
 	clock := clocktest.New(0)
 	clock.Advance(2 * time.Minute) // the replay waited past the deadline
@@ -762,7 +750,7 @@ func TestARefusedReplayIsUnknown(t *testing.T) {
 	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, late)], "never sent")
 
 	corrupt := b.prepare(t, "acme", simtarget.DemoCharge, "corrupt-replay", `{"amount":1}`)
-	_, err = b.pool.Exec(b.ctx, `ALTER TABLE operations DISABLE TRIGGER operations_payload_guard;
+	_, err := b.pool.Exec(b.ctx, `ALTER TABLE operations DISABLE TRIGGER operations_payload_guard;
 		UPDATE operations SET payload = '{"amount":999}' WHERE operation_id = '`+corrupt.ID.String()+`';
 		ALTER TABLE operations ENABLE TRIGGER operations_payload_guard`)
 	require.NoError(t, err)

@@ -290,24 +290,11 @@ func TestEveryDocumentedReason(t *testing.T) {
 				Reason:     "not at the target", Evidence: "searched the dashboard"})
 			require.Equal(t, "ch_late", errorInfo(status.Convert(err)).GetMetadata()["remoteRef"], "the reference to resolve it with")
 
-			// An escalation whose target's event said it succeeded: the event's id too.
-			_, err = own.client.PrepareOperation(own.ctx, prepareRequest("acme", "confirmed by event", `{"amount":1}`))
-			require.NoError(t, err)
-			claimed, err = all.Claim(own.ctx, store.ClaimParams{FairClaim: store.FairClaim{OperationTypes: []string{simtarget.DemoCharge},
-				Worker: "test", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
-			require.NoError(t, err)
-			require.Len(t, claimed, 1)
-			_, err = all.SweepExpiredLeases(own.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 1})
-			require.NoError(t, err)
-			unknown, err := all.ClaimUnknown(own.ctx, store.FairClaim{OperationTypes: []string{simtarget.DemoCharge},
-				Worker: "test", Lease: time.Minute, Limit: 2, PerTenant: 2, MaxTenants: 1})
-			require.NoError(t, err)
-			i := slices.IndexFunc(unknown, func(u store.UnknownClaim) bool { return u.ID == claimed[0].ID })
-			require.NotEqual(t, -1, i)
-			escalated, err := all.ResolveUnknown(own.ctx, store.ResolveParams{TenantID: "acme", ID: unknown[i].ID, Fence: unknown[i].FenceToken,
-				State: store.StateEscalated, Escalation: &store.Escalation{Owner: "payments-oncall", Reason: "no lookup", EscalatedAt: time.Now()},
-				Observation: store.Observation{Source: "BROKER", Outcome: "ESCALATED"}, Actor: "test"})
-			require.NoError(t, err)
+			// An escalation whose target's event said it succeeded: the event's id too (on a
+			// test of its own: the operation above is still UNKNOWN).
+			own = setup(t)
+			all = own.store.AllTenants()
+			escalated := escalate(t, own, "acme", storetestPrepare(t, own, "acme"))
 			_, _, err = all.ReceiveEvidence(own.ctx, store.InboundEvidence{Target: "demo-payments", EventID: "evt_ok", Source: store.SourceWebhook,
 				EventType: "charge.succeeded", Meaning: "SUCCEEDED", Reference: "ref", ReferenceKind: "remote_ref", RemoteRef: "ch_event",
 				Body: []byte(`{}`)}, time.Hour, time.Minute)

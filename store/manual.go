@@ -223,7 +223,7 @@ func (q Scope) resolveManually(ctx context.Context, p ManualResolution, step man
 		case ok:
 			return Operation{}, &TargetConfirmedError{RemoteRef: confirmed}
 		}
-		switch ref, eventID, ok, err := q.ReportedSuccess(ctx, p.TenantID, p.ID); {
+		switch ref, eventID, ok, err := q.reportedSuccess(ctx, p.TenantID, p.ID); {
 		case err != nil:
 			return Operation{}, err
 		case ok:

@@ -279,26 +279,18 @@ func effectExists(tenant, id string) string {
 // FAILED_TERMINAL (to, an operation_state expression): none while the target has
 // confirmed an effect of the operation (tenant and id): a verified success of one of
 // its sends kept as a stale outcome (successKept), or an event of its saying it
-// succeeded, matched to the operation (successReported; on an ESCALATED operation such
+// succeeded, matched to the operation (evidenceSays; on an ESCALATED operation such
 // an event is recorded for the owner to judge). Each such write runs under
 // lockedForFailure, so that a success being kept meanwhile is seen.
 func noFailureAfterSuccess(to, tenant, id string) string {
 	return `(` + to + `::operation_state <> 'FAILED_TERMINAL' OR NOT (` + successKept(tenant, id) + ` OR ` +
-		successReported(tenant, id) + `))`
+		evidenceSays(tenant, id, "SUCCEEDED") + `))`
 }
 
-// successReported is the SQL condition that an event of the target's saying the
-// operation (tenant and id) succeeded was matched to it, through every check of the
-// matcher (applied, observed, or attached by a reviewer). ReportedSuccess finds the
-// same ones.
-func successReported(tenant, id string) string {
-	return evidenceSays(tenant, id, "SUCCEEDED")
-}
-
-// ReportedSuccess returns the target's reference (possibly "") and the event id of the
+// reportedSuccess returns the target's reference (possibly "") and the event id of the
 // latest event of the target's that said the operation succeeded and was matched to it
-// (successReported), if there is one.
-func (q Scope) ReportedSuccess(ctx context.Context, tenantID string, id uuid.UUID) (ref, eventID string, ok bool, err error) {
+// (evidenceMatched, as noFailureAfterSuccess finds it), if there is one.
+func (q Scope) reportedSuccess(ctx context.Context, tenantID string, id uuid.UUID) (ref, eventID string, ok bool, err error) {
 	err = q.queryRow(ctx, `SELECT coalesce(remote_ref, ''), event_id FROM inbound_evidence i
 		WHERE `+evidenceMatched("$1", "$2", "SUCCEEDED")+`
 		ORDER BY decided_at DESC LIMIT 1`, tenantID, id).Scan(&ref, &eventID)

@@ -3,7 +3,6 @@ package store_test
 import (
 	"context"
 	"errors"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/store"
+	"github.com/opbroker/opbroker/storetest"
 )
 
 // unknownOp prepares, claims and records an operation as UNKNOWN, as a timeout would.
@@ -23,16 +23,9 @@ func unknownOp(t *testing.T, b *testBundle, tenant, intent string) store.Operati
 // escalatedOp is unknownOp, then escalated by a reconciler to payments-oncall.
 func escalatedOp(t *testing.T, b *testBundle, tenant, intent string) store.Operation {
 	t.Helper()
-	op := unknownOp(t, b, tenant, intent)
-	claimed, err := b.all.ClaimUnknown(b.ctx, unknownParams())
-	require.NoError(t, err)
-	i := slices.IndexFunc(claimed, func(c store.UnknownClaim) bool { return c.ID == op.ID })
-	require.NotEqual(t, -1, i, "claimed")
-	escalated, err := b.all.ResolveUnknown(b.ctx, store.ResolveParams{TenantID: tenant, ID: op.ID, Fence: claimed[i].FenceToken,
-		State: store.StateEscalated, Escalation: &store.Escalation{Owner: "payments-oncall", Reason: "no lookup", EscalatedAt: time.Now()},
+	return storetest.ResolveUnknown(t, b.store, unknownOp(t, b, tenant, intent), store.ResolveParams{State: store.StateEscalated,
+		Escalation:  &store.Escalation{Owner: "payments-oncall", Reason: "no lookup", EscalatedAt: time.Now()},
 		Observation: store.Observation{Source: "BROKER", Outcome: "ESCALATED"}, Actor: "rec"})
-	require.NoError(t, err)
-	return escalated
 }
 
 // unknownAfter prepares and claims an operation, then records outcome (its state and

@@ -259,12 +259,21 @@ func NewStore(t testing.TB) (*store.Store, *pgxpool.Pool) {
 // PrepareJSON records an intent with a JSON payload, hashing it as the server would.
 func PrepareJSON(t testing.TB, st *store.Store, tenant, operationType, intent, body string) store.Operation {
 	t.Helper()
+	return PrepareJSONWith(t, st, tenant, operationType, intent, body, func(*store.PrepareParams) {})
+}
+
+// PrepareJSONWith is PrepareJSON with the parameters adjusted first (a send time, a
+// deadline).
+func PrepareJSONWith(t testing.TB, st *store.Store, tenant, operationType, intent, body string, adjust func(*store.PrepareParams)) store.Operation {
+	t.Helper()
 	digest, err := payload.Hash("application/json", []byte(body))
 	if err != nil {
 		t.Fatalf("storetest: %v", err)
 	}
-	op, _, err := st.Tenant(tenant).Prepare(context.Background(), store.PrepareParams{TenantID: tenant, OperationType: operationType,
-		IntentRef: intent, ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test"})
+	p := store.PrepareParams{TenantID: tenant, OperationType: operationType,
+		IntentRef: intent, ContentType: "application/json", Payload: []byte(body), PayloadSHA256: digest[:], Actor: "test"}
+	adjust(&p)
+	op, _, err := st.Tenant(tenant).Prepare(context.Background(), p)
 	if err != nil {
 		t.Fatalf("storetest: prepare: %v", err)
 	}

@@ -83,12 +83,7 @@ func TestWebhookSignatureSchemes(t *testing.T) {
 	t.Setenv("TEST_STANDARD_SECRET", "whsec_"+base64.StdEncoding.EncodeToString(key))
 	standard := webhookContract(t, target.Signature{Scheme: target.SignatureStandardWebhooks,
 		Secret: target.Secret{Env: "TEST_STANDARD_SECRET"}, Documented: "https://www.standardwebhooks.com/"}).Verifier()
-	mac := hmac.New(sha256.New, key)
-	mac.Write([]byte("msg_1." + ts + "." + string(body)))
-	h := http.Header{}
-	h.Set("webhook-id", "msg_1")
-	h.Set("webhook-timestamp", ts)
-	h.Set("webhook-signature", "v1,bm90IGl0 v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
+	h := standardSigned(key, "msg_1", ts, body, "v1,bm90IGl0")
 	require.NoError(t, standard.Verify(h, body, now))
 	h.Set("webhook-id", "msg_2")
 	require.Error(t, standard.Verify(h, body, now), "the id is signed")
@@ -125,13 +120,7 @@ func TestAWebhookSecretMustHoldAKey(t *testing.T) { // not parallel: t.Setenv
 		c := webhookContract(t, target.Signature{Scheme: target.SignatureStandardWebhooks,
 			Secret: target.Secret{Env: "TEST_STANDARD_SECRET"}, Documented: "https://www.standardwebhooks.com/"})
 		key, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
-		mac := hmac.New(sha256.New, key)
-		mac.Write([]byte("msg_1." + ts + "." + string(body)))
-		h := http.Header{}
-		h.Set("webhook-id", "msg_1")
-		h.Set("webhook-timestamp", ts)
-		h.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
-		err := c.Verifier().Verify(h, body, now)
+		err := c.Verifier().Verify(standardSigned(key, "msg_1", ts, body), body, now)
 		creds := c.Credentials()
 		require.Len(t, creds, 1)
 		if usable {
@@ -147,9 +136,7 @@ func TestAWebhookSecretMustHoldAKey(t *testing.T) { // not parallel: t.Setenv
 	t.Setenv("TEST_STRIPE_SECRET", "whsec_")
 	stripe := webhookContract(t, target.Signature{Scheme: target.SignatureStripe, Secret: target.Secret{Env: "TEST_STRIPE_SECRET"},
 		Documented: "x"})
-	mac := hmac.New(sha256.New, []byte("whsec_"))
-	mac.Write([]byte(ts + "." + string(body)))
-	err := stripe.Verifier().Verify(http.Header{"Stripe-Signature": {"t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))}}, body, now)
+	err := stripe.Verifier().Verify(http.Header{"Stripe-Signature": {"t=" + ts + ",v1=" + hmacHex("whsec_", ts+"."+string(body))}}, body, now)
 	require.Error(t, err, "nothing verifies")
 	require.False(t, errors.As(err, new(*target.SignatureError)), "the broker's problem, not the sender's")
 	require.Equal(t, target.CredentialUnreadable, stripe.Credentials()[0].State)
@@ -157,6 +144,18 @@ func TestAWebhookSecretMustHoldAKey(t *testing.T) { // not parallel: t.Setenv
 	hub := webhookContract(t, target.Signature{Scheme: target.SignatureHMACHex, Header: "X-Hub-Signature-256", Prefix: "sha256=",
 		Secret: target.Secret{Env: "TEST_HUB_SHORT_SECRET"}, Documented: "x"})
 	require.Equal(t, target.CredentialUnreadable, hub.Credentials()[0].State, "a secret of 15 bytes")
+}
+
+// standardSigned is a Standard Webhooks delivery's headers, signed with key over
+// id.ts.body; decoys are signatures put before the real one.
+func standardSigned(key []byte, id, ts string, body []byte, decoys ...string) http.Header {
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte(id + "." + ts + "." + string(body)))
+	h := http.Header{}
+	h.Set("webhook-id", id)
+	h.Set("webhook-timestamp", ts)
+	h.Set("webhook-signature", strings.Join(append(decoys, "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil))), " "))
+	return h
 }
 
 // TestEvidenceRead: an event's fields are read by the contract's pointers; a type in no
