@@ -381,7 +381,8 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 		// claim starts there if this one is short (store.CursorAfter).
 		walkEnd, walkErr := d.cfg.Store.AllTenants().WalkEnd(claimCtx, store.StatePrepared, fair)
 		ops, claimErr := d.cfg.Store.AllTenants().Claim(claimCtx, store.ClaimParams{
-			KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: fair})
+			KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), LookupScope: contract.LookupScope(),
+			FairClaim: fair})
 		cancelClaim()
 		span.SetAttributes(attribute.Int("opbroker.claim.claimed", len(ops)))
 		tracing.End(span, claimErr)

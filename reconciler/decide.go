@@ -81,6 +81,10 @@ type Input struct {
 	// is not the one the key was first sent in, so the key may not mean the same there.
 	KeyWindowLeft   time.Duration
 	KeyScopeChanged bool
+	// LookupScopeChanged: the contract's lookup (its method, URL or not-found statuses)
+	// is not the one the operation was first sent under, so a "not found" there proves
+	// nothing about the sends.
+	LookupScopeChanged bool
 	// VisibilityDelay is how long a write may take to become visible to lookups.
 	VisibilityDelay time.Duration
 	// AbsenceFinalAfter, if set, is how long after a send the target documents that the
@@ -234,13 +238,17 @@ func Decide(in Input) Decision {
 		if in.SinceLastSend < in.VisibilityDelay {
 			return in.waitOrEscalate(budgetSpent, in.VisibilityDelay-in.SinceLastSend, "not found, but the last send's write may not be visible yet")
 		}
-		// A lookup that finds nothing this late proves that no attempt took effect.
-		replayable, whyNot := in.replayable(in.Lookup)
+		// A lookup that finds nothing this late proves that no attempt took effect, if it
+		// asks where the operation was sent.
+		replayable, whyNot := in.replayable(in.Lookup && !in.LookupScopeChanged)
 		if in.absenceFinal(replayable) {
 			return Decision{Action: RecordFailure, Reason: "not found after the visibility delay, past the time the target documents a request can take effect, and no replay is possible"}
 		}
 		if replayable {
 			return in.replay("not found after the visibility delay; a same-key replay is safe inside the retention window")
+		}
+		if in.LookupScopeChanged {
+			whyNot = "the lookup changed since the operation was first sent, so its \"not found\" proves nothing; " + whyNot
 		}
 		return in.waitOrEscalate(budgetSpent, 0, "not found, and absence is not provably final: "+whyNot)
 	case LookupFailed:
@@ -356,11 +364,12 @@ func (in Input) mayExecuteAgain() bool { return in.MayHaveExecuted && !in.KeyCov
 // absenceFinal applies the conditions for turning "not found" into a failure: the
 // write of the last send would be visible, the target documents that a request sent
 // that long ago can no longer take effect, and no same-key replay is possible. Never
-// once the contract changed since the key was first sent: the lookup asks the contract
-// as it is now (another endpoint, account or credential), where the effect of a send
-// made under the old one need not be found.
+// once the contract changed since the key was first sent, or its lookup since the
+// operation was: the lookup asks the contract as it is now (another endpoint, account,
+// credential or lookup URL), where the effect of a send made under the old one need not
+// be found.
 func (in Input) absenceFinal(replayable bool) bool {
-	return in.Lookup && !in.KeyScopeChanged &&
+	return in.Lookup && !in.KeyScopeChanged && !in.LookupScopeChanged &&
 		in.SinceLastSend >= in.VisibilityDelay &&
 		in.AbsenceFinalAfter > 0 && in.SinceLastSend >= in.AbsenceFinalAfter &&
 		!replayable

@@ -107,6 +107,11 @@ func TestDecideTable(t *testing.T) {
 		}), Escalate},
 		"scope changed":         {with(func(in *Input) { in.Lookup = false; in.KeyScopeChanged = true }), Escalate},
 		"scope changed, lookup": {with(func(in *Input) { in.Evidence.Kind = NotFound; in.KeyScopeChanged = true }), Wait},
+		"lookup changed, not found long after the send": {with(func(in *Input) {
+			in.Evidence.Kind, in.LookupScopeChanged = NotFound, true
+			in.AbsenceFinalAfter = time.Hour
+			in.KeyWindowLeft, in.SinceLastSend = -time.Hour, 2*time.Hour
+		}), Wait},
 		"scope changed, not found long after the send": {with(func(in *Input) {
 			in.Evidence.Kind, in.KeyScopeChanged = NotFound, true
 			in.AbsenceFinalAfter = time.Hour
@@ -183,6 +188,10 @@ func TestDecideTable(t *testing.T) {
 			in.MayHaveExecuted = false
 		}), Replay},
 		"successes only: not found after the visibility delay": {withOnlySuccesses(func(in *Input) { in.Evidence.Kind = NotFound }), Replay},
+		// A lookup repointed since the send asks where the effect need not be.
+		"successes only: not found by a lookup that changed since the send": {withOnlySuccesses(func(in *Input) {
+			in.Evidence.Kind, in.LookupScopeChanged = NotFound, true
+		}), Wait},
 		"successes only: not found before the last send's write is visible": {withOnlySuccesses(func(in *Input) {
 			in.Evidence.Kind = NotFound
 			in.SinceLastSend = time.Second
@@ -268,16 +277,17 @@ func FuzzDecide(f *testing.F) {
 			Replay:   replay, Lookup: lookup, KeyCoversEveryAttempt: keyCovers,
 			// retention and since (from the first send) make the key's window; kind's top
 			// bit says the contract's key scope changed since, the next that the target is
-			// conditional (C), the next that a send was refused because the effect exists.
+			// conditional (C), the next that a send was refused because the effect exists,
+			// the next that the lookup changed since the first send.
 			KeyWindowLeft: time.Duration(retention) - time.Duration(since), KeyScopeChanged: kind&0x80 != 0,
-			Conditional: kind&0x40 != 0, EffectExists: kind&0x20 != 0,
+			Conditional: kind&0x40 != 0, EffectExists: kind&0x20 != 0, LookupScopeChanged: kind&0x10 != 0,
 			VisibilityDelay: time.Duration(visibility), AbsenceFinalAfter: time.Duration(absenceFinal),
 			MayHaveExecuted: mayHaveExecuted, SinceLastSend: time.Duration(sinceLast),
 			BusinessDeadlinePassed: deadlinePassed, ResolutionLeft: time.Duration(resolutionLeft),
 			Replays: replays, MaxReplays: maxReplays, Looks: looks, MaxLooks: maxLooks, AcceptedBefore: accepted, Jitter: jitter,
 			RetryAfter: time.Duration(retryAfter),
 		}
-		absenceProven := in.Evidence.Kind == NotFound && in.Lookup && in.SinceLastSend >= in.VisibilityDelay
+		absenceProven := in.Evidence.Kind == NotFound && in.Lookup && !in.LookupScopeChanged && in.SinceLastSend >= in.VisibilityDelay
 		d := Decide(in)
 		require.GreaterOrEqual(t, int(d.Action), int(RecordSuccess))
 		require.LessOrEqual(t, int(d.Action), int(Escalate))

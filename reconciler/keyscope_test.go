@@ -1,6 +1,7 @@
 package reconciler_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -79,4 +80,40 @@ func TestAKeyKeepsItsScope(t *testing.T) {
 			require.Zero(t, b.truth(t, op).Attempts)
 		})
 	}
+}
+
+// TestALookupRepointedSinceTheSendProvesNothing: the charge was made and its answer
+// lost (UNKNOWN), then the contract's lookup was repointed (another URL, as at another
+// account), where nothing is found. Past the time the contract says a request can take
+// effect, with the key's window closed, that "not found" would make the operation
+// FAILED_TERMINAL though the charge exists, and its client would make it again. The
+// ledger kept the lookup the operation was sent under, so the operation stays UNKNOWN
+// (to be escalated when the looks run out), saying why.
+func TestALookupRepointedSinceTheSendProvesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, simtarget.Config{}, func(c *target.Contract) {
+		if c.Lookup != nil && c.Idempotency != nil {
+			c.Lookup.VisibilityDelay = target.Duration(time.Millisecond)
+			c.Lookup.AbsenceFinalAfter = target.Duration(time.Millisecond)
+			c.Idempotency.Retention = target.Duration(time.Millisecond)
+		}
+	})
+	op := b.prepare(t, simtarget.DemoCharge, "sent-before-the-lookup-moved", fault(simtarget.FaultCommitThenReset))
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	b.waitState(t, op, store.StateUnknown)
+	b.dispatcher.Stop()
+
+	require.NoError(t, b.editedReconciler(t, func(c *target.Contract) {
+		moved := *c.Lookup
+		moved.URL = strings.Replace(moved.URL, "/v1/charges", "/v1/other-account/charges", 1)
+		c.Lookup = &moved
+	}).Start(b.ctx))
+	require.Eventually(t, func() bool { got := b.get(t, op); return got.Checks >= 2 || got.State != store.StateUnknown },
+		30*time.Second, 10*time.Millisecond)
+	got := b.get(t, op)
+	require.Equal(t, store.StateUnknown, got.State, "%s", got.LastObservation.Summary)
+	require.Equal(t, "NOT_FOUND", got.LastObservation.Outcome)
+	require.Contains(t, got.LastObservation.Summary, "the lookup changed since the operation was first sent")
+	require.Zero(t, got.Replays)
+	require.Equal(t, 1, b.truth(t, op).Effects)
 }

@@ -344,8 +344,7 @@ func TestNoReplayAfterAnAcceptedAnswerThatCameLate(t *testing.T) {
 	})
 	op := b.prepare(t, simtarget.DemoCharge, "late-202", `{"amount":100}`)
 	contract, _ := b.targets.ForType(op.OperationType)
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(),
-		FairClaim: store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, contract.Name, store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	swept, err := b.store.AllTenants().SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
@@ -390,7 +389,7 @@ func TestAVerifiedSuccessIsNeverFailedByALookup(t *testing.T) {
 	contract, _ := b.targets.ForType(op.OperationType)
 	// A key window that closes at once: no same-key replay is possible.
 	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{KeyRetention: time.Millisecond, KeyScope: contract.KeyScope(),
-		FairClaim: store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+		LookupScope: contract.LookupScope(), FairClaim: store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	_, err = b.store.AllTenants().SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
@@ -530,8 +529,7 @@ func (b *testBundle) answered(t *testing.T, op store.Operation, obs store.Observ
 	t.Helper()
 	contract, ok := b.targets.ForType(op.OperationType)
 	require.True(t, ok)
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(),
-		FairClaim: store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, contract.Name, store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: op.TenantID, ID: op.ID,

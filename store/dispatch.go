@@ -36,9 +36,12 @@ type Claimed struct {
 	// KeyWindowLeft is what was left of the idempotency key's retention window, fixed
 	// when the key was first sent (nil when none was: a target without a key, or an
 	// operation first sent before the window was recorded). KeyScope is the fingerprint
-	// of the scope the key was first sent in (target.Contract.KeyScope), or "".
+	// of the scope the key was first sent in (target.Contract.KeyScope), or "";
+	// LookupScope that of the lookup the operation was first sent under
+	// (target.Contract.LookupScope), or "" (none, or first sent before it was recorded).
 	KeyWindowLeft *time.Duration
 	KeyScope      string
+	LookupScope   string
 }
 
 // FairClaim selects what one claim takes, fairly across tenants: up to Limit operations
@@ -62,9 +65,12 @@ type ClaimParams struct {
 	FairClaim
 	// KeyRetention and KeyScope, for a target with an idempotency key, fix what the key
 	// means when an operation is first sent: its window ends KeyRetention later by the
-	// database's clock, and its scope's fingerprint is KeyScope. Later claims keep them.
+	// database's clock, and its scope's fingerprint is KeyScope. LookupScope, for a
+	// target with a lookup, fixes where a "not found" is proof of absence. Later claims
+	// keep them.
 	KeyRetention time.Duration
 	KeyScope     string
+	LookupScope  string
 }
 
 // NewWorkerName returns a name for a claimer of this process, as leases and attempts
@@ -316,7 +322,7 @@ const operationKey = `r.tenant_id = k.tenant_id AND r.operation_id = k.operation
 // payload and key, and the durations of Claimed, in microseconds.
 var claimedColumns = operationColumns + `, payload, ` +
 	micros("lease_expires_at - now()") + `, coalesce(` + micros("now() - first_sent_at") + `, 0), ` +
-	micros("dispatch_deadline - now()") + `, ` + micros("key_window_end - now()") + `, coalesce(key_scope, '')`
+	micros("dispatch_deadline - now()") + `, ` + micros("key_window_end - now()") + `, coalesce(key_scope, ''), coalesce(lookup_scope, '')`
 
 // micros returns the SQL of an interval expression in whole microseconds (NULL stays
 // NULL); interval is a constant of this package, never input.
@@ -345,7 +351,7 @@ func scanClaimed(row pgx.CollectableRow) (Claimed, error) {
 func scanClaimedInto(row pgx.CollectableRow, c *Claimed, extra ...any) error {
 	var leaseLeft, sinceFirst int64
 	var deadlineLeft, windowLeft *int64
-	dest := operationDest(&c.Operation, &c.Payload, &leaseLeft, &sinceFirst, &deadlineLeft, &windowLeft, &c.KeyScope)
+	dest := operationDest(&c.Operation, &c.Payload, &leaseLeft, &sinceFirst, &deadlineLeft, &windowLeft, &c.KeyScope, &c.LookupScope)
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return err
 	}
@@ -375,13 +381,14 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 				state = 'IN_FLIGHT', revision = o.revision + 1, fence_token = o.fence_token + 1,
 				attempt_count = o.attempt_count + 1, lease_owner = $6, lease_expires_at = now() + $7::interval,
 				first_sent_at = coalesce(o.first_sent_at, now()), next_check_at = NULL, updated_at = now(),
-				key_window_end = coalesce(o.key_window_end, now() + $8::interval), key_scope = coalesce(o.key_scope, $9)
+				key_window_end = coalesce(o.key_window_end, now() + $8::interval), key_scope = coalesce(o.key_scope, $9),
+				lookup_scope = CASE WHEN o.first_sent_at IS NULL THEN $10::text ELSE o.lookup_scope END
 			`+pickedRows("picked")+`
 			RETURNING o.*
 		), ev AS (`+eventsFrom("claimed", "'PREPARED'", "'dispatcher:' || $6", "NULL", "NULL")+`)
 		SELECT `+claimedColumns+` FROM claimed ORDER BY tenant_id, operation_id`,
 		p.AfterTenant, p.MaxTenants, p.OperationTypes, p.PerTenant, p.Limit, p.Worker, p.Lease,
-		nullIfZeroDuration(p.KeyRetention), nullIfEmpty(p.KeyScope))
+		nullIfZeroDuration(p.KeyRetention), nullIfEmpty(p.KeyScope), nullIfEmpty(p.LookupScope))
 	claimed, err := pgx.CollectRows(rows, scanClaimed) // no room made for Limit: between backlogs a claim asks for hundreds and gets a few
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", translate(err))

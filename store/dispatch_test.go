@@ -911,36 +911,40 @@ func TestNotExecutedGoesBackToPrepared(t *testing.T) {
 }
 
 // TestKeyWindowAndScopeAreFixedAtTheFirstSend: the first claim records the key's window
-// (by the database's clock) and its scope; a later claim with other values keeps them,
-// and nothing can change them.
+// (by the database's clock), its scope and the lookup's; a later claim with other
+// values keeps them, and nothing can change them.
 func TestKeyWindowAndScopeAreFixedAtTheFirstSend(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id := b.prepareN(t, "acme", 1)[0]
 	first := claimParams(1)
-	first.KeyRetention, first.KeyScope = time.Hour, "scope-1"
+	first.KeyRetention, first.KeyScope, first.LookupScope = time.Hour, "scope-1", "lookup-1"
 	claimed, err := b.all.Claim(b.ctx, first)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	require.NotNil(t, claimed[0].KeyWindowLeft)
 	require.InDelta(t, time.Hour, *claimed[0].KeyWindowLeft, float64(time.Minute))
 	require.Equal(t, "scope-1", claimed[0].KeyScope)
+	require.Equal(t, "lookup-1", claimed[0].LookupScope)
 
 	// Answered as not executed, then claimed again under an edited contract.
 	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
 		State: store.StatePrepared, NotExecuted: true, Actor: "test", Observation: store.Observation{Outcome: "NOT_EXECUTED"}})
 	require.NoError(t, err)
 	again := claimParams(1)
-	again.KeyRetention, again.KeyScope = 48*time.Hour, "scope-2"
+	again.KeyRetention, again.KeyScope, again.LookupScope = 48*time.Hour, "scope-2", "lookup-2"
 	claimed, err = b.all.Claim(b.ctx, again)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	require.Less(t, *claimed[0].KeyWindowLeft, time.Hour, "the first send's window")
 	require.Equal(t, "scope-1", claimed[0].KeyScope, "and its scope")
+	require.Equal(t, "lookup-1", claimed[0].LookupScope, "and its lookup's")
 
 	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET key_scope = 'scope-3' WHERE operation_id = $1`, id)
 	require.ErrorContains(t, err, "immutable column changed")
 	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET key_window_end = key_window_end + interval '1 day' WHERE operation_id = $1`, id)
+	require.ErrorContains(t, err, "immutable column changed")
+	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET lookup_scope = 'lookup-3' WHERE operation_id = $1`, id)
 	require.ErrorContains(t, err, "immutable column changed")
 }
 

@@ -20,9 +20,9 @@ import (
 // schema's checks ask of some state, so that an update's state is judged by the guard.
 const anyStateOperation = `INSERT INTO operations (tenant_id, operation_id, operation_type, intent_ref, content_type,
 		payload, payload_sha256, state, revision, fence_token, attempt_count, not_executed, remote_ref, first_sent_at,
-		key_window_end, key_scope, escalation, lease_owner, lease_expires_at)
+		key_window_end, key_scope, lookup_scope, escalation, lease_owner, lease_expires_at)
 	VALUES ('acme', gen_random_uuid(), 'demo.charge', $1, 'application/json', '{}', sha256('{}'), $2::operation_state,
-		5, 2, 2, 2, 'r', now(), now() + interval '1 day', 'scope', '{"owner": "o", "reason": "r"}',
+		5, 2, 2, 2, 'r', now(), now() + interval '1 day', 'scope', 'lookup', '{"owner": "o", "reason": "r"}',
 		CASE WHEN $2::operation_state = 'IN_FLIGHT' THEN 'w' END,
 		CASE WHEN $2::operation_state = 'IN_FLIGHT' THEN now() + interval '1 minute' END)
 	RETURNING operation_id`
@@ -75,7 +75,7 @@ func TestGuardRefusesEachChange(t *testing.T) {
 		"key_scope = 'other'", "payload = 'other'", "fence_token = fence_token - 1", "revision = revision - 1",
 		"attempt_count = attempt_count - 1", "not_executed = not_executed - 1",
 		"state = 'ESCALATED'", "state = 'ESCALATED', revision = revision + 2",
-		"first_sent_at = NULL", "key_window_end = NULL", "key_scope = NULL",
+		"first_sent_at = NULL", "key_window_end = NULL", "key_scope = NULL", "lookup_scope = 'other'", "lookup_scope = NULL",
 		// A move into IN_FLIGHT takes the next fence and counts one attempt more.
 		"state = 'IN_FLIGHT', revision = revision + 1, fence_token = fence_token + 2, attempt_count = attempt_count + 1",
 		"state = 'IN_FLIGHT', revision = revision + 1, fence_token = fence_token + 1",

@@ -226,6 +226,20 @@ END;
 $$;
 
 --
+-- Name: operations_guard_lookup_scope(); Type: FUNCTION; Schema: opbroker; Owner: -
+--
+
+CREATE FUNCTION opbroker.operations_guard_lookup_scope() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'opbroker', 'pg_temp'
+    AS $$
+BEGIN
+  RAISE EXCEPTION 'operation %: immutable column changed', OLD.operation_id
+    USING ERRCODE = 'integrity_constraint_violation';
+END;
+$$;
+
+--
 -- Name: operations_have_keys(); Type: FUNCTION; Schema: opbroker; Owner: -
 --
 
@@ -433,6 +447,7 @@ CREATE TABLE opbroker.operations (
     key_scope text,
     not_before timestamp with time zone,
     trace_parent text,
+    lookup_scope text,
     CONSTRAINT operations_counters CHECK (((revision >= 1) AND (fence_token >= 0) AND (attempt_count >= 0))),
     CONSTRAINT operations_deadline_after_not_before CHECK (((dispatch_deadline IS NULL) OR (not_before IS NULL) OR (dispatch_deadline > not_before))),
     CONSTRAINT operations_escalated_has_owner CHECK (((state <> 'ESCALATED'::opbroker.operation_state) OR COALESCE(((escalation ? 'owner'::text) AND (escalation ? 'reason'::text)), false))),
@@ -686,6 +701,12 @@ CREATE TRIGGER operations_guard BEFORE UPDATE ON opbroker.operations FOR EACH RO
             WHEN ((old.state = 'IN_FLIGHT'::opbroker.operation_state) AND (new.state <> 'IN_FLIGHT'::opbroker.operation_state)) THEN 1
             ELSE 0
         END)) OR ((new.state = 'IN_FLIGHT'::opbroker.operation_state) AND (old.state <> 'IN_FLIGHT'::opbroker.operation_state) AND ((new.fence_token <> (old.fence_token + 1)) OR (new.attempt_count <> (old.attempt_count + 1)))) OR ((new.state <> old.state) AND ((new.revision <> (old.revision + 1)) OR ((((((((((((((((old.state <> 'PREPARED'::opbroker.operation_state) OR (new.state <> 'IN_FLIGHT'::opbroker.operation_state)) AND ((old.state <> 'PREPARED'::opbroker.operation_state) OR (new.state <> 'CANCELLED'::opbroker.operation_state))) AND ((old.state <> 'PREPARED'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'SUCCEEDED'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'UNKNOWN'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'PREPARED'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'IN_FLIGHT'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'SUCCEEDED'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'ESCALATED'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'UNKNOWN'::opbroker.operation_state))) AND ((old.state <> 'ESCALATED'::opbroker.operation_state) OR (new.state <> 'SUCCEEDED'::opbroker.operation_state))) AND ((old.state <> 'ESCALATED'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'ESCALATED'::opbroker.operation_state) OR (new.state <> 'ESCALATED'::opbroker.operation_state))))))) EXECUTE FUNCTION opbroker.operations_guard();
+
+--
+-- Name: operations operations_guard_lookup_scope; Type: TRIGGER; Schema: opbroker; Owner: -
+--
+
+CREATE TRIGGER operations_guard_lookup_scope BEFORE UPDATE ON opbroker.operations FOR EACH ROW WHEN (((new.lookup_scope IS DISTINCT FROM old.lookup_scope) AND (old.lookup_scope IS NOT NULL))) EXECUTE FUNCTION opbroker.operations_guard_lookup_scope();
 
 --
 -- Name: operations operations_have_keys; Type: TRIGGER; Schema: opbroker; Owner: -

@@ -195,6 +195,21 @@ func (c *Contract) KeyScope() string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// LookupScope fingerprints where the lookup asks for an operation's effect and what it
+// takes as "not found": its method, its URL and its not-found statuses (its headers and
+// credential are the endpoint's, in KeyScope). The ledger keeps the fingerprint of an
+// operation's first send; a "not found" proves absence only while the contract still
+// has it. "" for a target without a lookup.
+func (c *Contract) LookupScope() string {
+	l := c.Lookup
+	if l == nil {
+		return ""
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "target %q\nlookup %q %q\nnot found %v\n", c.Name, l.Method, l.URL, slices.Compact(slices.Sorted(slices.Values(l.NotFound))))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
 // Lookup finds an effect by the operation's remote key (capability B).
 type Lookup struct {
 	Method string `yaml:"method"`

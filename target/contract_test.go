@@ -2,6 +2,7 @@ package target_test
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -196,4 +197,39 @@ func TestFailureSettlesAfter(t *testing.T) {
 	} {
 		require.Equal(t, c.want, (&target.Contract{Lookup: c.lookup}).FailureSettlesAfter())
 	}
+}
+
+// TestLookupScopeIsWhereALookupAsks: the lookup's fingerprint changes with where it
+// asks and what it takes as "not found", and with nothing else of it.
+func TestLookupScopeIsWhereALookupAsks(t *testing.T) {
+	t.Parallel()
+	targets, err := target.LoadFile("testdata/targets.yaml")
+	require.NoError(t, err)
+	payments, ok := targets.ByName("acme-payments")
+	require.True(t, ok)
+	scope := payments.LookupScope()
+	require.NotEmpty(t, scope)
+	edited := func(edit func(*target.Lookup)) string {
+		copied, lookup := *payments, *payments.Lookup
+		lookup.NotFound = slices.Clone(lookup.NotFound)
+		edit(&lookup)
+		copied.Lookup = &lookup
+		return copied.LookupScope()
+	}
+	for name, edit := range map[string]func(*target.Lookup){
+		"another URL":       func(l *target.Lookup) { l.URL = strings.Replace(l.URL, "/v1/", "/v2/", 1) },
+		"another method":    func(l *target.Lookup) { l.Method = "POST" },
+		"another not found": func(l *target.Lookup) { l.NotFound = append(l.NotFound, 410) },
+	} {
+		require.NotEqual(t, scope, edited(edit), name)
+	}
+	require.Equal(t, scope, edited(func(l *target.Lookup) {
+		l.VisibilityDelay, l.AbsenceFinalAfter = target.Duration(time.Minute), target.Duration(time.Hour)
+		l.Match = nil
+	}), "what a found object must carry is not where the lookup asks")
+	require.Equal(t, scope, edited(func(l *target.Lookup) { l.NotFound = []int{404, 404} }), "the statuses as a set")
+
+	mailer, ok := targets.ByName("acme-mailer")
+	require.True(t, ok)
+	require.Empty(t, mailer.LookupScope(), "no lookup, no scope")
 }

@@ -38,10 +38,12 @@ func Demo(t testing.TB, cfg simtarget.Config, adjust ...func(*target.Contract)) 
 }
 
 // Claim returns the parameters of a claim for the named target's operations, as the
-// dispatcher asks for them: with the key's retention and scope fixed at the first send.
+// dispatcher asks for them: with the key's retention and scope, and the lookup's scope,
+// fixed at the first send.
 func Claim(t testing.TB, targets *target.Targets, name string, fair store.FairClaim) store.ClaimParams {
 	t.Helper()
 	contract, ok := targets.ByName(name)
 	require.True(t, ok, "no target %q", name)
-	return store.ClaimParams{KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), FairClaim: fair}
+	return store.ClaimParams{KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(),
+		LookupScope: contract.LookupScope(), FairClaim: fair}
 }
