@@ -358,7 +358,7 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			continue
 		}
 		want := d.claimable(contract, q)
-		if want <= 0 || d.awaitingCredential(contract) {
+		if want <= 0 || d.AwaitingCredential(contract) {
 			continue
 		}
 		asOf := d.cfg.Clock()
@@ -456,10 +456,10 @@ type refusal struct {
 // side (a key re-enabled, a permission granted).
 const credentialRecheck = 5 * time.Minute
 
-// awaitingCredential reports whether the target refused the credential it still has:
+// AwaitingCredential reports whether the target refused the credential it still has:
 // its operations wait, rather than hammer it, until the credential changes or
-// credentialRecheck passes.
-func (d *Dispatcher) awaitingCredential(contract *target.Contract) bool {
+// credentialRecheck passes. A reconciler's same-key replays wait too.
+func (d *Dispatcher) AwaitingCredential(contract *target.Contract) bool {
 	d.refusedMu.Lock()
 	defer d.refusedMu.Unlock()
 	r, ok := d.refused[contract.Name]

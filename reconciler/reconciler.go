@@ -31,10 +31,12 @@ type Looker interface {
 // Deliverer sends a claim once and records its outcome (the dispatcher does); asOf is
 // a reading of the shared Clock taken before the claim was asked for. Its Limiter holds
 // the targets' concurrency slots, which the reconciler's lookups and replays share with
-// the dispatcher's sends.
+// the dispatcher's sends. AwaitingCredential reports that the target refused the
+// credential the broker still has, so that nothing is sent to it for now.
 type Deliverer interface {
 	Deliver(contract *target.Contract, op store.Claimed, asOf time.Time)
 	Limiter() *target.Limiter
+	AwaitingCredential(contract *target.Contract) bool
 }
 
 // Config configures a reconciler. Zero values take the defaults noted.
@@ -310,19 +312,24 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 		// Sending again: Decide allowed it only where no earlier attempt can execute
 		// again (the key covers every attempt, none was sent, or a lookup proved
 		// absence); the dispatcher checks the lease and the key's window at the send.
-		err = r.replay(ctx, waitCtx, contract, op)
-		if errors.Is(err, errNoSlot) {
+		heldUp := ""
+		if r.cfg.Deliverer.AwaitingCredential(contract) {
+			// Sent now, the replay would be refused like the dispatcher's sends, and
+			// spend the replay budget while the credential is being fixed.
+			heldUp = "a replay was decided, but the target refused the broker's credential, and nothing is sent to it until the credential changes"
+		} else if err = r.replay(ctx, waitCtx, contract, op); errors.Is(err, errNoSlot) {
+			heldUp = "a replay was decided, but no slot of the target's came free in time"
+		}
+		if heldUp != "" {
 			// Recorded as a look, so that what held it up is on the operation and it is
 			// decided again after a wait, rather than claimed again when the lease ends;
 			// escalated once the looks or the time to resolve it are spent, since the
-			// same replay may be decided at every claim while the target's slots stay
-			// taken.
-			const noSlot = "a replay was decided, but no slot of the target's came free in time"
+			// same replay may be decided at every claim while it stays held up.
 			if in.BudgetSpent() {
-				r.escalate(ctx, log, op, contract, noSlot+", and the budget for looking is spent: "+d.Reason)
+				r.escalate(ctx, log, op, contract, heldUp+", and the budget for looking is spent: "+d.Reason)
 				return
 			}
-			obs.Summary = noSlot + ": " + d.Reason
+			obs.Summary = heldUp + ": " + d.Reason
 			err = r.check(ctx, op, obs, in.backoff(in.Looks, 0), in.AcceptedBefore)
 		}
 	case Wait:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -662,4 +664,40 @@ func TestTwoReconcilersRace(t *testing.T) {
 	var resolutions int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM operation_events WHERE from_state = 'UNKNOWN' AND to_state = 'SUCCEEDED'`).Scan(&resolutions))
 	require.Equal(t, len(ops), resolutions, "each resolved exactly once")
+}
+
+// TestAReplayWaitsForARefusedCredential: while the target refuses the broker's
+// credential the dispatcher sends nothing to it, and neither does a reconciler. A
+// replay it decides (here after a lookup that failed on the same credential) is
+// recorded as a look, not sent, and the replay budget is kept; once the credential
+// changes, the replay goes and the intent completes with one effect.
+func TestAReplayWaitsForARefusedCredential(t *testing.T) {
+	t.Parallel()
+	secret := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(secret, []byte("old-token"), 0o600))
+	b := setup(t, simtarget.Config{Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: secret}},
+		Credential: "old-token"})
+	op := b.prepare(t, simtarget.DemoCharge, "unknown-while-refused", `{"amount":100}`)
+	b.answered(t, op, store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "TIMEOUT"})
+	b.sim.SetCredential("rotated-token") // the vendor revoked the old one
+	refused := b.prepare(t, simtarget.DemoCharge, "refused", `{"amount":5}`)
+	require.NoError(t, b.dispatcher.Start(b.ctx))
+	require.Eventually(t, func() bool {
+		obs := b.get(t, refused).LastObservation
+		return obs != nil && obs.Outcome == "CREDENTIAL_REFUSED"
+	},
+		10*time.Second, 10*time.Millisecond)
+
+	require.NoError(t, b.reconciler(t, "r1").Start(b.ctx))
+	require.Eventually(t, func() bool { return b.get(t, op).Checks >= 2 }, 30*time.Second, 10*time.Millisecond)
+	got := b.get(t, op)
+	require.Equal(t, store.StateUnknown, got.State)
+	require.Zero(t, got.Replays, "no replay while the target refuses the credential")
+	require.Contains(t, got.LastObservation.Summary, "refused the broker's credential")
+	require.Zero(t, b.truth(t, op).Attempts)
+
+	require.NoError(t, os.WriteFile(secret, []byte("rotated-token"), 0o600))
+	got = b.waitState(t, op, store.StateSucceeded)
+	require.Equal(t, int32(1), got.Replays)
+	require.Equal(t, 1, b.truth(t, op).Effects)
 }
