@@ -276,17 +276,22 @@ func Decide(in Input) Decision {
 // and a backoff that doubles with each replay so far have passed since the last send;
 // until then it waits, so that a target answering 503 or 429 is not sent the replay
 // budget within a second. With the look budget or the resolution deadline spent
-// (BudgetSpent), when no wait may follow, it replays at once, as before.
+// (BudgetSpent), when no wait may follow, it escalates instead.
 func (in Input) replay(reason string) Decision {
 	wait := in.RetryAfter
 	if in.Replays > 0 {
 		wait = max(wait, in.backoff(in.Replays, 0))
 	}
-	if in.SinceLastSend < wait && !in.BudgetSpent() {
-		return Decision{Action: Wait, After: min(wait-in.SinceLastSend, in.ResolutionLeft),
-			Reason: reason + "; it waits first for the target's Retry-After, or a backoff after the replays so far"}
+	const waits = "; it waits first for the target's Retry-After, or a backoff after the replays so far"
+	switch {
+	case in.SinceLastSend >= wait:
+		return Decision{Action: Replay, Reason: reason}
+	case in.BudgetSpent():
+		// Sent now, it would hammer a target that asked for time; sent later, it would
+		// be sent after the budget: an owner decides.
+		return Decision{Action: Escalate, Reason: reason + waits + ", and the budget for looking is spent"}
 	}
-	return Decision{Action: Replay, Reason: reason}
+	return Decision{Action: Wait, After: min(wait-in.SinceLastSend, in.ResolutionLeft), Reason: reason + waits}
 }
 
 // BudgetSpent reports whether the operation has used up its looks or its time to be

@@ -101,6 +101,16 @@ func TestDecideTable(t *testing.T) {
 		"lookup failed, the target asked to wait": {with(func(in *Input) {
 			in.Evidence.Kind, in.RetryAfter, in.SinceLastSend = LookupFailed, time.Minute, time.Second
 		}), Wait},
+		// Not sent at once instead, nor again at every claim while the replays last.
+		"lookup failed, the target asked to wait, looks spent": {with(func(in *Input) {
+			in.Evidence.Kind, in.RetryAfter, in.SinceLastSend, in.Looks = LookupFailed, time.Minute, time.Second, 20
+		}), Escalate},
+		"lookup failed, just replayed, looks spent": {with(func(in *Input) {
+			in.Evidence.Kind, in.Replays, in.SinceLastSend, in.Looks = LookupFailed, 1, 100*time.Millisecond, 20
+		}), Escalate},
+		"lookup failed, looks spent, nothing to wait for": {with(func(in *Input) {
+			in.Evidence.Kind, in.Looks = LookupFailed, 20
+		}), Replay},
 		"key in use, replay budget spent": {with(func(in *Input) { in.Evidence.Kind, in.Lookup, in.Replays = KeyInUse, false, 3 }), Escalate},
 		"key in use, key saves only successes": {with(func(in *Input) {
 			in.Evidence.Kind, in.Lookup, in.KeyCoversEveryAttempt = KeyInUse, false, false
@@ -294,7 +304,8 @@ func FuzzDecide(f *testing.F) {
 		require.NotEmpty(t, d.Reason)
 		switch d.Action {
 		case Replay:
-			require.True(t, in.BudgetSpent() || in.SinceLastSend >= in.RetryAfter, "never before the target's Retry-After, while it may wait")
+			require.GreaterOrEqual(t, in.SinceLastSend, in.RetryAfter, "never before the target's Retry-After")
+			require.True(t, in.Replays <= 0 || in.SinceLastSend >= minWait, "never back to back")
 			require.True(t, in.Replay || in.Conditional, "never replay without a key or a precondition")
 			require.True(t, in.Conditional || in.KeyWindowLeft > 0, "never replay outside the window the key was first sent with")
 			require.NotEqual(t, Exists, in.Evidence.Kind, "never send again what the target says exists")
