@@ -585,7 +585,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	// A replay is safe only while the target still knows the key, and the key still
 	// means what it meant when it was first sent: the reconciler decided inside the
 	// window, but the send happens now, and a target that has forgotten the key executes
-	// it again. The window and the scope are the ones the ledger fixed at the first send,
+	// it again. The window and the scope are the ones the ledger recorded for the sends,
 	// not what the contract says now.
 	// A conditional target's precondition protects a resend whatever the key's window.
 	if mayHaveExecuted(op) && (contract.Idempotency != nil || contract.Conditional != nil) {

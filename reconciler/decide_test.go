@@ -276,6 +276,12 @@ func FuzzDecide(f *testing.F) {
 		true, true, int64(time.Second), int64(2*time.Minute))
 	f.Add(uint8(LookupFailed), "", false, true, true, int64(time.Hour), int64(time.Second), int64(0), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5,
 		false, true, int64(time.Millisecond), int64(0))
+	// A lookup that changed since the send: its "not found" neither allows a replay of a
+	// key that saves only successes nor becomes a failure.
+	f.Add(uint8(NotFound)|0x10, "", false, true, true, int64(time.Hour), int64(time.Second), int64(0), int64(time.Minute), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5,
+		false, true, int64(time.Minute), int64(0))
+	f.Add(uint8(NotFound)|0x10, "", false, false, true, int64(0), int64(time.Second), int64(time.Hour), int64(2*time.Hour), false, int64(time.Hour), 0, 3, 0, 10, false, 0.5,
+		false, true, int64(2*time.Hour), int64(0))
 	f.Fuzz(func(t *testing.T, kind uint8, ref string, matches, replay, lookup bool, retention, visibility, absenceFinal, since int64,
 		deadlinePassed bool, resolutionLeft int64, replays, maxReplays, looks, maxLooks int, accepted bool, jitter float64,
 		keyCovers, mayHaveExecuted bool, sinceLast, retryAfter int64) {

@@ -283,8 +283,8 @@ func (r *Reconciler) reconcile(ctx context.Context, op store.UnknownClaim, asOf 
 	// What this look records keeps the last send's Retry-After for the next look.
 	obs.RetryAfterSeconds = int64(in.RetryAfter / time.Second)
 	in.BusinessDeadlinePassed = op.DeadlineLeft != nil && *op.DeadlineLeft <= sinceClaim
-	// The key's window and scope, and the lookup's scope, are the ones fixed at the
-	// first send, not what the contract says now.
+	// The key's window and scope, and the lookup's scope, are the ones the ledger
+	// recorded for the sends, not what the contract says now.
 	if op.KeyWindowLeft != nil {
 		in.KeyWindowLeft = *op.KeyWindowLeft - sinceClaim
 	}

@@ -36,9 +36,9 @@ type Claimed struct {
 	// KeyWindowLeft is what was left of the idempotency key's retention window, fixed
 	// when the key was first sent (nil when none was: a target without a key, or an
 	// operation first sent before the window was recorded). KeyScope is the fingerprint
-	// of the scope the key was first sent in (target.Contract.KeyScope), or "";
-	// LookupScope that of the lookup the operation was first sent under
-	// (target.Contract.LookupScope), or "" (none, or first sent before it was recorded).
+	// of the scope the key was sent in by the first send that may have executed
+	// (target.Contract.KeyScope), or ""; LookupScope that of the lookup it was sent
+	// under (target.Contract.LookupScope), or "" (none, or sent before it was recorded).
 	KeyWindowLeft *time.Duration
 	KeyScope      string
 	LookupScope   string
@@ -64,10 +64,12 @@ type FairClaim struct {
 type ClaimParams struct {
 	FairClaim
 	// KeyRetention and KeyScope, for a target with an idempotency key, fix what the key
-	// means when an operation is first sent: its window ends KeyRetention later by the
-	// database's clock, and its scope's fingerprint is KeyScope. LookupScope, for a
-	// target with a lookup, fixes where a "not found" is proof of absence. Later claims
-	// keep them.
+	// means: its window ends KeyRetention after the operation's first claim by the
+	// database's clock (later claims keep it), and its scope's fingerprint is KeyScope.
+	// LookupScope, for a target with a lookup, fixes where a "not found" is proof of
+	// absence. Each claim records the scopes again: a claim takes only PREPARED
+	// operations, for which nothing sent can have taken effect, so its send is the
+	// first that can; replays keep them.
 	KeyRetention time.Duration
 	KeyScope     string
 	LookupScope  string
@@ -381,8 +383,7 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 				state = 'IN_FLIGHT', revision = o.revision + 1, fence_token = o.fence_token + 1,
 				attempt_count = o.attempt_count + 1, lease_owner = $6, lease_expires_at = now() + $7::interval,
 				first_sent_at = coalesce(o.first_sent_at, now()), next_check_at = NULL, updated_at = now(),
-				key_window_end = coalesce(o.key_window_end, now() + $8::interval), key_scope = coalesce(o.key_scope, $9),
-				lookup_scope = CASE WHEN o.first_sent_at IS NULL THEN $10::text ELSE o.lookup_scope END
+				key_window_end = coalesce(o.key_window_end, now() + $8::interval), key_scope = $9, lookup_scope = $10
 			`+pickedRows("picked")+`
 			RETURNING o.*
 		), ev AS (`+eventsFrom("claimed", "'PREPARED'", "'dispatcher:' || $6", "NULL", "NULL")+`)

@@ -910,10 +910,12 @@ func TestNotExecutedGoesBackToPrepared(t *testing.T) {
 	require.Equal(t, store.StateCancelled, cancelled.State)
 }
 
-// TestKeyWindowAndScopeAreFixedAtTheFirstSend: the first claim records the key's window
-// (by the database's clock), its scope and the lookup's; a later claim with other
-// values keeps them, and nothing can change them.
-func TestKeyWindowAndScopeAreFixedAtTheFirstSend(t *testing.T) {
+// TestKeyWindowAndScopesAreThoseOfTheFirstSendThatCanExecute: the first claim records
+// the key's window (by the database's clock), its scope and the lookup's. A claim
+// after an answer documented as not executed keeps the window and records the scopes
+// it is sent under, since its send is the first that can take effect; once one may
+// have, nothing can change them.
+func TestKeyWindowAndScopesAreThoseOfTheFirstSendThatCanExecute(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id := b.prepareN(t, "acme", 1)[0]
@@ -927,7 +929,8 @@ func TestKeyWindowAndScopeAreFixedAtTheFirstSend(t *testing.T) {
 	require.Equal(t, "scope-1", claimed[0].KeyScope)
 	require.Equal(t, "lookup-1", claimed[0].LookupScope)
 
-	// Answered as not executed, then claimed again under an edited contract.
+	// Answered as not executed, then claimed again under an edited contract (a rolling
+	// deploy, a rollback).
 	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
 		State: store.StatePrepared, NotExecuted: true, Actor: "test", Observation: store.Observation{Outcome: "NOT_EXECUTED"}})
 	require.NoError(t, err)
@@ -937,15 +940,14 @@ func TestKeyWindowAndScopeAreFixedAtTheFirstSend(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	require.Less(t, *claimed[0].KeyWindowLeft, time.Hour, "the first send's window")
-	require.Equal(t, "scope-1", claimed[0].KeyScope, "and its scope")
-	require.Equal(t, "lookup-1", claimed[0].LookupScope, "and its lookup's")
+	require.Equal(t, "scope-2", claimed[0].KeyScope, "the scope of the send that can execute")
+	require.Equal(t, "lookup-2", claimed[0].LookupScope, "and its lookup's")
 
-	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET key_scope = 'scope-3' WHERE operation_id = $1`, id)
-	require.ErrorContains(t, err, "immutable column changed")
-	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET key_window_end = key_window_end + interval '1 day' WHERE operation_id = $1`, id)
-	require.ErrorContains(t, err, "immutable column changed")
-	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET lookup_scope = 'lookup-3' WHERE operation_id = $1`, id)
-	require.ErrorContains(t, err, "immutable column changed")
+	for _, set := range []string{"key_scope = 'scope-3'", "key_scope = NULL", "lookup_scope = 'lookup-3'", "lookup_scope = NULL",
+		"key_window_end = key_window_end + interval '1 day'"} {
+		_, err = b.pool.Exec(b.ctx, `UPDATE operations SET `+set+` WHERE operation_id = $1`, id)
+		require.ErrorContains(t, err, "immutable column changed", set)
+	}
 }
 
 // TestExtendLeasesSkipsLockedRows: a lease extension that meets a row another

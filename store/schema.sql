@@ -187,9 +187,13 @@ BEGIN
      OR NEW.trace_parent IS DISTINCT FROM OLD.trace_parent
      OR NEW.labels <> OLD.labels
      OR NEW.first_sent_at IS DISTINCT FROM OLD.first_sent_at AND OLD.first_sent_at IS NOT NULL
-     OR NEW.key_window_end IS DISTINCT FROM OLD.key_window_end AND OLD.key_window_end IS NOT NULL
-     OR NEW.key_scope IS DISTINCT FROM OLD.key_scope AND OLD.key_scope IS NOT NULL THEN
+     OR NEW.key_window_end IS DISTINCT FROM OLD.key_window_end AND OLD.key_window_end IS NOT NULL THEN
     RAISE EXCEPTION 'operation %: immutable column changed', OLD.operation_id
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF (NEW.key_scope IS DISTINCT FROM OLD.key_scope OR NEW.lookup_scope IS DISTINCT FROM OLD.lookup_scope)
+     AND OLD.state <> 'PREPARED' THEN
+    RAISE EXCEPTION 'operation %: immutable column changed: the scopes change only while nothing sent can have taken effect', OLD.operation_id
       USING ERRCODE = 'integrity_constraint_violation';
   END IF;
   IF NEW.payload IS DISTINCT FROM OLD.payload AND NEW.payload IS NOT NULL THEN
@@ -222,20 +226,6 @@ BEGIN
       USING ERRCODE = 'integrity_constraint_violation';
   END IF;
   RETURN NEW;
-END;
-$$;
-
---
--- Name: operations_guard_lookup_scope(); Type: FUNCTION; Schema: opbroker; Owner: -
---
-
-CREATE FUNCTION opbroker.operations_guard_lookup_scope() RETURNS trigger
-    LANGUAGE plpgsql
-    SET search_path TO 'opbroker', 'pg_temp'
-    AS $$
-BEGIN
-  RAISE EXCEPTION 'operation %: immutable column changed', OLD.operation_id
-    USING ERRCODE = 'integrity_constraint_violation';
 END;
 $$;
 
@@ -696,17 +686,11 @@ CREATE TRIGGER operations_formats BEFORE INSERT ON opbroker.operations FOR EACH 
 -- Name: operations operations_guard; Type: TRIGGER; Schema: opbroker; Owner: -
 --
 
-CREATE TRIGGER operations_guard BEFORE UPDATE ON opbroker.operations FOR EACH ROW WHEN (((new.tenant_id <> old.tenant_id) OR (new.operation_id <> old.operation_id) OR (new.operation_type <> old.operation_type) OR (new.intent_ref <> old.intent_ref) OR (new.content_type <> old.content_type) OR (new.payload_sha256 <> old.payload_sha256) OR (new.remote_key <> old.remote_key) OR (new.created_at <> old.created_at) OR (new.supersedes_id IS DISTINCT FROM old.supersedes_id) OR (new.dispatch_deadline IS DISTINCT FROM old.dispatch_deadline) OR (new.not_before IS DISTINCT FROM old.not_before) OR (new.trace_parent IS DISTINCT FROM old.trace_parent) OR (new.labels <> old.labels) OR ((new.first_sent_at IS DISTINCT FROM old.first_sent_at) AND (old.first_sent_at IS NOT NULL)) OR ((new.key_window_end IS DISTINCT FROM old.key_window_end) AND (old.key_window_end IS NOT NULL)) OR ((new.key_scope IS DISTINCT FROM old.key_scope) AND (old.key_scope IS NOT NULL)) OR (new.fence_token < old.fence_token) OR (new.revision < old.revision) OR (new.attempt_count < old.attempt_count) OR (new.not_executed < old.not_executed) OR (new.not_executed > (old.not_executed +
+CREATE TRIGGER operations_guard BEFORE UPDATE ON opbroker.operations FOR EACH ROW WHEN (((new.tenant_id <> old.tenant_id) OR (new.operation_id <> old.operation_id) OR (new.operation_type <> old.operation_type) OR (new.intent_ref <> old.intent_ref) OR (new.content_type <> old.content_type) OR (new.payload_sha256 <> old.payload_sha256) OR (new.remote_key <> old.remote_key) OR (new.created_at <> old.created_at) OR (new.supersedes_id IS DISTINCT FROM old.supersedes_id) OR (new.dispatch_deadline IS DISTINCT FROM old.dispatch_deadline) OR (new.not_before IS DISTINCT FROM old.not_before) OR (new.trace_parent IS DISTINCT FROM old.trace_parent) OR (new.labels <> old.labels) OR ((new.first_sent_at IS DISTINCT FROM old.first_sent_at) AND (old.first_sent_at IS NOT NULL)) OR ((new.key_window_end IS DISTINCT FROM old.key_window_end) AND (old.key_window_end IS NOT NULL)) OR (((new.key_scope IS DISTINCT FROM old.key_scope) OR (new.lookup_scope IS DISTINCT FROM old.lookup_scope)) AND (old.state <> 'PREPARED'::opbroker.operation_state)) OR (new.fence_token < old.fence_token) OR (new.revision < old.revision) OR (new.attempt_count < old.attempt_count) OR (new.not_executed < old.not_executed) OR (new.not_executed > (old.not_executed +
         CASE
             WHEN ((old.state = 'IN_FLIGHT'::opbroker.operation_state) AND (new.state <> 'IN_FLIGHT'::opbroker.operation_state)) THEN 1
             ELSE 0
         END)) OR ((new.state = 'IN_FLIGHT'::opbroker.operation_state) AND (old.state <> 'IN_FLIGHT'::opbroker.operation_state) AND ((new.fence_token <> (old.fence_token + 1)) OR (new.attempt_count <> (old.attempt_count + 1)))) OR ((new.state <> old.state) AND ((new.revision <> (old.revision + 1)) OR ((((((((((((((((old.state <> 'PREPARED'::opbroker.operation_state) OR (new.state <> 'IN_FLIGHT'::opbroker.operation_state)) AND ((old.state <> 'PREPARED'::opbroker.operation_state) OR (new.state <> 'CANCELLED'::opbroker.operation_state))) AND ((old.state <> 'PREPARED'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'SUCCEEDED'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'UNKNOWN'::opbroker.operation_state))) AND ((old.state <> 'IN_FLIGHT'::opbroker.operation_state) OR (new.state <> 'PREPARED'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'IN_FLIGHT'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'SUCCEEDED'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'ESCALATED'::opbroker.operation_state))) AND ((old.state <> 'UNKNOWN'::opbroker.operation_state) OR (new.state <> 'UNKNOWN'::opbroker.operation_state))) AND ((old.state <> 'ESCALATED'::opbroker.operation_state) OR (new.state <> 'SUCCEEDED'::opbroker.operation_state))) AND ((old.state <> 'ESCALATED'::opbroker.operation_state) OR (new.state <> 'FAILED_TERMINAL'::opbroker.operation_state))) AND ((old.state <> 'ESCALATED'::opbroker.operation_state) OR (new.state <> 'ESCALATED'::opbroker.operation_state))))))) EXECUTE FUNCTION opbroker.operations_guard();
-
---
--- Name: operations operations_guard_lookup_scope; Type: TRIGGER; Schema: opbroker; Owner: -
---
-
-CREATE TRIGGER operations_guard_lookup_scope BEFORE UPDATE ON opbroker.operations FOR EACH ROW WHEN (((new.lookup_scope IS DISTINCT FROM old.lookup_scope) AND (old.lookup_scope IS NOT NULL))) EXECUTE FUNCTION opbroker.operations_guard_lookup_scope();
 
 --
 -- Name: operations operations_have_keys; Type: TRIGGER; Schema: opbroker; Owner: -

@@ -169,8 +169,9 @@ func (c *Contract) KeyRetention() time.Duration {
 // target, its endpoint, its static headers (an API version), the key's header and
 // scope, and the credential's identity (its scheme, user, header and where its secret
 // is read, and the client certificate's file; never a secret). The ledger keeps the
-// fingerprint of an operation's first send; a replay is allowed only while the contract
-// still has it. "" for a target without a key or a precondition.
+// fingerprint of the first send of an operation that may have taken effect; a replay
+// is allowed only while the contract still has it. "" for a target without a key or a
+// precondition.
 func (c *Contract) KeyScope() string {
 	if c.Idempotency == nil && c.Conditional == nil {
 		return ""
@@ -197,9 +198,9 @@ func (c *Contract) KeyScope() string {
 
 // LookupScope fingerprints where the lookup asks for an operation's effect and what it
 // takes as "not found": its method, its URL and its not-found statuses (its headers and
-// credential are the endpoint's, in KeyScope). The ledger keeps the fingerprint of an
-// operation's first send; a "not found" proves absence only while the contract still
-// has it. "" for a target without a lookup.
+// credential are the endpoint's, in KeyScope). The ledger keeps it as it keeps
+// KeyScope; a "not found" proves absence only while the contract still has it. "" for
+// a target without a lookup.
 func (c *Contract) LookupScope() string {
 	l := c.Lookup
 	if l == nil {

@@ -38,8 +38,7 @@ func Demo(t testing.TB, cfg simtarget.Config, adjust ...func(*target.Contract)) 
 }
 
 // Claim returns the parameters of a claim for the named target's operations, as the
-// dispatcher asks for them: with the key's retention and scope, and the lookup's scope,
-// fixed at the first send.
+// dispatcher asks for them: with the key's retention, its scope and the lookup's.
 func Claim(t testing.TB, targets *target.Targets, name string, fair store.FairClaim) store.ClaimParams {
 	t.Helper()
 	contract, ok := targets.ByName(name)
