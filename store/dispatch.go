@@ -64,12 +64,12 @@ type FairClaim struct {
 type ClaimParams struct {
 	FairClaim
 	// KeyRetention and KeyScope, for a target with an idempotency key, fix what the key
-	// means: its window ends KeyRetention after the operation's first claim by the
-	// database's clock (later claims keep it), and its scope's fingerprint is KeyScope.
-	// LookupScope, for a target with a lookup, fixes where a "not found" is proof of
-	// absence. Each claim records the scopes again: a claim takes only PREPARED
-	// operations, for which nothing sent can have taken effect, so its send is the
-	// first that can; replays keep them.
+	// means: its window ends KeyRetention after a claim by the database's clock, and its
+	// scope's fingerprint is KeyScope. LookupScope, for a target with a lookup, fixes
+	// where a "not found" is proof of absence. Each claim records the scopes again: a
+	// claim takes only PREPARED operations, for which nothing sent can have taken effect,
+	// so its send is the first that can. The window is the earliest of the claims' (a
+	// target may have kept the key from a send it did not execute); replays keep them.
 	KeyRetention time.Duration
 	KeyScope     string
 	LookupScope  string
@@ -383,7 +383,7 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 				state = 'IN_FLIGHT', revision = o.revision + 1, fence_token = o.fence_token + 1,
 				attempt_count = o.attempt_count + 1, lease_owner = $6, lease_expires_at = now() + $7::interval,
 				first_sent_at = coalesce(o.first_sent_at, now()), next_check_at = NULL, updated_at = now(),
-				key_window_end = coalesce(o.key_window_end, now() + $8::interval), key_scope = $9, lookup_scope = $10
+				key_window_end = least(o.key_window_end, now() + $8::interval), key_scope = $9, lookup_scope = $10
 			`+pickedRows("picked")+`
 			RETURNING o.*
 		), ev AS (`+eventsFrom("claimed", "'PREPARED'", "'dispatcher:' || $6", "NULL", "NULL")+`)

@@ -445,7 +445,7 @@ func TestAnEndRecordedAfterAStaleSuccessIsCounted(t *testing.T) {
 		require.NoError(t, err)
 	}
 	for _, c := range claimed { // every first send's late success, kept while the operation is open
-		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: c.ID, Fence: c.FenceToken,
+		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
 			State: store.StateSucceeded, RemoteRef: "ch_late", Observation: success, Actor: "dispatcher:test"})
 		require.ErrorIs(t, err, store.ErrFenceLost)
 		require.False(t, errors.As(err, new(*store.ContradictionError)), "still open when it was kept")
@@ -912,41 +912,64 @@ func TestNotExecutedGoesBackToPrepared(t *testing.T) {
 
 // TestKeyWindowAndScopesAreThoseOfTheFirstSendThatCanExecute: the first claim records
 // the key's window (by the database's clock), its scope and the lookup's. A claim
-// after an answer documented as not executed keeps the window and records the scopes
-// it is sent under, since its send is the first that can take effect; once one may
-// have, nothing can change them.
+// after an answer documented as not executed records the scopes it is sent under,
+// since its send is the first that can take effect, and the window only if it ends
+// sooner (the target may have kept the key of the send it did not execute); once a
+// send may have taken effect, nothing can change them.
 func TestKeyWindowAndScopesAreThoseOfTheFirstSendThatCanExecute(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	id := b.prepareN(t, "acme", 1)[0]
-	first := claimParams(1)
-	first.KeyRetention, first.KeyScope, first.LookupScope = time.Hour, "scope-1", "lookup-1"
-	claimed, err := b.all.Claim(b.ctx, first)
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	require.NotNil(t, claimed[0].KeyWindowLeft)
-	require.InDelta(t, time.Hour, *claimed[0].KeyWindowLeft, float64(time.Minute))
-	require.Equal(t, "scope-1", claimed[0].KeyScope)
-	require.Equal(t, "lookup-1", claimed[0].LookupScope)
-
-	// Answered as not executed, then claimed again under an edited contract (a rolling
-	// deploy, a rollback).
-	_, err = b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: id, Fence: claimed[0].FenceToken,
-		State: store.StatePrepared, NotExecuted: true, Actor: "test", Observation: store.Observation{Outcome: "NOT_EXECUTED"}})
-	require.NoError(t, err)
-	again := claimParams(1)
-	again.KeyRetention, again.KeyScope, again.LookupScope = 48*time.Hour, "scope-2", "lookup-2"
-	claimed, err = b.all.Claim(b.ctx, again)
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	require.Less(t, *claimed[0].KeyWindowLeft, time.Hour, "the first send's window")
-	require.Equal(t, "scope-2", claimed[0].KeyScope, "the scope of the send that can execute")
-	require.Equal(t, "lookup-2", claimed[0].LookupScope, "and its lookup's")
+	var ids []uuid.UUID
+	claimedAs := func(id uuid.UUID, retention time.Duration, keyScope, lookupScope string) store.Claimed {
+		t.Helper()
+		p := claimParams(1)
+		p.KeyRetention, p.KeyScope, p.LookupScope = retention, keyScope, lookupScope
+		claimed, err := b.all.Claim(b.ctx, p)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		require.Equal(t, id, claimed[0].ID)
+		return claimed[0]
+	}
+	notExecuted := func(c store.Claimed) {
+		t.Helper()
+		_, err := b.all.RecordOutcome(b.ctx, store.OutcomeParams{TenantID: c.TenantID, ID: c.ID, Fence: c.FenceToken,
+			State: store.StatePrepared, NotExecuted: true, Actor: "test", Observation: store.Observation{Outcome: "NOT_EXECUTED"}})
+		require.NoError(t, err)
+	}
+	// Claimed under one contract, answered as not executed, then claimed under an
+	// edited one (a rolling deploy, a rollback): a longer retention, then a shorter.
+	for i, second := range []time.Duration{48 * time.Hour, time.Minute} {
+		ids = append(ids, b.prepareN(t, []string{"acme", "globex"}[i], 1)[0])
+		first := claimedAs(ids[i], time.Hour, "scope-1", "lookup-1")
+		require.NotNil(t, first.KeyWindowLeft)
+		require.InDelta(t, time.Hour, *first.KeyWindowLeft, float64(time.Minute))
+		require.Equal(t, "scope-1", first.KeyScope)
+		require.Equal(t, "lookup-1", first.LookupScope)
+		notExecuted(first)
+		again := claimedAs(ids[i], second, "scope-2", "lookup-2")
+		require.InDelta(t, min(time.Hour, second), *again.KeyWindowLeft, float64(30*time.Second), "the earlier end")
+		require.Equal(t, "scope-2", again.KeyScope, "the scope of the send that can execute")
+		require.Equal(t, "lookup-2", again.LookupScope, "and its lookup's")
+	}
 
 	for _, set := range []string{"key_scope = 'scope-3'", "key_scope = NULL", "lookup_scope = 'lookup-3'", "lookup_scope = NULL",
-		"key_window_end = key_window_end + interval '1 day'"} {
-		_, err = b.pool.Exec(b.ctx, `UPDATE operations SET `+set+` WHERE operation_id = $1`, id)
+		"key_window_end = key_window_end + interval '1 day'", "key_window_end = key_window_end - interval '1 second'"} {
+		_, err := b.pool.Exec(b.ctx, `UPDATE operations SET `+set+` WHERE operation_id = $1`, ids[0])
 		require.ErrorContains(t, err, "immutable column changed", set)
+	}
+	// While PREPARED again, only the window's coming sooner and the scopes are allowed.
+	prepared := b.prepareN(t, "initech", 1)[0]
+	notExecuted(claimedAs(prepared, time.Hour, "scope-1", "lookup-1"))
+	for set, allowed := range map[string]bool{
+		"key_window_end = key_window_end + interval '1 second'": false, "key_window_end = NULL": false,
+		"key_window_end = key_window_end - interval '1 second'": true, "key_scope = 'scope-3', lookup_scope = NULL": true,
+	} {
+		_, err := b.pool.Exec(b.ctx, `UPDATE operations SET `+set+` WHERE operation_id = $1`, prepared)
+		if allowed {
+			require.NoError(t, err, set)
+		} else {
+			require.ErrorContains(t, err, "immutable column changed", set)
+		}
 	}
 }
 

@@ -187,7 +187,8 @@ BEGIN
      OR NEW.trace_parent IS DISTINCT FROM OLD.trace_parent
      OR NEW.labels <> OLD.labels
      OR NEW.first_sent_at IS DISTINCT FROM OLD.first_sent_at AND OLD.first_sent_at IS NOT NULL
-     OR NEW.key_window_end IS DISTINCT FROM OLD.key_window_end AND OLD.key_window_end IS NOT NULL THEN
+     OR NEW.key_window_end IS DISTINCT FROM OLD.key_window_end AND OLD.key_window_end IS NOT NULL
+        AND NOT (OLD.state = 'PREPARED' AND coalesce(NEW.key_window_end < OLD.key_window_end, false)) THEN
     RAISE EXCEPTION 'operation %: immutable column changed', OLD.operation_id
       USING ERRCODE = 'integrity_constraint_violation';
   END IF;
@@ -686,7 +687,7 @@ CREATE TRIGGER operations_formats BEFORE INSERT ON opbroker.operations FOR EACH 
 -- Name: operations operations_guard; Type: TRIGGER; Schema: opbroker; Owner: -
 --
 
-CREATE TRIGGER operations_guard BEFORE UPDATE ON opbroker.operations FOR EACH ROW WHEN (((new.tenant_id <> old.tenant_id) OR (new.operation_id <> old.operation_id) OR (new.operation_type <> old.operation_type) OR (new.intent_ref <> old.intent_ref) OR (new.content_type <> old.content_type) OR (new.payload_sha256 <> old.payload_sha256) OR (new.remote_key <> old.remote_key) OR (new.created_at <> old.created_at) OR (new.supersedes_id IS DISTINCT FROM old.supersedes_id) OR (new.dispatch_deadline IS DISTINCT FROM old.dispatch_deadline) OR (new.not_before IS DISTINCT FROM old.not_before) OR (new.trace_parent IS DISTINCT FROM old.trace_parent) OR (new.labels <> old.labels) OR ((new.first_sent_at IS DISTINCT FROM old.first_sent_at) AND (old.first_sent_at IS NOT NULL)) OR ((new.key_window_end IS DISTINCT FROM old.key_window_end) AND (old.key_window_end IS NOT NULL)) OR (((new.key_scope IS DISTINCT FROM old.key_scope) OR (new.lookup_scope IS DISTINCT FROM old.lookup_scope)) AND (old.state <> 'PREPARED'::opbroker.operation_state)) OR (new.fence_token < old.fence_token) OR (new.revision < old.revision) OR (new.attempt_count < old.attempt_count) OR (new.not_executed < old.not_executed) OR (new.not_executed > (old.not_executed +
+CREATE TRIGGER operations_guard BEFORE UPDATE ON opbroker.operations FOR EACH ROW WHEN (((new.tenant_id <> old.tenant_id) OR (new.operation_id <> old.operation_id) OR (new.operation_type <> old.operation_type) OR (new.intent_ref <> old.intent_ref) OR (new.content_type <> old.content_type) OR (new.payload_sha256 <> old.payload_sha256) OR (new.remote_key <> old.remote_key) OR (new.created_at <> old.created_at) OR (new.supersedes_id IS DISTINCT FROM old.supersedes_id) OR (new.dispatch_deadline IS DISTINCT FROM old.dispatch_deadline) OR (new.not_before IS DISTINCT FROM old.not_before) OR (new.trace_parent IS DISTINCT FROM old.trace_parent) OR (new.labels <> old.labels) OR ((new.first_sent_at IS DISTINCT FROM old.first_sent_at) AND (old.first_sent_at IS NOT NULL)) OR ((new.key_window_end IS DISTINCT FROM old.key_window_end) AND (old.key_window_end IS NOT NULL) AND (NOT ((old.state = 'PREPARED'::opbroker.operation_state) AND COALESCE((new.key_window_end < old.key_window_end), false)))) OR (((new.key_scope IS DISTINCT FROM old.key_scope) OR (new.lookup_scope IS DISTINCT FROM old.lookup_scope)) AND (old.state <> 'PREPARED'::opbroker.operation_state)) OR (new.fence_token < old.fence_token) OR (new.revision < old.revision) OR (new.attempt_count < old.attempt_count) OR (new.not_executed < old.not_executed) OR (new.not_executed > (old.not_executed +
         CASE
             WHEN ((old.state = 'IN_FLIGHT'::opbroker.operation_state) AND (new.state <> 'IN_FLIGHT'::opbroker.operation_state)) THEN 1
             ELSE 0

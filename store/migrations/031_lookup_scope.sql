@@ -12,8 +12,10 @@
 -- another (a rolling deploy, a rollback) kept the scopes of the send that did nothing.
 -- They are now the scopes of the last claim from PREPARED: an operation is PREPARED
 -- only while nothing sent for it can have taken effect (operations_unsent), so that
--- claim's send is the first that can. The guard lets them change only then. The other
--- rules are as in 028.
+-- claim's send is the first that can. The guard lets them change only then. The key's
+-- window stays the earliest of the claims' (a target may keep a key it did not execute
+-- under): while PREPARED it may only come sooner, then never change. The other rules
+-- are as in 028.
 ALTER TABLE operations ADD COLUMN lookup_scope text;
 
 DROP TRIGGER operations_guard ON operations;
@@ -29,6 +31,7 @@ CREATE TRIGGER operations_guard BEFORE UPDATE ON operations FOR EACH ROW WHEN (
   OR NEW.labels <> OLD.labels
   OR NEW.first_sent_at IS DISTINCT FROM OLD.first_sent_at AND OLD.first_sent_at IS NOT NULL
   OR NEW.key_window_end IS DISTINCT FROM OLD.key_window_end AND OLD.key_window_end IS NOT NULL
+     AND NOT (OLD.state = 'PREPARED' AND coalesce(NEW.key_window_end < OLD.key_window_end, false))
   OR (NEW.key_scope IS DISTINCT FROM OLD.key_scope OR NEW.lookup_scope IS DISTINCT FROM OLD.lookup_scope)
      AND OLD.state <> 'PREPARED'
   OR NEW.fence_token < OLD.fence_token OR NEW.revision < OLD.revision
@@ -57,7 +60,8 @@ BEGIN
      OR NEW.trace_parent IS DISTINCT FROM OLD.trace_parent
      OR NEW.labels <> OLD.labels
      OR NEW.first_sent_at IS DISTINCT FROM OLD.first_sent_at AND OLD.first_sent_at IS NOT NULL
-     OR NEW.key_window_end IS DISTINCT FROM OLD.key_window_end AND OLD.key_window_end IS NOT NULL THEN
+     OR NEW.key_window_end IS DISTINCT FROM OLD.key_window_end AND OLD.key_window_end IS NOT NULL
+        AND NOT (OLD.state = 'PREPARED' AND coalesce(NEW.key_window_end < OLD.key_window_end, false)) THEN
     RAISE EXCEPTION 'operation %: immutable column changed', OLD.operation_id
       USING ERRCODE = 'integrity_constraint_violation';
   END IF;
