@@ -227,7 +227,7 @@ func Decide(in Input) Decision {
 		}
 		// Give the earlier request time to finish: the wait doubles with each replay, and
 		// is at least what the target asked for (its Retry-After).
-		if wait := max(in.backoff(in.Replays, 0), in.RetryAfter); in.SinceLastSend < wait {
+		if due, wait := in.replayWaits(true); in.SinceLastSend < due {
 			return Decision{Action: Wait, After: min(wait-in.SinceLastSend, in.ResolutionLeft),
 				Reason: "an earlier request with this key is still executing; replay with the same key once it has had time to finish"}
 		}
@@ -278,13 +278,10 @@ func Decide(in Input) Decision {
 // budget within a second. With the look budget or the resolution deadline spent
 // (BudgetSpent), when no wait may follow, it escalates instead.
 func (in Input) replay(reason string) Decision {
-	wait := in.RetryAfter
-	if in.Replays > 0 {
-		wait = max(wait, in.backoff(in.Replays, 0))
-	}
+	due, wait := in.replayWaits(in.Replays > 0)
 	const waits = "; it waits first for the target's Retry-After, or a backoff after the replays so far"
 	switch {
-	case in.SinceLastSend >= wait:
+	case in.SinceLastSend >= due:
 		return Decision{Action: Replay, Reason: reason}
 	case in.BudgetSpent():
 		// Sent now, it would hammer a target that asked for time; sent later, it would
@@ -292,6 +289,21 @@ func (in Input) replay(reason string) Decision {
 		return Decision{Action: Escalate, Reason: reason + waits + ", and the budget for looking is spent"}
 	}
 	return Decision{Action: Wait, After: min(wait-in.SinceLastSend, in.ResolutionLeft), Reason: reason + waits}
+}
+
+// replayWaits returns how long after the last send a replay is due, and how long this
+// look waits for it: the target's Retry-After, and with backoff the replays' backoff.
+// The wait is jittered; due is the least it can be, so that a later look, with another
+// jitter, never finds a wait it already waited out still running (and, with its budget
+// spent, escalates instead of replaying).
+func (in Input) replayWaits(backoff bool) (due, wait time.Duration) {
+	due, wait = in.RetryAfter, in.RetryAfter
+	if backoff {
+		least := in
+		least.Jitter = 0
+		due, wait = max(due, least.backoff(in.Replays, 0)), max(wait, in.backoff(in.Replays, 0))
+	}
+	return due, wait
 }
 
 // BudgetSpent reports whether the operation has used up its looks or its time to be

@@ -108,6 +108,11 @@ func TestDecideTable(t *testing.T) {
 		"lookup failed, just replayed, looks spent": {with(func(in *Input) {
 			in.Evidence.Kind, in.Replays, in.SinceLastSend, in.Looks = LookupFailed, 1, 100*time.Millisecond, 20
 		}), Escalate},
+		// Due once the least the jittered backoff can be has passed: an earlier look with
+		// a lower jitter waited that long.
+		"lookup failed, past the least backoff, looks spent": {with(func(in *Input) {
+			in.Evidence.Kind, in.Replays, in.SinceLastSend, in.Looks, in.Jitter = LookupFailed, 2, 3500*time.Millisecond, 20, 0.99
+		}), Replay},
 		"lookup failed, looks spent, nothing to wait for": {with(func(in *Input) {
 			in.Evidence.Kind, in.Looks = LookupFailed, 20
 		}), Replay},
@@ -311,7 +316,7 @@ func FuzzDecide(f *testing.F) {
 		switch d.Action {
 		case Replay:
 			require.GreaterOrEqual(t, in.SinceLastSend, in.RetryAfter, "never before the target's Retry-After")
-			require.True(t, in.Replays <= 0 || in.SinceLastSend >= minWait, "never back to back")
+			require.True(t, in.Replays <= 0 || in.SinceLastSend >= minWait*8/5, "never sooner than the least backoff after a replay")
 			require.True(t, in.Replay || in.Conditional, "never replay without a key or a precondition")
 			require.True(t, in.Conditional || in.KeyWindowLeft > 0, "never replay outside the window the key was first sent with")
 			require.NotEqual(t, Exists, in.Evidence.Kind, "never send again what the target says exists")
