@@ -148,6 +148,9 @@ type Dispatcher struct {
 	// have fixed its side (credentialRecheck).
 	refusedMu sync.Mutex
 	refused   map[string]refusal
+	// refusing is whether refused holds any target, read without the lock by every
+	// send that gets an answer.
+	refusing atomic.Bool
 
 	startstop.Base // the claim loop
 
@@ -358,8 +361,14 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			continue
 		}
 		want := d.claimable(contract, q)
-		if want <= 0 || d.AwaitingCredential(contract) {
+		if want <= 0 {
 			continue
+		}
+		switch d.credentialGate(contract) {
+		case gateClosed:
+			continue
+		case gateProbe:
+			want = 1 // one send tries the refused credential again, not a claim's worth
 		}
 		asOf := d.cfg.Clock()
 		// A claim that commits must be worked, so Stop does not cut one short: cancelled
@@ -448,34 +457,54 @@ func (d *Dispatcher) slots(ctx context.Context, name string, q *queue) (func(), 
 // refusal is a target's refusal of the broker's credential.
 type refusal struct {
 	version string    // the credential's version it refused (Sender.CredentialVersion)
-	at      time.Time // by the dispatcher's clock
+	at      time.Time // by the dispatcher's clock: the refusal, or the last send let through to try again
 }
 
 // credentialRecheck is how long a target that refused a credential waits for it to
-// change before its operations are tried again anyway: the vendor may have fixed its
-// side (a key re-enabled, a permission granted).
+// change before one send tries it again anyway: the vendor may have fixed its side (a
+// key re-enabled, a permission granted).
 const credentialRecheck = 5 * time.Minute
 
-// AwaitingCredential reports whether the target refused the credential it still has:
-// its operations wait, rather than hammer it, until the credential changes or
-// credentialRecheck passes. A reconciler's same-key replays wait too.
-func (d *Dispatcher) AwaitingCredential(contract *target.Contract) bool {
+// gate is what credentialGate allows a target's sends.
+type gate int
+
+const (
+	gateOpen   gate = iota // no refusal of the credential the broker has
+	gateClosed             // refused: nothing is sent
+	gateProbe              // refused a while ago: one send may try again
+)
+
+// credentialGate says whether the target refused the credential it still has. Its
+// sends then wait, rather than hammer it, until the credential changes; every
+// credentialRecheck one caller is let through to try it again (gateProbe), and the
+// refusal stands until the target answers a send with anything else.
+func (d *Dispatcher) credentialGate(contract *target.Contract) gate {
 	d.refusedMu.Lock()
 	defer d.refusedMu.Unlock()
 	r, ok := d.refused[contract.Name]
-	if !ok {
-		return false
-	}
 	switch {
+	case !ok:
+		return gateOpen
 	case d.cfg.Connector.CredentialVersion(contract) != r.version:
 		d.log.Info("the target's credential changed; sending to it again", "target", contract.Name)
+		delete(d.refused, contract.Name)
+		d.refusing.Store(len(d.refused) > 0)
+		return gateOpen
 	case d.cfg.Clock().Sub(r.at) >= credentialRecheck:
-		d.log.Info("the target refused this credential a while ago; trying it again", "target", contract.Name)
-	default:
-		return true
+		d.log.Info("the target refused this credential a while ago; one send tries it again", "target", contract.Name)
+		r.at = d.cfg.Clock()
+		d.refused[contract.Name] = r
+		return gateProbe
 	}
-	delete(d.refused, contract.Name)
-	return false
+	return gateClosed
+}
+
+// AwaitingCredential reports whether nothing may be sent to the target now because it
+// refused the credential the broker still has (credentialGate): a reconciler's
+// same-key replay asks before it is sent, and may be the one send that tries the
+// credential again.
+func (d *Dispatcher) AwaitingCredential(contract *target.Contract) bool {
+	return d.credentialGate(contract) == gateClosed
 }
 
 // credentialRefused makes the target's operations wait until its credential is no
@@ -488,6 +517,23 @@ func (d *Dispatcher) credentialRefused(contract *target.Contract, version string
 			"target", contract.Name)
 	}
 	d.refused[contract.Name] = refusal{version: version, at: d.cfg.Clock()}
+	d.refusing.Store(true)
+}
+
+// credentialAnswered ends the target's refusal when a send made since it (sentAt, by
+// the dispatcher's clock) got another answer: the credential is no longer refused. A
+// send begun before the refusal says nothing of it.
+func (d *Dispatcher) credentialAnswered(contract *target.Contract, sentAt time.Time) {
+	if !d.refusing.Load() {
+		return
+	}
+	d.refusedMu.Lock()
+	defer d.refusedMu.Unlock()
+	if r, ok := d.refused[contract.Name]; ok && !sentAt.Before(r.at) {
+		d.log.Info("the target accepted the broker's credential again", "target", contract.Name)
+		delete(d.refused, contract.Name)
+		d.refusing.Store(len(d.refused) > 0)
+	}
 }
 
 func (d *Dispatcher) signalFreed() {
@@ -615,7 +661,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		d.cutBeforeSend(contract, op, sendCtx)
 		return
 	}
-	credential := d.cfg.Connector.CredentialVersion(contract)
+	credential, sentAt := d.cfg.Connector.CredentialVersion(contract), d.cfg.Clock()
 	var sentErr atomic.Pointer[error] // set on the transport's goroutine
 	// The link goes in at the start, where a sampler can see it; the attributes only
 	// when the span is recorded: built for every send, they cost allocations with
@@ -655,8 +701,11 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		return
 	}
 	d.sends.Add(context.Background(), 1, d.sendsBy.Of(contract.Name, res.Class))
-	if res.Class == target.ClassCredentialRefused {
+	switch {
+	case res.Class == target.ClassCredentialRefused:
 		d.credentialRefused(contract, credential)
+	case res.HTTPStatus != 0:
+		d.credentialAnswered(contract, sentAt)
 	}
 	d.record(contract, op, res)
 	_ = crashpoint.Hit(crashpoint.DispatchAfterRecord)

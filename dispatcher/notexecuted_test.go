@@ -1,11 +1,13 @@
 package dispatcher_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/clocktest"
@@ -57,50 +59,111 @@ func TestNotExecutedBudget(t *testing.T) {
 	require.Zero(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)].Effects)
 }
 
-// TestRefusedCredentialWaitsForANewOne: a 401 the contract documents as a refused
-// credential is not executed; the target's sends then wait, even when due, until the
-// credential changes, and go on with the new one.
-func TestRefusedCredentialWaitsForANewOne(t *testing.T) {
-	t.Parallel()
+// refusedSetup returns a dispatcher whose target refuses the credential it reads from
+// secret (old-token; the target wants rotated-token), with n operations sent, refused
+// once, and due again.
+func refusedSetup(t *testing.T, n int) (*testBundle, *dispatcher.Dispatcher, *clocktest.Clock, string, []store.Operation) {
+	t.Helper()
 	secret := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(secret, []byte("old-token"), 0o600))
 	b := setup(t, simtarget.Config{Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: secret}},
 		Credential: "rotated-token"})
-	op := b.prepare(t, "acme", simtarget.DemoCharge, "refused", `{"amount":5}`)
+	ops := make([]store.Operation, n)
+	for i := range ops {
+		ops[i] = b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprint("refused-", i), `{"amount":5}`)
+	}
 	clock := clocktest.New(0)
 	d := b.dispatcher(t, dispatcher.Config{Clock: clock.Now})
-	_, _, err := d.RunOnce(b.ctx)
+	claimed, _, err := d.RunOnce(b.ctx)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return b.get(t, op).NotExecuted == 1 }, 10*time.Second, 10*time.Millisecond)
-	require.Equal(t, "CREDENTIAL_REFUSED", b.get(t, op).LastObservation.Outcome)
+	require.Equal(t, n, claimed)
+	b.refusedTimes(t, ops, n)
+	require.Equal(t, "CREDENTIAL_REFUSED", b.get(t, ops[0]).LastObservation.Outcome)
+	return b, d, clock, secret, ops
+}
 
-	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() WHERE operation_id = $1`, op.ID)
+// refusedTimes waits until ops were answered as not executed n times in all, and makes
+// them due again.
+func (b *testBundle) refusedTimes(t *testing.T, ops []store.Operation, n int) {
+	t.Helper()
+	ids := make([]uuid.UUID, len(ops))
+	for i, op := range ops {
+		ids[i] = op.ID
+	}
+	require.Eventually(t, func() bool {
+		var sum int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT coalesce(sum(not_executed), 0) FROM operations WHERE operation_id = ANY($1)`,
+			ids).Scan(&sum))
+		return sum == n
+	}, 10*time.Second, 10*time.Millisecond)
+	_, err := b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() WHERE operation_id = ANY($1)`, ids)
 	require.NoError(t, err)
+}
+
+// claimUntil runs the dispatcher until it has claimed n operations in all.
+func claimUntil(t *testing.T, b *testBundle, d *dispatcher.Dispatcher, n int, why string) {
+	t.Helper()
+	total := 0
+	require.Eventually(t, func() bool {
+		claimed, _, err := d.RunOnce(b.ctx)
+		require.NoError(t, err)
+		total += claimed
+		return total >= n
+	}, 10*time.Second, 10*time.Millisecond, why)
+	require.Equal(t, n, total, why)
+}
+
+// TestRefusedCredentialWaitsForANewOne: a 401 the contract documents as a refused
+// credential is not executed; the target's sends then wait, even when due, until the
+// credential changes, and go on with the new one. Every five minutes one send tries
+// the refused credential again, not a claim's worth.
+func TestRefusedCredentialWaitsForANewOne(t *testing.T) {
+	t.Parallel()
+	b, d, clock, secret, ops := refusedSetup(t, 3)
 	claimed, _, err := d.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Zero(t, claimed, "due, but the target refused the credential it still has")
 
-	// Five minutes on, the same credential is tried again (the vendor may have fixed
-	// its side), and refused again.
+	// Five minutes on, one send tries the same credential again (the vendor may have
+	// fixed its side), and is refused again.
 	clock.Advance(6 * time.Minute)
 	claimed, _, err = d.RunOnce(b.ctx)
 	require.NoError(t, err)
-	require.Equal(t, 1, claimed, "tried again after a while")
-	require.Eventually(t, func() bool { return b.get(t, op).NotExecuted == 2 }, 10*time.Second, 10*time.Millisecond)
-	_, err = b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() WHERE operation_id = $1`, op.ID)
-	require.NoError(t, err)
+	require.Equal(t, 1, claimed, "one send tries it again")
+	b.refusedTimes(t, ops, 4)
 	claimed, _, err = d.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Zero(t, claimed, "and waits again")
 
 	require.NoError(t, os.WriteFile(secret, []byte("rotated-token"), 0o600))
+	claimUntil(t, b, d, len(ops), "the new credential is noticed without a restart")
+	for _, op := range ops {
+		require.Eventually(t, func() bool { return b.get(t, op).State == store.StateSucceeded }, 10*time.Second, 10*time.Millisecond)
+		require.Equal(t, 1, b.sim.Snapshot().Keys[b.remoteKey(t, op)].Effects)
+	}
+}
+
+// TestARefusalEndsWhenTheTargetAnswers: the vendor fixed its side (the same credential
+// is accepted again): the send that tries it again is answered, and the target's other
+// operations go at once, not five minutes later.
+func TestARefusalEndsWhenTheTargetAnswers(t *testing.T) {
+	t.Parallel()
+	b, d, clock, _, ops := refusedSetup(t, 3)
+	b.sim.SetCredential("old-token")
+	clock.Advance(6 * time.Minute)
+	claimed, _, err := d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, claimed, "one send tries it again")
 	require.Eventually(t, func() bool {
-		claimed, _, err := d.RunOnce(b.ctx)
-		require.NoError(t, err)
-		return claimed == 1
-	}, 10*time.Second, 10*time.Millisecond, "the new credential is noticed without a restart")
-	require.Eventually(t, func() bool { return b.get(t, op).State == store.StateSucceeded }, 10*time.Second, 10*time.Millisecond)
-	require.Equal(t, 1, b.sim.Snapshot().Keys[b.remoteKey(t, op)].Effects)
+		var done int
+		for _, op := range ops {
+			if b.get(t, op).State == store.StateSucceeded {
+				done++
+			}
+		}
+		return done == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	claimUntil(t, b, d, len(ops)-1, "the others go once the target answered")
 }
 
 // TestNotExecutedReplayStaysUnknown: a replay's answer documented as not executed says
