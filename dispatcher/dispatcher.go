@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -364,7 +365,8 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 		if want <= 0 {
 			continue
 		}
-		switch d.credentialGate(contract) {
+		credential := d.credentialGate(contract)
+		switch credential {
 		case gateClosed:
 			continue
 		case gateProbe:
@@ -400,6 +402,11 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 			continue
 		}
 		full, q.drained = full || len(ops) == want, len(ops) == 0
+		if credential == gateProbe && len(ops) > 0 {
+			// This claim's send is the one that tries the refused credential again (or, if
+			// a replay took that chance meanwhile, the second).
+			d.tryCredential(contract)
+		}
 		tenants := make([]string, len(ops))
 		for i, op := range ops {
 			tenants[i] = op.TenantID
@@ -457,13 +464,20 @@ func (d *Dispatcher) slots(ctx context.Context, name string, q *queue) (func(), 
 // refusal is a target's refusal of the broker's credential.
 type refusal struct {
 	version string    // the credential's version it refused (Sender.CredentialVersion)
-	at      time.Time // by the dispatcher's clock: the refusal, or the last send let through to try again
+	at      time.Time // when the refusal was recorded, by the dispatcher's clock
+	tried   time.Time // when a send was last let through to try it again (zero: none since)
 }
 
-// credentialRecheck is how long a target that refused a credential waits for it to
-// change before one send tries it again anyway: the vendor may have fixed its side (a
-// key re-enabled, a permission granted).
-const credentialRecheck = 5 * time.Minute
+const (
+	// credentialRecheck is how long a target that refused a credential waits for it to
+	// change before one send tries it again anyway: the vendor may have fixed its side
+	// (a key re-enabled, a permission granted).
+	credentialRecheck = 5 * time.Minute
+	// credentialRetry is how soon after one send was let through to try a refused
+	// credential another may be: the first may never have been sent (no slot, a lost
+	// fence) or answered.
+	credentialRetry = time.Minute
+)
 
 // gate is what credentialGate allows a target's sends.
 type gate int
@@ -471,17 +485,23 @@ type gate int
 const (
 	gateOpen   gate = iota // no refusal of the credential the broker has
 	gateClosed             // refused: nothing is sent
-	gateProbe              // refused a while ago: one send may try again
+	gateProbe              // refused a while ago: one send may try again (tryCredential)
 )
 
 // credentialGate says whether the target refused the credential it still has. Its
 // sends then wait, rather than hammer it, until the credential changes; every
-// credentialRecheck one caller is let through to try it again (gateProbe), and the
-// refusal stands until the target answers a send with anything else.
+// credentialRecheck one send may try it again, and the refusal stands until the target
+// answers a send with anything but a refusal (credentialAnswered). It only looks: the
+// sender that takes the chance says so with tryCredential.
 func (d *Dispatcher) credentialGate(contract *target.Contract) gate {
 	d.refusedMu.Lock()
 	defer d.refusedMu.Unlock()
+	return d.gateLocked(contract)
+}
+
+func (d *Dispatcher) gateLocked(contract *target.Contract) gate {
 	r, ok := d.refused[contract.Name]
+	now := d.cfg.Clock()
 	switch {
 	case !ok:
 		return gateOpen
@@ -490,39 +510,60 @@ func (d *Dispatcher) credentialGate(contract *target.Contract) gate {
 		delete(d.refused, contract.Name)
 		d.refusing.Store(len(d.refused) > 0)
 		return gateOpen
-	case d.cfg.Clock().Sub(r.at) >= credentialRecheck:
-		d.log.Info("the target refused this credential a while ago; one send tries it again", "target", contract.Name)
-		r.at = d.cfg.Clock()
-		d.refused[contract.Name] = r
+	case now.Sub(r.at) >= credentialRecheck && (r.tried.IsZero() || now.Sub(r.tried) >= credentialRetry):
 		return gateProbe
 	}
 	return gateClosed
 }
 
-// AwaitingCredential reports whether nothing may be sent to the target now because it
-// refused the credential the broker still has (credentialGate): a reconciler's
-// same-key replay asks before it is sent, and may be the one send that tries the
-// credential again.
-func (d *Dispatcher) AwaitingCredential(contract *target.Contract) bool {
-	return d.credentialGate(contract) == gateClosed
-}
-
-// credentialRefused makes the target's operations wait until its credential is no
-// longer version, the one the target refused.
-func (d *Dispatcher) credentialRefused(contract *target.Contract, version string) {
+// tryCredential reports whether a send may go to the target now: none is refused, or
+// this one is let through to try a refused credential again (and no other is for
+// credentialRetry).
+func (d *Dispatcher) tryCredential(contract *target.Contract) bool {
 	d.refusedMu.Lock()
 	defer d.refusedMu.Unlock()
-	if _, ok := d.refused[contract.Name]; !ok {
+	switch d.gateLocked(contract) {
+	case gateOpen:
+		return true
+	case gateProbe:
+		d.log.Info("the target refused this credential a while ago; one send tries it again", "target", contract.Name)
+		r := d.refused[contract.Name]
+		r.tried = d.cfg.Clock()
+		d.refused[contract.Name] = r
+		return true
+	}
+	return false
+}
+
+// AwaitingCredential reports whether nothing may be sent to the target now because it
+// refused the credential the broker still has. A reconciler asks before it sends a
+// same-key replay, which may be the one send that tries the credential again.
+func (d *Dispatcher) AwaitingCredential(contract *target.Contract) bool {
+	return !d.tryCredential(contract)
+}
+
+// credentialRefused records that the target refused version, the credential a send
+// begun at sentAt presented: its operations wait until the credential is no longer
+// version. A refusal of a send begun before the one recorded (an earlier claim's
+// sends, answered late) changes nothing: it would only put off the next try.
+func (d *Dispatcher) credentialRefused(contract *target.Contract, version string, sentAt time.Time) {
+	d.refusedMu.Lock()
+	defer d.refusedMu.Unlock()
+	r, ok := d.refused[contract.Name]
+	switch {
+	case !ok:
 		d.log.Error("the target refused the broker's credential; its sends wait until the credential changes",
 			"target", contract.Name)
+	case r.version == version && sentAt.Before(r.at):
+		return
 	}
 	d.refused[contract.Name] = refusal{version: version, at: d.cfg.Clock()}
 	d.refusing.Store(true)
 }
 
-// credentialAnswered ends the target's refusal when a send made since it (sentAt, by
-// the dispatcher's clock) got another answer: the credential is no longer refused. A
-// send begun before the refusal says nothing of it.
+// credentialAnswered ends the target's refusal when a send begun since it (at sentAt)
+// got an answer that passed authentication (authenticated). A send begun before the
+// refusal says nothing of it.
 func (d *Dispatcher) credentialAnswered(contract *target.Contract, sentAt time.Time) {
 	if !d.refusing.Load() {
 		return
@@ -534,6 +575,28 @@ func (d *Dispatcher) credentialAnswered(contract *target.Contract, sentAt time.T
 		delete(d.refused, contract.Name)
 		d.refusing.Store(len(d.refused) > 0)
 	}
+}
+
+// credentialAnswer records what the answer to a send begun at sentAt, which presented
+// the credential's version, says of the credential.
+func (d *Dispatcher) credentialAnswer(contract *target.Contract, res target.Result, version string, sentAt time.Time) {
+	switch {
+	case res.Class == target.ClassCredentialRefused:
+		d.credentialRefused(contract, version, sentAt)
+	case authenticated(res.HTTPStatus):
+		d.credentialAnswered(contract, sentAt)
+	}
+}
+
+// authenticated reports whether an HTTP status says the request passed the target's
+// authentication: a 2xx, or a 4xx other than 401, 403, 407 and 429 (a throttle may
+// answer first). A 5xx may come from a proxy in front of it, and says nothing.
+func authenticated(status int) bool {
+	switch status {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired, http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 200 && status < 500
 }
 
 func (d *Dispatcher) signalFreed() {
@@ -640,7 +703,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 			log().Warn("the key's retention window closed before the replay was sent; not sending")
 			release()
 			d.record(contract, op, target.Result{Outcome: target.Unknown, Class: "REPLAY_WINDOW_CLOSED",
-				Summary: "the key's retention window, fixed when it was first sent, closed before the replay was sent; nothing was sent"})
+				Summary: "the key's retention window, as the ledger recorded it for the sends, closed before the replay was sent; nothing was sent"})
 			return
 		case op.KeyScope != contract.KeyScope():
 			log().Warn("the contract changed since the key was first sent; not sending the replay")
@@ -701,12 +764,7 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 		return
 	}
 	d.sends.Add(context.Background(), 1, d.sendsBy.Of(contract.Name, res.Class))
-	switch {
-	case res.Class == target.ClassCredentialRefused:
-		d.credentialRefused(contract, credential)
-	case res.HTTPStatus != 0:
-		d.credentialAnswered(contract, sentAt)
-	}
+	d.credentialAnswer(contract, res, credential, sentAt)
 	d.record(contract, op, res)
 	_ = crashpoint.Hit(crashpoint.DispatchAfterRecord)
 }

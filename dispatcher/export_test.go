@@ -29,3 +29,9 @@ func (d *Dispatcher) DeliverAfter(contract *target.Contract, op store.Claimed, a
 		d.deliver(contract, op, asOf, acquire)
 	}()
 }
+
+// CredentialAnswer records what the answer res to a send begun at sentAt, presenting
+// the credential the target's contract reads now, says of the credential, as a send does.
+func (d *Dispatcher) CredentialAnswer(contract *target.Contract, res target.Result, sentAt time.Time) {
+	d.credentialAnswer(contract, res, d.cfg.Connector.CredentialVersion(contract), sentAt)
+}

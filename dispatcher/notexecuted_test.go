@@ -166,6 +166,54 @@ func TestARefusalEndsWhenTheTargetAnswers(t *testing.T) {
 	claimUntil(t, b, d, len(ops)-1, "the others go once the target answered")
 }
 
+// TestTheTryOfARefusedCredentialIsNotSpentOnNothing: the chance to try a refused
+// credential again is taken by a send, not by a claim that found nothing due; one not
+// answered (never sent, say) comes back a minute later.
+func TestTheTryOfARefusedCredentialIsNotSpentOnNothing(t *testing.T) {
+	t.Parallel()
+	b, d, clock, _, ops := refusedSetup(t, 1)
+	_, err := b.pool.Exec(b.ctx, `UPDATE operations SET next_check_at = now() + interval '1 hour' WHERE operation_id = $1`, ops[0].ID)
+	require.NoError(t, err)
+	contract, ok := b.targets.ForType(simtarget.DemoCharge)
+	require.True(t, ok)
+	require.True(t, d.AwaitingCredential(contract))
+
+	clock.Advance(6 * time.Minute)
+	claimed, _, err := d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, claimed, "nothing due")
+	require.False(t, d.AwaitingCredential(contract), "a replay may take the try the empty claim left")
+	require.True(t, d.AwaitingCredential(contract), "one try at a time")
+	clock.Advance(time.Minute)
+	require.False(t, d.AwaitingCredential(contract), "a try that got no answer comes back")
+}
+
+// TestOnlyAnswersToLaterSendsMoveARefusal: an answer to a send begun before the refusal
+// says nothing of it (a late 401 does not put the next try off, a late 200 does not end
+// it), and only an answer that passed authentication ends it.
+func TestOnlyAnswersToLaterSendsMoveARefusal(t *testing.T) {
+	t.Parallel()
+	b, d, clock, _, _ := refusedSetup(t, 1)
+	contract, ok := b.targets.ForType(simtarget.DemoCharge)
+	require.True(t, ok)
+	refusedAt := clock.Now()
+	before := refusedAt.Add(-time.Second)
+	d.CredentialAnswer(contract, target.Result{HTTPStatus: 200, Class: target.ClassVerifiedSuccess}, before)
+	require.True(t, d.AwaitingCredential(contract), "a late success of an earlier send")
+
+	clock.Advance(6 * time.Minute)
+	d.CredentialAnswer(contract, target.Result{HTTPStatus: 401, Class: target.ClassCredentialRefused}, before)
+	require.False(t, d.AwaitingCredential(contract), "a late refusal of an earlier send does not put the try off")
+
+	for _, status := range []int{503, 429, 401} {
+		d.CredentialAnswer(contract, target.Result{HTTPStatus: status, Class: "SERVER_ERROR"}, clock.Now())
+		require.True(t, d.AwaitingCredential(contract), "a %d says nothing of the credential", status)
+	}
+	d.CredentialAnswer(contract, target.Result{HTTPStatus: 404, Class: "REJECTED"}, clock.Now())
+	require.False(t, d.AwaitingCredential(contract))
+	require.False(t, d.AwaitingCredential(contract), "the refusal ended")
+}
+
 // TestNotExecutedReplayStaysUnknown: a replay's answer documented as not executed says
 // nothing of the attempts before it, which may have executed: the operation stays
 // UNKNOWN for the reconciler, never PREPARED.

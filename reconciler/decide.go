@@ -367,7 +367,7 @@ func (in Input) replayable(absenceProven bool) (bool, string) {
 	case in.Conditional:
 		return true, ""
 	case in.KeyWindowLeft <= 0:
-		return false, "the key's retention window, fixed when it was first sent, has closed"
+		return false, "the key's retention window, as the ledger recorded it for the sends, has closed"
 	case !absenceProven && in.mayExecuteAgain():
 		return false, "an earlier attempt may have executed, and the target's key saves only successes, so a replay would execute it again; only a lookup that proves absence allows one"
 	}
