@@ -464,7 +464,8 @@ func (d *Dispatcher) slots(ctx context.Context, name string, q *queue) (func(), 
 // refusal is a target's refusal of the broker's credential.
 type refusal struct {
 	version string    // the credential's version it refused (Sender.CredentialVersion)
-	at      time.Time // when the refusal was recorded, by the dispatcher's clock
+	sentAt  time.Time // when the refused send began, by the dispatcher's clock
+	at      time.Time // when the refusal was recorded
 	tried   time.Time // when a send was last let through to try it again (zero: none since)
 }
 
@@ -477,6 +478,10 @@ const (
 	// credential another may be: the first may never have been sent (no slot, a lost
 	// fence) or answered.
 	credentialRetry = time.Minute
+	// credentialLapse is how long a refusal that no send has tried stands: a replica
+	// with nothing to send to the target would otherwise report it (and keep its alert
+	// firing) long after the vendor fixed its side.
+	credentialLapse = 2 * credentialRecheck
 )
 
 // gate is what credentialGate allows a target's sends.
@@ -505,15 +510,45 @@ func (d *Dispatcher) gateLocked(contract *target.Contract) gate {
 	switch {
 	case !ok:
 		return gateOpen
-	case d.cfg.Connector.CredentialVersion(contract) != r.version:
+	case d.credentialChanged(contract, r):
 		d.log.Info("the target's credential changed; sending to it again", "target", contract.Name)
-		delete(d.refused, contract.Name)
-		d.refusing.Store(len(d.refused) > 0)
+		d.forgetLocked(contract.Name)
+		return gateOpen
+	case now.Sub(r.at) >= credentialLapse && now.Sub(r.tried) >= credentialLapse:
+		d.log.Info("nothing tried the refused credential for a while; sending to the target again", "target", contract.Name)
+		d.forgetLocked(contract.Name)
 		return gateOpen
 	case now.Sub(r.at) >= credentialRecheck && (r.tried.IsZero() || now.Sub(r.tried) >= credentialRetry):
 		return gateProbe
 	}
 	return gateClosed
+}
+
+// forgetLocked ends the target's refusal; refusedMu is held.
+func (d *Dispatcher) forgetLocked(name string) {
+	delete(d.refused, name)
+	d.refusing.Store(len(d.refused) > 0)
+}
+
+// credentialChanged reports whether the credential the target refused is no longer
+// the one the broker has. One that cannot be read now (a secret being swapped) is not
+// taken for a change: nothing is sent with it anyway.
+func (d *Dispatcher) credentialChanged(contract *target.Contract, r refusal) bool {
+	v := d.cfg.Connector.CredentialVersion(contract)
+	return v != "" && v != r.version
+}
+
+// refusedSince reports whether the target refused the credential the broker still has
+// after asOf, when a claim was taken: its sends, claimed before the refusal, would be
+// refused too.
+func (d *Dispatcher) refusedSince(contract *target.Contract, asOf time.Time) bool {
+	if !d.refusing.Load() {
+		return false
+	}
+	d.refusedMu.Lock()
+	defer d.refusedMu.Unlock()
+	r, ok := d.refused[contract.Name]
+	return ok && r.at.After(asOf) && !d.credentialChanged(contract, r)
 }
 
 // tryCredential reports whether a send may go to the target now: none is refused, or
@@ -545,7 +580,8 @@ func (d *Dispatcher) AwaitingCredential(contract *target.Contract) bool {
 // credentialRefused records that the target refused version, the credential a send
 // begun at sentAt presented: its operations wait until the credential is no longer
 // version. A refusal of a send begun before the one recorded (an earlier claim's
-// sends, answered late) changes nothing: it would only put off the next try.
+// sends, answered late; a credential since replaced) changes nothing: it would only
+// put off the next try, or stand for a credential the broker no longer has.
 func (d *Dispatcher) credentialRefused(contract *target.Contract, version string, sentAt time.Time) {
 	d.refusedMu.Lock()
 	defer d.refusedMu.Unlock()
@@ -554,26 +590,25 @@ func (d *Dispatcher) credentialRefused(contract *target.Contract, version string
 	case !ok:
 		d.log.Error("the target refused the broker's credential; its sends wait until the credential changes",
 			"target", contract.Name)
-	case r.version == version && sentAt.Before(r.at):
+	case sentAt.Before(r.sentAt):
 		return
 	}
-	d.refused[contract.Name] = refusal{version: version, at: d.cfg.Clock()}
+	d.refused[contract.Name] = refusal{version: version, sentAt: sentAt, at: d.cfg.Clock()}
 	d.refusing.Store(true)
 }
 
-// credentialAnswered ends the target's refusal when a send begun since it (at sentAt)
-// got an answer that passed authentication (authenticated). A send begun before the
-// refusal says nothing of it.
+// credentialAnswered ends the target's refusal when a send begun no earlier than the
+// refused one (at sentAt) got an answer that passed authentication (authenticated). A
+// send begun before it says nothing of it.
 func (d *Dispatcher) credentialAnswered(contract *target.Contract, sentAt time.Time) {
 	if !d.refusing.Load() {
 		return
 	}
 	d.refusedMu.Lock()
 	defer d.refusedMu.Unlock()
-	if r, ok := d.refused[contract.Name]; ok && !sentAt.Before(r.at) {
+	if r, ok := d.refused[contract.Name]; ok && !sentAt.Before(r.sentAt) {
 		d.log.Info("the target accepted the broker's credential again", "target", contract.Name)
-		delete(d.refused, contract.Name)
-		d.refusing.Store(len(d.refused) > 0)
+		d.forgetLocked(contract.Name)
 	}
 }
 
@@ -590,13 +625,14 @@ func (d *Dispatcher) credentialAnswer(contract *target.Contract, res target.Resu
 
 // authenticated reports whether an HTTP status says the request passed the target's
 // authentication: a 2xx, or a 4xx other than 401, 403, 407 and 429 (a throttle may
-// answer first). A 5xx may come from a proxy in front of it, and says nothing.
+// answer first). A 3xx (a gateway's login page) and a 5xx (a proxy in front of it) say
+// nothing.
 func authenticated(status int) bool {
 	switch status {
 	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired, http.StatusTooManyRequests:
 		return false
 	}
-	return status >= 200 && status < 500
+	return status >= 200 && status < 300 || status >= 400 && status < 500
 }
 
 func (d *Dispatcher) signalFreed() {
@@ -722,6 +758,16 @@ func (d *Dispatcher) deliver(contract *target.Contract, op store.Claimed, asOf t
 	if sendCtx.Err() != nil || callCtx.Err() != nil {
 		release()
 		d.cutBeforeSend(contract, op, sendCtx)
+		return
+	}
+	// Claimed before the target refused the credential it would present: every such
+	// send would be refused too, and a burst of failed logins can get the account
+	// locked. Given back unsent, to go when the credential is fixed. (A replay was let
+	// through by the reconciler's own check.)
+	if !mayHaveExecuted(op) && d.refusedSince(contract, asOf) {
+		release()
+		d.record(contract, op, target.Result{Outcome: target.NotExecuted, Class: "NOT_STARTED",
+			Summary: "the target refused the broker's credential after this claim was taken; nothing was sent"})
 		return
 	}
 	credential, sentAt := d.cfg.Connector.CredentialVersion(contract), d.cfg.Clock()

@@ -135,6 +135,11 @@ func TestRefusedCredentialWaitsForANewOne(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, claimed, "and waits again")
 
+	// Mid-swap, the secret cannot be read: not a new credential.
+	require.NoError(t, os.Remove(secret))
+	claimed, _, err = d.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, claimed, "a credential that cannot be read is no change")
 	require.NoError(t, os.WriteFile(secret, []byte("rotated-token"), 0o600))
 	claimUntil(t, b, d, len(ops), "the new credential is noticed without a restart")
 	for _, op := range ops {
@@ -186,6 +191,13 @@ func TestTheTryOfARefusedCredentialIsNotSpentOnNothing(t *testing.T) {
 	require.True(t, d.AwaitingCredential(contract), "one try at a time")
 	clock.Advance(time.Minute)
 	require.False(t, d.AwaitingCredential(contract), "a try that got no answer comes back")
+	require.True(t, d.AwaitingCredential(contract))
+
+	// Ten minutes with nothing tried: the refusal lapses, so that a replica with nothing
+	// to send does not report it long after the vendor fixed its side.
+	clock.Advance(10 * time.Minute)
+	require.False(t, d.AwaitingCredential(contract))
+	require.False(t, d.AwaitingCredential(contract), "lapsed, not a try")
 }
 
 // TestOnlyAnswersToLaterSendsMoveARefusal: an answer to a send begun before the refusal
@@ -205,13 +217,40 @@ func TestOnlyAnswersToLaterSendsMoveARefusal(t *testing.T) {
 	d.CredentialAnswer(contract, target.Result{HTTPStatus: 401, Class: target.ClassCredentialRefused}, before)
 	require.False(t, d.AwaitingCredential(contract), "a late refusal of an earlier send does not put the try off")
 
-	for _, status := range []int{503, 429, 401} {
+	for _, status := range []int{503, 429, 401, 302} {
 		d.CredentialAnswer(contract, target.Result{HTTPStatus: status, Class: "SERVER_ERROR"}, clock.Now())
 		require.True(t, d.AwaitingCredential(contract), "a %d says nothing of the credential", status)
 	}
 	d.CredentialAnswer(contract, target.Result{HTTPStatus: 404, Class: "REJECTED"}, clock.Now())
 	require.False(t, d.AwaitingCredential(contract))
 	require.False(t, d.AwaitingCredential(contract), "the refusal ended")
+}
+
+// TestAClaimTakenBeforeARefusalIsNotSent: the target refused the credential after a
+// claim was taken and before its send: the send is not made into the refusal (it
+// would be refused too), and the operation goes back to PREPARED unsent.
+func TestAClaimTakenBeforeARefusalIsNotSent(t *testing.T) {
+	t.Parallel()
+	secret := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(secret, []byte("token"), 0o600))
+	b := setup(t, simtarget.Config{Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: secret}},
+		Credential: "token"})
+	op := b.prepare(t, "acme", simtarget.DemoCharge, "claimed-before", `{"amount":5}`)
+	clock := clocktest.New(0)
+	d := b.dispatcher(t, dispatcher.Config{Clock: clock.Now})
+	asOf := clock.Now()
+	claimed := b.claimOne(t, "w", time.Minute)
+	contract, ok := b.targets.ForType(simtarget.DemoCharge)
+	require.True(t, ok)
+	clock.Advance(time.Second)
+	d.CredentialAnswer(contract, target.Result{HTTPStatus: 401, Class: target.ClassCredentialRefused}, clock.Now())
+
+	d.Deliver(contract, claimed, asOf)
+	got := b.get(t, op)
+	require.Equal(t, store.StatePrepared, got.State)
+	require.Equal(t, "NOT_STARTED", got.LastObservation.Outcome)
+	require.Contains(t, got.LastObservation.Summary, "refused the broker's credential")
+	require.Nil(t, b.sim.Snapshot().Keys[b.remoteKey(t, op)], "nothing was sent")
 }
 
 // TestNotExecutedReplayStaysUnknown: a replay's answer documented as not executed says
