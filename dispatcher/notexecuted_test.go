@@ -3,7 +3,6 @@ package dispatcher_test
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
+	"github.com/opbroker/opbroker/targettest"
 )
 
 // TestNotExecutedIsSentAgain: a 429 the contract documents as not executed puts the
@@ -64,10 +64,8 @@ func TestNotExecutedBudget(t *testing.T) {
 // once, and due again.
 func refusedSetup(t *testing.T, n int) (*testBundle, *dispatcher.Dispatcher, *clocktest.Clock, string, []store.Operation) {
 	t.Helper()
-	secret := filepath.Join(t.TempDir(), "token")
-	require.NoError(t, os.WriteFile(secret, []byte("old-token"), 0o600))
-	b := setup(t, simtarget.Config{Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: secret}},
-		Credential: "rotated-token"})
+	auth, secret := targettest.BearerFile(t, "old-token")
+	b := setup(t, simtarget.Config{Auth: auth, Credential: "rotated-token"})
 	ops := make([]store.Operation, n)
 	for i := range ops {
 		ops[i] = b.prepare(t, "acme", simtarget.DemoCharge, fmt.Sprint("refused-", i), `{"amount":5}`)
@@ -231,10 +229,8 @@ func TestOnlyAnswersToLaterSendsMoveARefusal(t *testing.T) {
 // would be refused too), and the operation goes back to PREPARED unsent.
 func TestAClaimTakenBeforeARefusalIsNotSent(t *testing.T) {
 	t.Parallel()
-	secret := filepath.Join(t.TempDir(), "token")
-	require.NoError(t, os.WriteFile(secret, []byte("token"), 0o600))
-	b := setup(t, simtarget.Config{Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: secret}},
-		Credential: "token"})
+	auth, _ := targettest.BearerFile(t, "token")
+	b := setup(t, simtarget.Config{Auth: auth, Credential: "token"})
 	op := b.prepare(t, "acme", simtarget.DemoCharge, "claimed-before", `{"amount":5}`)
 	clock := clocktest.New(0)
 	d := b.dispatcher(t, dispatcher.Config{Clock: clock.Now})

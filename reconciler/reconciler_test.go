@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -673,10 +672,8 @@ func TestTwoReconcilersRace(t *testing.T) {
 // changes, the replay goes and the intent completes with one effect.
 func TestAReplayWaitsForARefusedCredential(t *testing.T) {
 	t.Parallel()
-	secret := filepath.Join(t.TempDir(), "token")
-	require.NoError(t, os.WriteFile(secret, []byte("old-token"), 0o600))
-	b := setup(t, simtarget.Config{Auth: &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: secret}},
-		Credential: "old-token"})
+	auth, secret := targettest.BearerFile(t, "old-token")
+	b := setup(t, simtarget.Config{Auth: auth, Credential: "old-token"})
 	op := b.prepare(t, simtarget.DemoCharge, "unknown-while-refused", `{"amount":100}`)
 	b.answered(t, op, store.Observation{ObservedAt: time.Now(), Source: "DISPATCH", Outcome: "TIMEOUT"})
 	b.sim.SetCredential("rotated-token") // the vendor revoked the old one

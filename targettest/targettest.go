@@ -3,6 +3,8 @@ package targettest
 
 import (
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -45,4 +47,13 @@ func Claim(t testing.TB, targets *target.Targets, name string, fair store.FairCl
 	require.True(t, ok, "no target %q", name)
 	return store.ClaimParams{KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(),
 		LookupScope: contract.LookupScope(), FairClaim: fair}
+}
+
+// BearerFile returns a bearer credential read from a file of its own that holds token,
+// and the file's path: a test rotates the credential by writing the file.
+func BearerFile(t testing.TB, token string) (*target.Auth, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(path, []byte(token), 0o600))
+	return &target.Auth{Scheme: target.AuthBearer, Secret: target.Secret{File: path}}, path
 }
