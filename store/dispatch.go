@@ -38,7 +38,8 @@ type Claimed struct {
 	// operation first sent before the window was recorded). KeyScope is the fingerprint
 	// of the scope the key was sent in by the first send that may have executed
 	// (target.Contract.KeyScope), or ""; LookupScope that of the lookup it was sent
-	// under (target.Contract.LookupScope), or "" (none, or sent before it was recorded).
+	// under (target.Contract.LookupScope, hexadecimal), or "" (none, or sent before it
+	// was recorded).
 	KeyWindowLeft *time.Duration
 	KeyScope      string
 	LookupScope   string
@@ -324,7 +325,7 @@ const operationKey = `r.tenant_id = k.tenant_id AND r.operation_id = k.operation
 // payload and key, and the durations of Claimed, in microseconds.
 var claimedColumns = operationColumns + `, payload, ` +
 	micros("lease_expires_at - now()") + `, coalesce(` + micros("now() - first_sent_at") + `, 0), ` +
-	micros("dispatch_deadline - now()") + `, ` + micros("key_window_end - now()") + `, coalesce(key_scope, ''), coalesce(lookup_scope, '')`
+	micros("dispatch_deadline - now()") + `, ` + micros("key_window_end - now()") + `, coalesce(key_scope, ''), coalesce(encode(lookup_scope, 'hex'), '')`
 
 // micros returns the SQL of an interval expression in whole microseconds (NULL stays
 // NULL); interval is a constant of this package, never input.
@@ -383,7 +384,7 @@ func (q Scope) claimFrom(ctx context.Context, p ClaimParams) ([]Claimed, error) 
 				state = 'IN_FLIGHT', revision = o.revision + 1, fence_token = o.fence_token + 1,
 				attempt_count = o.attempt_count + 1, lease_owner = $6, lease_expires_at = now() + $7::interval,
 				first_sent_at = coalesce(o.first_sent_at, now()), next_check_at = NULL, updated_at = now(),
-				key_window_end = least(o.key_window_end, now() + $8::interval), key_scope = $9, lookup_scope = $10
+				key_window_end = least(o.key_window_end, now() + $8::interval), key_scope = $9, lookup_scope = decode($10, 'hex')
 			`+pickedRows("picked")+`
 			RETURNING o.*
 		), ev AS (`+eventsFrom("claimed", "'PREPARED'", "'dispatcher:' || $6", "NULL", "NULL")+`)

@@ -940,16 +940,16 @@ func TestKeyWindowAndScopesAreThoseOfTheFirstSendThatCanExecute(t *testing.T) {
 	// edited one (a rolling deploy, a rollback): a longer retention, then a shorter.
 	for i, second := range []time.Duration{48 * time.Hour, time.Minute} {
 		ids = append(ids, b.prepareN(t, []string{"acme", "globex"}[i], 1)[0])
-		first := claimedAs(ids[i], time.Hour, "scope-1", "lookup-1")
+		first := claimedAs(ids[i], time.Hour, "scope-1", "aa01")
 		require.NotNil(t, first.KeyWindowLeft)
 		require.InDelta(t, time.Hour, *first.KeyWindowLeft, float64(time.Minute))
 		require.Equal(t, "scope-1", first.KeyScope)
-		require.Equal(t, "lookup-1", first.LookupScope)
+		require.Equal(t, "aa01", first.LookupScope)
 		notExecuted(first)
-		again := claimedAs(ids[i], second, "scope-2", "lookup-2")
+		again := claimedAs(ids[i], second, "scope-2", "aa02")
 		require.InDelta(t, min(time.Hour, second), *again.KeyWindowLeft, float64(30*time.Second), "the earlier end")
 		require.Equal(t, "scope-2", again.KeyScope, "the scope of the send that can execute")
-		require.Equal(t, "lookup-2", again.LookupScope, "and its lookup's")
+		require.Equal(t, "aa02", again.LookupScope, "and its lookup's")
 	}
 
 	for _, set := range []string{"key_scope = 'scope-3'", "key_scope = NULL", "lookup_scope = 'lookup-3'", "lookup_scope = NULL",
@@ -959,7 +959,7 @@ func TestKeyWindowAndScopesAreThoseOfTheFirstSendThatCanExecute(t *testing.T) {
 	}
 	// While PREPARED again, only the window's coming sooner and the scopes are allowed.
 	prepared := b.prepareN(t, "initech", 1)[0]
-	notExecuted(claimedAs(prepared, time.Hour, "scope-1", "lookup-1"))
+	notExecuted(claimedAs(prepared, time.Hour, "scope-1", "aa01"))
 	for set, allowed := range map[string]bool{
 		"key_window_end = key_window_end + interval '1 second'": false, "key_window_end = NULL": false,
 		"key_window_end = key_window_end - interval '1 second'": true, "key_scope = 'scope-3', lookup_scope = NULL": true,

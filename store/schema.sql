@@ -438,7 +438,7 @@ CREATE TABLE opbroker.operations (
     key_scope text,
     not_before timestamp with time zone,
     trace_parent text,
-    lookup_scope text,
+    lookup_scope bytea,
     CONSTRAINT operations_counters CHECK (((revision >= 1) AND (fence_token >= 0) AND (attempt_count >= 0))),
     CONSTRAINT operations_deadline_after_not_before CHECK (((dispatch_deadline IS NULL) OR (not_before IS NULL) OR (dispatch_deadline > not_before))),
     CONSTRAINT operations_escalated_has_owner CHECK (((state <> 'ESCALATED'::opbroker.operation_state) OR COALESCE(((escalation ? 'owner'::text) AND (escalation ? 'reason'::text)), false))),

@@ -199,8 +199,10 @@ func (c *Contract) KeyScope() string {
 // LookupScope fingerprints where the lookup asks for an operation's effect and what it
 // takes as "not found": its method, its URL and its not-found statuses (its headers and
 // credential are the endpoint's, in KeyScope). The ledger keeps it as it keeps
-// KeyScope; a "not found" proves absence only while the contract still has it. "" for
-// a target without a lookup.
+// KeyScope; a "not found" proves absence only while the contract still has it. It is
+// the first 16 bytes of a SHA-256, in hexadecimal (the ledger writes it with every
+// version of an operation's row, so it is kept short); "" for a target without a
+// lookup.
 func (c *Contract) LookupScope() string {
 	l := c.Lookup
 	if l == nil {
@@ -208,7 +210,7 @@ func (c *Contract) LookupScope() string {
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "target %q\nlookup %q %q\nnot found %v\n", c.Name, l.Method, l.URL, slices.Compact(slices.Sorted(slices.Values(l.NotFound))))
-	return hex.EncodeToString(h.Sum(nil))
+	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // Lookup finds an effect by the operation's remote key (capability B).

@@ -16,7 +16,7 @@
 -- window stays the earliest of the claims' (a target may keep a key it did not execute
 -- under): while PREPARED it may only come sooner, then never change. The other rules
 -- are as in 028.
-ALTER TABLE operations ADD COLUMN lookup_scope text;
+ALTER TABLE operations ADD COLUMN lookup_scope bytea; -- 16 bytes: rewritten with the row at each transition
 
 DROP TRIGGER operations_guard ON operations;
 CREATE TRIGGER operations_guard BEFORE UPDATE ON operations FOR EACH ROW WHEN (
