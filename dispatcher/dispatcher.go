@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,6 +148,9 @@ type Dispatcher struct {
 	// have fixed its side (credentialRecheck).
 	refusedMu sync.Mutex
 	refused   map[string]refusal
+	// passed holds, per target whose refusal a send ended, when that send began: a
+	// refusal of a send begun earlier, answered late, does not start a new one.
+	passed map[string]time.Time
 	// refusing is whether refused holds any target, read without the lock by every
 	// send that gets an answer.
 	refusing atomic.Bool
@@ -182,6 +184,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		limiter: target.NewLimiter(cfg.Targets, cfg.PoolSize),
 		queues:  map[string]*queue{},
 		refused: map[string]refusal{},
+		passed:  map[string]time.Time{},
 		freed:   make(chan struct{}, 1),
 		tracer:  cfg.TracerProvider.Tracer("github.com/opbroker/opbroker/dispatcher"),
 		sendsBy: brokermetrics.NewPairs("target", "class"),
@@ -499,6 +502,9 @@ const (
 // answers a send with anything but a refusal (credentialAnswered). It only looks: the
 // sender that takes the chance says so with tryCredential.
 func (d *Dispatcher) credentialGate(contract *target.Contract) gate {
+	if !d.refusing.Load() {
+		return gateOpen
+	}
 	d.refusedMu.Lock()
 	defer d.refusedMu.Unlock()
 	return d.gateLocked(contract)
@@ -555,6 +561,9 @@ func (d *Dispatcher) refusedSince(contract *target.Contract, asOf time.Time) boo
 // this one is let through to try a refused credential again (and no other is for
 // credentialRetry).
 func (d *Dispatcher) tryCredential(contract *target.Contract) bool {
+	if !d.refusing.Load() {
+		return true
+	}
 	d.refusedMu.Lock()
 	defer d.refusedMu.Unlock()
 	switch d.gateLocked(contract) {
@@ -587,6 +596,8 @@ func (d *Dispatcher) credentialRefused(contract *target.Contract, version string
 	defer d.refusedMu.Unlock()
 	r, ok := d.refused[contract.Name]
 	switch {
+	case !ok && sentAt.Before(d.passed[contract.Name]):
+		return // begun before the send that ended the last refusal
 	case !ok:
 		d.log.Error("the target refused the broker's credential; its sends wait until the credential changes",
 			"target", contract.Name)
@@ -608,6 +619,7 @@ func (d *Dispatcher) credentialAnswered(contract *target.Contract, sentAt time.T
 	defer d.refusedMu.Unlock()
 	if r, ok := d.refused[contract.Name]; ok && !sentAt.Before(r.sentAt) {
 		d.log.Info("the target accepted the broker's credential again", "target", contract.Name)
+		d.passed[contract.Name] = sentAt
 		d.forgetLocked(contract.Name)
 	}
 }
@@ -618,21 +630,24 @@ func (d *Dispatcher) credentialAnswer(contract *target.Contract, res target.Resu
 	switch {
 	case res.Class == target.ClassCredentialRefused:
 		d.credentialRefused(contract, version, sentAt)
-	case authenticated(res.HTTPStatus):
+	case authenticated(res.Class):
 		d.credentialAnswered(contract, sentAt)
 	}
 }
 
-// authenticated reports whether an HTTP status says the request passed the target's
-// authentication: a 2xx, or a 4xx other than 401, 403, 407 and 429 (a throttle may
-// answer first). A 3xx (a gateway's login page) and a 5xx (a proxy in front of it) say
-// nothing.
-func authenticated(status int) bool {
-	switch status {
-	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired, http.StatusTooManyRequests:
-		return false
+// authenticated reports whether an answer's class says the request passed the target's
+// authentication: the contract lists its status as a success, a rejection, a failed
+// precondition or work in progress (or it is a 202). A documented not-executed answer
+// (a 429, a 503), a redirect (a gateway's login page), a 5xx and an unlisted status (a
+// proxy's 400 or 408) may come from in front of the authentication, and say nothing.
+func authenticated(class string) bool {
+	switch class {
+	case target.ClassVerifiedSuccess, target.ClassSuccessWithoutRef, target.ClassPending, target.ClassDocumentedFailure,
+		target.ClassNotConfirmed, target.ClassDocumentedRejection, target.ClassPreconditionFailed, target.ClassInProgress,
+		target.ClassAccepted:
+		return true
 	}
-	return status >= 200 && status < 300 || status >= 400 && status < 500
+	return false
 }
 
 func (d *Dispatcher) signalFreed() {

@@ -215,13 +215,21 @@ func TestOnlyAnswersToLaterSendsMoveARefusal(t *testing.T) {
 	d.CredentialAnswer(contract, target.Result{HTTPStatus: 401, Class: target.ClassCredentialRefused}, before)
 	require.False(t, d.AwaitingCredential(contract), "a late refusal of an earlier send does not put the try off")
 
-	for _, status := range []int{503, 429, 401, 302} {
-		d.CredentialAnswer(contract, target.Result{HTTPStatus: status, Class: "SERVER_ERROR"}, clock.Now())
-		require.True(t, d.AwaitingCredential(contract), "a %d says nothing of the credential", status)
+	for _, res := range []target.Result{
+		{HTTPStatus: 503, Class: target.ClassServerError}, {HTTPStatus: 429, Class: target.ClassThrottled},
+		{HTTPStatus: 302, Class: target.ClassRedirect}, {HTTPStatus: 400, Class: target.ClassUnlistedStatus},
+		{HTTPStatus: 503, Class: target.ClassNotExecuted},
+	} {
+		d.CredentialAnswer(contract, res, clock.Now())
+		require.True(t, d.AwaitingCredential(contract), "a %d (%s) says nothing of the credential", res.HTTPStatus, res.Class)
 	}
-	d.CredentialAnswer(contract, target.Result{HTTPStatus: 404, Class: "REJECTED"}, clock.Now())
+	d.CredentialAnswer(contract, target.Result{HTTPStatus: 404, Class: target.ClassDocumentedRejection}, clock.Now())
 	require.False(t, d.AwaitingCredential(contract))
 	require.False(t, d.AwaitingCredential(contract), "the refusal ended")
+
+	// A refusal of a send begun before the one that ended it starts no new one.
+	d.CredentialAnswer(contract, target.Result{HTTPStatus: 401, Class: target.ClassCredentialRefused}, before)
+	require.False(t, d.AwaitingCredential(contract), "a late refusal of an earlier send")
 }
 
 // TestAClaimTakenBeforeARefusalIsNotSent: the target refused the credential after a
