@@ -61,6 +61,8 @@ type ledgerAttempt struct {
 	Claimed  time.Time
 	Finished *time.Time
 	Outcome  string
+	// Sent, for an applied outcome, says whether the request can have left.
+	Sent bool
 }
 
 // attempts derives the operation's attempts from its events and stale outcomes.
@@ -73,7 +75,7 @@ func (op *ledgerOp) attempts() []ledgerAttempt {
 		a := ledgerAttempt{Fence: e.Fence, Worker: e.Actor, Claimed: e.At}
 		for _, f := range op.Events {
 			if f.From != nil && *f.From == "IN_FLIGHT" && f.Fence == e.Fence && f.Sent != nil {
-				a.Applied, a.Finished, a.Outcome = true, &f.At, f.Class
+				a.Applied, a.Finished, a.Outcome, a.Sent = true, &f.At, f.Class, *f.Sent
 			}
 		}
 		for _, st := range op.Stale {
@@ -449,10 +451,11 @@ func auditAmendment(op, original *ledgerOp, truth map[string]*simtarget.KeyTruth
 	found, _, _ := strings.Cut(strings.TrimPrefix(op.Events[0].Reason, "SUPERSEDES_"), " ")
 	switch {
 	case found == "PREPARED":
-		// PREPARED: never sent, or only answered with answers documented as not executed.
+		// PREPARED: never sent, or only answered with answers documented as not executed
+		// (or given back unsent: NOT_STARTED, before a send into a refused credential).
 		kt := orEmpty(truth[original.RemoteKey])
 		executable := slices.ContainsFunc(original.attempts(), func(a ledgerAttempt) bool {
-			return a.Outcome != target.ClassNotExecuted && a.Outcome != target.ClassCredentialRefused
+			return a.Outcome != target.ClassNotExecuted && a.Outcome != target.ClassCredentialRefused && !(a.Applied && !a.Sent)
 		})
 		if original.State != "CANCELLED" || executable || kt.Effects > 0 {
 			fail("I11", "%s: amended %s while PREPARED, but the original is %s with %d attempts and %d effects\n%s",

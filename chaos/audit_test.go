@@ -58,16 +58,16 @@ func TestAuditFindsOutcomesOutsideTheirFence(t *testing.T) {
 }
 
 // TestAuditReadsAnAttemptsClass: I11 accepts an amendment of an original PREPARED again
-// after answers documented as not executed, and only then, reading each attempt's class
-// from its holder's outcome.
+// after answers documented as not executed, or attempts given back unsent, and only
+// then, reading each attempt's class and whether it left from its holder's outcome.
 func TestAuditReadsAnAttemptsClass(t *testing.T) {
 	state := func(s string) *string { return &s }
-	notSent := false
-	for class, want := range map[string]int{"NOT_EXECUTED": 0, "TIMEOUT": 1} {
+	for class, want := range map[string]int{"NOT_EXECUTED": 0, "NOT_STARTED": 0, "TIMEOUT": 1} {
+		sent := class != "NOT_STARTED"
 		original := &ledgerOp{Name: "original", State: "CANCELLED", Events: []ledgerEvent{
 			{Revision: 1, To: "PREPARED"},
 			{Revision: 2, From: state("PREPARED"), To: "IN_FLIGHT", Fence: 1},
-			{Revision: 3, From: state("IN_FLIGHT"), To: "PREPARED", Fence: 1, Reason: class + " " + class, Class: class, Sent: &notSent},
+			{Revision: 3, From: state("IN_FLIGHT"), To: "PREPARED", Fence: 1, Reason: class + " " + class, Class: class, Sent: &sent},
 			{Revision: 4, From: state("PREPARED"), To: "CANCELLED", Fence: 1},
 		}}
 		amendment := &ledgerOp{Name: "amendment", Events: []ledgerEvent{{Revision: 1, To: "PREPARED", Reason: "SUPERSEDES_PREPARED "}}}
