@@ -394,9 +394,7 @@ func (d *Dispatcher) runOnce(ctx context.Context) (claimed int, full bool, err e
 		// Where this claim's walk over the tenants ends, read just before it: the next
 		// claim starts there if this one is short (store.CursorAfter).
 		walkEnd, walkErr := d.cfg.Store.AllTenants().WalkEnd(claimCtx, store.StatePrepared, fair)
-		ops, claimErr := d.cfg.Store.AllTenants().Claim(claimCtx, store.ClaimParams{
-			KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(), LookupScope: contract.LookupScope(),
-			FairClaim: fair})
+		ops, claimErr := d.cfg.Store.AllTenants().Claim(claimCtx, ClaimParams(contract, fair))
 		cancelClaim()
 		span.SetAttributes(attribute.Int("opbroker.claim.claimed", len(ops)))
 		tracing.End(span, claimErr)
@@ -462,6 +460,14 @@ func (d *Dispatcher) slots(ctx context.Context, name string, q *queue) (func(), 
 			d.signalFreed()
 		})
 	}, nil
+}
+
+// ClaimParams returns what a claim of the contract's operations asks, as the claim loop
+// asks it: fair's operations, with the key's retention and scope and the lookup's
+// scope, which the claim records for the sends (store.ClaimParams).
+func ClaimParams(contract *target.Contract, fair store.FairClaim) store.ClaimParams {
+	return store.ClaimParams{KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(),
+		LookupScope: contract.LookupScope(), FairClaim: fair}
 }
 
 // refusal is a target's refusal of the broker's credential.

@@ -114,9 +114,17 @@ func (b *testBundle) remoteKey(t *testing.T, op store.Operation) string {
 
 // claimOne claims for worker, under lease, the one PREPARED operation of the demo
 // charges' target, as the dispatcher's claim loop would.
+// payments is the contract of the demo target's charges.
+func (b *testBundle) payments(t *testing.T) *target.Contract {
+	t.Helper()
+	contract, ok := b.targets.ByName("demo-payments")
+	require.True(t, ok)
+	return contract
+}
+
 func (b *testBundle) claimOne(t *testing.T, worker string, lease time.Duration) store.Claimed {
 	t.Helper()
-	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+	claimed, err := b.store.AllTenants().Claim(b.ctx, dispatcher.ClaimParams(b.payments(t), store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: worker, Lease: lease, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
@@ -797,7 +805,7 @@ func (b *testBundle) replayClaim(t *testing.T, op store.Operation) (store.Claime
 	// claim until op is taken.
 	var fence int64
 	require.Eventually(t, func() bool {
-		claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+		claimed, err := b.store.AllTenants().Claim(b.ctx, dispatcher.ClaimParams(b.payments(t), store.FairClaim{
 			OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 		require.NoError(t, err)
 		if len(claimed) == 0 {

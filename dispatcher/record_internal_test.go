@@ -119,7 +119,7 @@ func claimCharges(t *testing.T, st *store.Store, cfg Config, n int) (recordFixtu
 	for i := range n {
 		storetest.PrepareJSON(t, st, "acme", simtarget.DemoCharge, fmt.Sprintf("order-%d", i+1), `{"amount":1}`)
 	}
-	claimed, err := st.AllTenants().Claim(context.Background(), targettest.Claim(t, targets, f.contract.Name, store.FairClaim{
+	claimed, err := st.AllTenants().Claim(context.Background(), ClaimParams(f.contract, store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: n, PerTenant: n, MaxTenants: 1}))
 	require.NoError(t, err)
 	require.Len(t, claimed, n)

@@ -14,7 +14,6 @@ import (
 	"github.com/opbroker/opbroker/simtarget"
 	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
-	"github.com/opbroker/opbroker/targettest"
 )
 
 // skewedReconciler returns a reconciler whose clock, and its dispatcher's, is skew off
@@ -38,7 +37,7 @@ func (b *testBundle) skewedReconciler(t *testing.T, skew time.Duration) *reconci
 // same-key replay can complete it.
 func (b *testBundle) unknownNeverSent(t *testing.T, op store.Operation) {
 	t.Helper()
-	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+	claimed, err := b.store.AllTenants().Claim(b.ctx, dispatcher.ClaimParams(b.payments(t), store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)

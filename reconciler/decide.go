@@ -317,11 +317,11 @@ func (in Input) BudgetSpent() bool {
 // the contract may misread the target, but neither a failure nor a replay can follow.
 func (in Input) afterVerifiedSuccess(budgetSpent bool) Decision {
 	const answered = "the target answered a send with a verified success after its sender lost the fence"
+	if d, ok := in.notVisibleYet(budgetSpent, answered); ok {
+		return d
+	}
 	switch in.Evidence.Kind {
 	case NotFound:
-		if in.SinceLastSend < in.VisibilityDelay {
-			return in.waitOrEscalate(budgetSpent, in.VisibilityDelay-in.SinceLastSend, answered+"; the lookup does not find it yet, and the last send's write may not be visible")
-		}
 		return Decision{Action: Escalate, Reason: answered + ", but a lookup after the visibility delay does not find the effect: the contract or the target contradicts itself"}
 	case FoundFailed:
 		return Decision{Action: Escalate, Reason: answered + ", but a lookup finds the object failed: the contract or the target contradicts itself"}
@@ -335,13 +335,24 @@ func (in Input) afterVerifiedSuccess(budgetSpent bool) Decision {
 // neither a replay nor a failure can follow.
 func (in Input) afterEffectExists(budgetSpent bool) Decision {
 	const refused = "the target refused a send because its precondition failed: an earlier send made the effect"
+	if d, ok := in.notVisibleYet(budgetSpent, refused); ok {
+		return d
+	}
 	if in.Evidence.Kind == NotFound {
-		if in.SinceLastSend < in.VisibilityDelay {
-			return in.waitOrEscalate(budgetSpent, in.VisibilityDelay-in.SinceLastSend, refused+"; the lookup does not find it yet, and the last send's write may not be visible")
-		}
 		return Decision{Action: Escalate, Reason: refused + ", but a lookup after the visibility delay does not find it: it may have been removed since; it is never sent again"}
 	}
 	return in.waitOrEscalate(budgetSpent, 0, refused+"; look it up to confirm it matches (no replay, no failure)")
+}
+
+// notVisibleYet waits (or escalates, with the budget spent) while a lookup's "not found"
+// may only mean that the last send's write is not visible yet, saying so after what;
+// ok is false otherwise.
+func (in Input) notVisibleYet(budgetSpent bool, what string) (d Decision, ok bool) {
+	if in.Evidence.Kind != NotFound || in.SinceLastSend >= in.VisibilityDelay {
+		return Decision{}, false
+	}
+	return in.waitOrEscalate(budgetSpent, in.VisibilityDelay-in.SinceLastSend,
+		what+"; the lookup does not find it yet, and the last send's write may not be visible"), true
 }
 
 // replayable reports whether a same-key replay is allowed now, and if not, why.

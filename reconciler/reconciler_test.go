@@ -84,6 +84,14 @@ func (b *testBundle) amend(typ, intent, body string, supersedes uuid.UUID) (stor
 	return op, err
 }
 
+// payments is the contract of the demo target's charges.
+func (b *testBundle) payments(t *testing.T) *target.Contract {
+	t.Helper()
+	contract, ok := b.targets.ByName("demo-payments")
+	require.True(t, ok)
+	return contract
+}
+
 func (b *testBundle) get(t *testing.T, op store.Operation) store.Operation {
 	t.Helper()
 	got, err := b.store.AllTenants().Get(b.ctx, op.TenantID, op.ID)
@@ -210,7 +218,7 @@ func TestReplayInsideTheWindow(t *testing.T) {
 	// The first send is recorded as one that never left (CONNECT_FAILED): no attempt can
 	// have executed, so a replay is safe on the key alone.
 	op := b.prepare(t, simtarget.DemoCharge, "order-2", `{"amount":100}`)
-	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, "demo-payments", store.FairClaim{
+	claimed, err := b.store.AllTenants().Claim(b.ctx, dispatcher.ClaimParams(b.payments(t), store.FairClaim{
 		OperationTypes: []string{simtarget.DemoCharge}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: "acme", ID: op.ID, Fence: claimed[0].FenceToken,
@@ -345,7 +353,7 @@ func TestNoReplayAfterAnAcceptedAnswerThatCameLate(t *testing.T) {
 	})
 	op := b.prepare(t, simtarget.DemoCharge, "late-202", `{"amount":100}`)
 	contract, _ := b.targets.ForType(op.OperationType)
-	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, contract.Name, store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
+	claimed, err := b.store.AllTenants().Claim(b.ctx, dispatcher.ClaimParams(contract, store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	swept, err := b.store.AllTenants().SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
@@ -389,8 +397,10 @@ func TestAVerifiedSuccessIsNeverFailedByALookup(t *testing.T) {
 	op := b.prepare(t, simtarget.DemoCharge, "late-200", `{"amount":100}`)
 	contract, _ := b.targets.ForType(op.OperationType)
 	// A key window that closes at once: no same-key replay is possible.
-	claimed, err := b.store.AllTenants().Claim(b.ctx, store.ClaimParams{KeyRetention: time.Millisecond, KeyScope: contract.KeyScope(),
-		LookupScope: contract.LookupScope(), FairClaim: store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}})
+	params := dispatcher.ClaimParams(contract, store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute,
+		Limit: 1, PerTenant: 1, MaxTenants: 1})
+	params.KeyRetention = time.Millisecond
+	claimed, err := b.store.AllTenants().Claim(b.ctx, params)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	_, err = b.store.AllTenants().SweepExpiredLeases(b.ctx, store.SweepParams{Now: time.Now().Add(time.Hour), Limit: 10})
@@ -530,7 +540,7 @@ func (b *testBundle) answered(t *testing.T, op store.Operation, obs store.Observ
 	t.Helper()
 	contract, ok := b.targets.ForType(op.OperationType)
 	require.True(t, ok)
-	claimed, err := b.store.AllTenants().Claim(b.ctx, targettest.Claim(t, b.targets, contract.Name, store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
+	claimed, err := b.store.AllTenants().Claim(b.ctx, dispatcher.ClaimParams(contract, store.FairClaim{OperationTypes: []string{op.OperationType}, Worker: "w", Lease: time.Minute, Limit: 1, PerTenant: 1, MaxTenants: 1}))
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	_, err = b.store.AllTenants().RecordOutcome(b.ctx, store.OutcomeParams{TenantID: op.TenantID, ID: op.ID,

@@ -33,8 +33,8 @@ type Claimed struct {
 	LeaseLeft      time.Duration
 	SinceFirstSend time.Duration
 	DeadlineLeft   *time.Duration
-	// KeyWindowLeft is what was left of the idempotency key's retention window, fixed
-	// when the key was first sent (nil when none was: a target without a key, or an
+	// KeyWindowLeft is what was left of the idempotency key's retention window, the
+	// earliest end a claim gave it (nil when none did: a target without a key, or an
 	// operation first sent before the window was recorded). KeyScope is the fingerprint
 	// of the scope the key was sent in by the first send that may have executed
 	// (target.Contract.KeyScope), or ""; LookupScope that of the lookup it was sent

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/opbroker/opbroker/simtarget"
-	"github.com/opbroker/opbroker/store"
 	"github.com/opbroker/opbroker/target"
 )
 
@@ -37,16 +36,6 @@ func Demo(t testing.TB, cfg simtarget.Config, adjust ...func(*target.Contract)) 
 	targets, err := target.New(contracts...)
 	require.NoError(t, err)
 	return sim, targets
-}
-
-// Claim returns the parameters of a claim for the named target's operations, as the
-// dispatcher asks for them: with the key's retention, its scope and the lookup's.
-func Claim(t testing.TB, targets *target.Targets, name string, fair store.FairClaim) store.ClaimParams {
-	t.Helper()
-	contract, ok := targets.ByName(name)
-	require.True(t, ok, "no target %q", name)
-	return store.ClaimParams{KeyRetention: contract.KeyRetention(), KeyScope: contract.KeyScope(),
-		LookupScope: contract.LookupScope(), FairClaim: fair}
 }
 
 // BearerFile returns a bearer credential read from a file of its own that holds token,
